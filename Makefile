@@ -1,0 +1,61 @@
+# seedance: `make install`, `make run`, `make test`.  Each installs what it needs itself.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.seedance-installed
+SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# the CPU torch wheel lies on disk on these machines; pip finds it there first
+WHEELS := $(wildcard /opt/wheels)
+PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
+APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree systemd
+
+.PHONY: install run test system-deps headers bench clean
+
+install: $(STAMP)
+
+# As root, install the system packages: bcc (Debian's python3-bpfcc; PyPI's "bcc" is an
+# unrelated package), kernel headers for it, and the peers the tests and benches compare with.
+system-deps:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "seedance: apt-get install$$missing"; \
+	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; \
+	  fi; \
+	  $(MAKE) --no-print-directory headers; \
+	else echo "seedance: not root: skipping system packages ($(APT_PACKAGES))"; fi
+
+# bcc compiles against the running kernel's headers.  When the running kernel ships none
+# (a custom 6.18 here), point /lib/modules/$(uname -r)/{build,source} at Debian's trees.
+headers:
+	@kdir=/lib/modules/$$(uname -r); \
+	if [ "$$(id -u)" = 0 ] && [ ! -e $$kdir/build/include ]; then \
+	  arch=$$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -1); \
+	  common=$$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -1); \
+	  if [ -n "$$arch" ] && [ -n "$$common" ]; then \
+	    mkdir -p $$kdir && ln -sfn $$arch $$kdir/build && ln -sfn $$common $$kdir/source; \
+	    echo "seedance: $$kdir/build -> $$arch"; \
+	  fi; \
+	fi
+
+$(STAMP): setup.py requirements-test.txt | system-deps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(PIP_FIND) --upgrade pip setuptools wheel
+	$(BIN)/pip install -q $(PIP_FIND) -r requirements-test.txt
+	$(BIN)/pip install -q $(PIP_FIND) -e .
+	@# bcc is pure Python over libbcc (ctypes): expose only Debian's bcc package to the venv.
+	@if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc $(SITE)/bcc; fi
+	touch $(STAMP)
+
+run: install
+	$(BIN)/seedance check
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+bench: install
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

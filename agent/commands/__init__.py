@@ -1,0 +1,1 @@
+"""Subcommands: each module parses, calls the core and renders.  Nothing else prints."""

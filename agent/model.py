@@ -1,0 +1,130 @@
+"""The one data model that check, trace, fix and the agent share.
+
+collectors -> Fact -> rule engine -> Finding -> Report (-> fix plan -> fixer -> verify)
+
+A Fact is something observed: a NEEDED entry and how it resolved, a mapped library of a
+process, a fatbin entry, a config value.  It carries a ``kind`` (rules select facts by
+kind), a ``subject`` (what it is about: path and/or pid, or plugin) and ``data``, the
+attributes that rule conditions read.  Facts never judge; rules do.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SEVERITIES = ("info", "warning", "error", "fatal")
+SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+
+# The three waste traps of the product notes (chapter 1).  A finding belongs in
+# report.waste_traps[] when its rule's trap is one of these.
+WASTE_TRAPS = ("affinity-unset", "version-fallback", "batch-static")
+
+
+@dataclass(frozen=True)
+class Fact:
+    kind: str
+    subject: Mapping[str, Any]
+    data: Mapping[str, Any]
+    source: str = ""  # which collector produced it (for --verbose and debugging)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "subject": dict(self.subject), "data": _plain(self.data),
+                "source": self.source}
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str
+    trap: str
+    layer: str
+    subject: Mapping[str, Any]
+    message: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    fix: str = ""
+    title: str = ""
+
+    @property
+    def rank(self) -> int:
+        return SEVERITY_RANK[self.severity]
+
+    @property
+    def is_waste_trap(self) -> bool:
+        return self.trap in WASTE_TRAPS
+
+    def key(self) -> tuple:
+        """Identity used to de-duplicate the same finding raised from two facts."""
+        return (self.rule, tuple(sorted((k, str(v)) for k, v in self.subject.items())), self.message)
+
+    def to_dict(self) -> dict:
+        return {
+            "rule": self.rule,
+            "severity": self.severity,
+            "trap": self.trap,
+            "layer": self.layer,
+            "subject": _plain(self.subject),
+            "message": self.message,
+            "evidence": _plain(self.evidence),
+            "fix": self.fix,
+        }
+
+
+@dataclass
+class Report:
+    """What every command that judges emits; serialised as seedance.report/v1."""
+
+    command: str
+    host: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # command-specific sections (run: devices, ...)
+
+    SCHEMA = "seedance.report/v1"
+
+    def add(self, findings) -> None:
+        seen = {f.key() for f in self.findings}
+        for finding in findings:
+            if finding.key() not in seen:
+                seen.add(finding.key())
+                self.findings.append(finding)
+
+    def sorted_findings(self) -> list[Finding]:
+        return sorted(self.findings, key=lambda f: (-f.rank, f.rule, str(f.subject.get("path", "")),
+                                                    str(f.subject.get("pid", ""))))
+
+    def worst(self) -> int:
+        return max((f.rank for f in self.findings), default=-1)
+
+    def exit_code(self, strict: bool = False) -> int:
+        threshold = SEVERITY_RANK["warning" if strict else "error"]
+        return 1 if self.worst() >= threshold else 0
+
+    def to_dict(self) -> dict:
+        findings = [f.to_dict() for f in self.sorted_findings()]
+        out = {
+            "schema": self.SCHEMA,
+            "command": self.command,
+            "host": _plain(self.host),
+            "stats": _plain(self.stats),
+            "findings": findings,
+            "waste_traps": [f for f in findings if f["trap"] in WASTE_TRAPS],
+        }
+        out.update(_plain(self.extra))
+        return out
+
+
+def _plain(value: Any) -> Any:
+    """Turn dataclasses, tuples, sets and paths into JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_plain(v) for v in value]
+        return sorted(items, key=str) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)

@@ -1,0 +1,46 @@
+"""seedance: build and install.
+
+The repository layout shows the architecture (agent/, shim/, probes/, rules/); the
+installed import names are all under ``seedance`` so nothing generic such as ``agent`` or
+``probes`` lands in site-packages.
+"""
+from setuptools import setup
+
+PACKAGE_DIRS = {
+    "seedance": "agent",
+    "seedance.commands": "agent/commands",
+    "seedance.elf": "agent/elf",
+    "seedance.rules_data": "rules",
+}
+
+setup(
+    name="seedance",
+    version="0.1.0",
+    description="Find and fix the hidden traps that waste GPU compute and break GPU plugins",
+    python_requires=">=3.9",
+    package_dir=PACKAGE_DIRS,
+    packages=sorted(PACKAGE_DIRS),
+    package_data={"seedance": ["schemas/*.json"], "seedance.rules_data": ["*.yaml", "README.md"]},
+    install_requires=[
+        "pyelftools>=0.31",
+        "lief>=0.15",
+        "cffi>=1.16",
+        "PyYAML>=6",
+        "ruamel.yaml>=0.18",
+        "jsonschema>=4",
+        "common-expression-language>=0.10",
+        "packaging>=23",
+        "nvidia-ml-py>=12",
+        "prometheus_client>=0.20",
+    ],
+    entry_points={
+        "console_scripts": [
+            "seedance=seedance.cli:console",
+            "seedance-check=seedance.cli:check_alias",
+            "seedance-fix=seedance.cli:fix_alias",
+            "seedance-plugin=seedance.cli:plugin_alias",
+            "seedance-bench=seedance.cli:bench_alias",
+            "seedance-profiler=seedance.cli:profiler_alias",
+        ]
+    },
+)
