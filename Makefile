@@ -48,8 +48,9 @@ $(STAMP): setup.py requirements-test.txt | system-deps
 	@if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc $(SITE)/bcc; fi
 	touch $(STAMP)
 
+# Findings (exit 1) are the job's result, not a make failure; exit 2 (bad input) still fails.
 run: install
-	$(BIN)/seedance check
+	$(BIN)/seedance check || [ $$? -eq 1 ]
 
 test: install
 	$(BIN)/python -m pytest -q tests
