@@ -10,6 +10,8 @@ PACKAGE_DIRS = {
     "seedance": "agent",
     "seedance.commands": "agent/commands",
     "seedance.elf": "agent/elf",
+    "seedance.collect": "agent/collect",
+    "seedance.fix": "agent/fix",
     "seedance.rules_data": "rules",
 }
 
