@@ -12,6 +12,7 @@ PACKAGE_DIRS = {
     "seedance.elf": "agent/elf",
     "seedance.collect": "agent/collect",
     "seedance.fix": "agent/fix",
+    "seedance.plugins": "agent/plugins",
     "seedance.rules_data": "rules",
 }
 

@@ -1,6 +1,127 @@
-"""seedance check: forensic check of files, directories, processes or this host."""
-from ._notyet import register
+"""seedance check: forensic check of files, directories, processes or this host.
+
+Reads; never executes what it checks.  Exit 0 clean, 1 findings at or above error (warning
+with --strict), 2 usage error or unreadable input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import NotAvailable, UsageError
+
+EPILOG = """\
+examples:
+  seedance check                                  this host: processes, ld.so.cache, configs, caches
+  seedance check ./build --arch sm_90             a tree of binaries, for an H100/H200
+  seedance check --pid 4242                       what a running process really loaded
+  seedance check --strict --report-json r.json /opt/app
+  seedance check --json ./libkernels.so | jq '.findings[].rule'
+  seedance check --explain libcudart.so.12 ./libkernels.so
+  seedance check --driver-version 535.104.05 ./build
+"""
 
 
 def configure_parser(sub):
-    register(sub, "check", "Check files, processes or this host for GPU traps", "the check issue")
+    parser = sub.add_parser(
+        "check", help="Check files, processes or this host for GPU traps",
+        description="Check files, directories (recursively), running processes or, with no "
+                    "target, this host for loader, CUDA, C++ ABI and config traps.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help="ELF file, directory (scanned recursively) or seedance YAML config")
+    parser.add_argument("--pid", type=_pid, action="append", default=[], metavar="PID",
+                        help="check a running process (repeatable)")
+    parser.add_argument("--arch", metavar="sm_XX", help="GPU architecture to check fatbins against (default: NVML)")
+    parser.add_argument("--driver-version", metavar="X.Y", help="driver version to check runtimes against (default: NVML)")
+    parser.add_argument("--strict", action="store_true",
+                        help="also report strict-only rules; exit 1 on warnings too")
+    parser.add_argument("--report-json", nargs="?", const="-", metavar="FILE",
+                        help="write the seedance.report/v1 JSON to FILE (no FILE or '-': stdout)")
+    parser.add_argument("--json", action="store_true", help="JSON report on stdout (same as --report-json -)")
+    parser.add_argument("--explain", nargs=2, metavar=("NAME", "FILE"),
+                        help="show how the loader would search for library NAME needed by FILE")
+    parser.add_argument("--rules", metavar="DIR", help="load rules from DIR instead of the built-in rules")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
+    parser.add_argument("--plugin", metavar="NAME", help="check an installed plugin (not yet available)")
+    parser.set_defaults(execute=execute)
+    return parser
+
+
+def _pid(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def execute(args) -> int:
+    if args.plugin:
+        raise NotAvailable("seedance check --plugin: not yet available (planned in the plugins issue)")
+    if args.explain:
+        if args.targets or args.pid:
+            raise UsageError("seedance check: --explain takes no other targets")
+        return _explain(*args.explain, as_json=args.json or args.report_json is not None)
+
+    from .. import render
+    from ..collect.scan import CheckOptions, run_check
+    from ..progress import Progress
+
+    json_to = "-" if args.json else args.report_json
+    options = CheckOptions(targets=list(args.targets), pids=list(args.pid), arch=args.arch,
+                           driver_version=args.driver_version, strict=args.strict,
+                           rules_dir=args.rules)
+    progress = Progress(enabled=False if args.no_progress else None)
+    report = run_check(options, progress)
+    if json_to != "-":
+        sys.stdout.write(render.table(report))
+    if json_to is not None:
+        render.write_json(report, json_to)
+    return report.exit_code(args.strict)
+
+
+def _explain(name: str, requester: str, as_json: bool) -> int:
+    import os
+
+    from ..errors import BadInput
+    from ..resolve import Resolver
+
+    if not os.path.exists(requester):
+        raise BadInput(f"{requester}: no such file or directory")
+    resolution = Resolver().explain(name, requester)
+    if as_json:
+        from ..model import _plain
+        print(json.dumps(_plain(resolution), indent=2))
+    else:
+        sys.stdout.write(format_explanation(resolution))
+    return 0 if resolution.path is not None else 1
+
+
+def format_explanation(res) -> str:
+    lines = [f"{res.name} needed by {res.requester}"]
+    if res.search_order:
+        lines.append("search order: " + " -> ".join(str(s) for s in res.search_order))
+    for attempt in res.tried:
+        lines.append("  tried " + _attempt(attempt))
+    if res.path is not None:
+        soname = f" (SONAME {res.soname})" if res.soname else " (no SONAME)"
+        lines.append(f"=> {res.path} via {res.source}{soname}")
+        if res.soname and res.soname != res.name:
+            lines.append(f"warning: {res.path} declares SONAME {res.soname}, not {res.name}")
+    else:
+        lines.append("=> not found")
+    return "\n".join(lines) + "\n"
+
+
+def _attempt(attempt) -> str:
+    if isinstance(attempt, dict):
+        path = attempt.get("path") or attempt.get("candidate") or ""
+        why = attempt.get("why") or attempt.get("reason") or attempt.get("result") or ""
+        source = attempt.get("source")
+        return " ".join(x for x in (path, f"[{source}]" if source else "", f"- {why}" if why else "") if x)
+    if isinstance(attempt, (list, tuple)):
+        return " - ".join(str(x) for x in attempt)
+    if hasattr(attempt, "__dataclass_fields__"):
+        from ..model import _plain
+        return _attempt(_plain(attempt))
+    return str(attempt)

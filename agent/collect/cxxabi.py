@@ -1,0 +1,119 @@
+"""cxx_abi facts: does an extension mangle std::string the way the torch it loads does?
+
+GCC's dual ABI (_GLIBCXX_USE_CXX11_ABI) changes how std::string mangles: the old ABI uses
+the standard abbreviation ``Ss``, the new one spells out
+``NSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE``.  A c10/torch function taking a
+string therefore has two different symbol names, and an extension built with the other
+ABI imports a name torch never exports.  We read the mangled names; nothing is demangled.
+"""
+from __future__ import annotations
+
+import re
+
+from ..elf.reader import read_elf
+from ..model import Fact
+
+NEW_ABI_MARK = "__cxx11"
+OLD, NEW = "pre-cxx11", "cxx11"
+# Namespaces torch's own libraries export (c10, at, torch, caffe2), plain or const member.
+TORCH_PREFIXES = tuple(f"_ZN{q}{ns}" for q in ("", "K") for ns in ("3c10", "2at", "5torch", "6caffe2"))
+_SEQ_ID = re.compile(r"[0-9A-Z]*_")
+
+
+def uses_old_string(symbol: str) -> bool:
+    """True when the mangled name contains the old-ABI std::string abbreviation ``Ss``.
+
+    ``Ss`` may also occur inside an identifier ("isSsl"), so identifiers (<length><name>),
+    substitutions and template parameters (S<seq-id>_, T<seq-id>_) and literals (L...E)
+    are stepped over before looking.
+    """
+    return "Ss" in _mangling_codes(symbol)
+
+
+def uses_new_string(symbol: str) -> bool:
+    return NEW_ABI_MARK in symbol
+
+
+def _mangling_codes(symbol: str) -> str:
+    out = []
+    index, length = 0, len(symbol)
+    while index < length:
+        char = symbol[index]
+        if char in "ST" and index + 1 < length:
+            match = _SEQ_ID.match(symbol, index + 1)
+            if match:
+                out.append(" ")
+                index = match.end()
+                continue
+            out.append(char)
+            index += 1
+        elif char == "L" and index + 1 < length and not symbol[index + 1].isdigit() \
+                and symbol[index + 1] != "_":
+            end = symbol.find("E", index + 1)
+            index = length if end < 0 else end + 1
+            out.append(" ")
+        elif char.isdigit() and index and symbol[index - 1] in "CD":
+            out.append(char)  # constructor/destructor kind (C1, D2), not an identifier length
+            index += 1
+        elif char.isdigit():
+            end = index
+            while end < length and symbol[end].isdigit():
+                end += 1
+            index = end + int(symbol[index:end])
+            out.append(" ")
+        else:
+            out.append(char)
+            index += 1
+    return "".join(out)
+
+
+def abi_of(symbol_names) -> tuple:
+    """(abi, example) from mangled names; (None, None) when no name involves std::string."""
+    old = new = None
+    old_count = new_count = 0
+    for name in symbol_names:
+        if not name.startswith("_Z"):
+            continue
+        if uses_new_string(name):
+            new_count += 1
+            new = new or name
+        elif uses_old_string(name):
+            old_count += 1
+            old = old or name
+    if not old_count and not new_count:
+        return None, None
+    return (NEW, new) if new_count >= old_count else (OLD, old)
+
+
+class TorchAbiCache:
+    """ABI of each torch library, read once per scan (libtorch_cpu has ~100k symbols)."""
+
+    def __init__(self):
+        self._abi: dict = {}
+
+    def abi(self, path: str) -> str | None:
+        if path not in self._abi:
+            try:
+                info = read_elf(path, symbols=True)
+                names = (s.name for s in info.symbols if s.defined)
+                self._abi[path] = abi_of(names)[0]
+            except Exception:  # an unreadable torch is reported by the loader rules, not here
+                self._abi[path] = None
+        return self._abi[path]
+
+
+def cxx_abi_fact(ext_path: str, ext_info, torch_paths, cache: TorchAbiCache) -> Fact | None:
+    """Compare the extension's torch imports with torch's own exports; None when unknown."""
+    imports = [s.name for s in ext_info.symbols
+               if not s.defined and s.name.startswith(TORCH_PREFIXES)]
+    ext_abi, example = abi_of(imports)
+    if ext_abi is None:
+        return None
+    for torch_path in sorted(torch_paths, key=lambda p: ("libc10" not in p, p)):
+        torch_abi = cache.abi(torch_path)
+        if torch_abi is not None:
+            return Fact("cxx_abi", {"path": ext_path},
+                        {"ext_abi": ext_abi, "torch_abi": torch_abi, "torch_path": torch_path,
+                         "example_symbol": example},
+                        source="collect.cxxabi")
+    return None

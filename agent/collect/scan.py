@@ -1,0 +1,298 @@
+"""Orchestrate `seedance check`: targets -> facts -> rule engine -> Report.
+
+One Resolver is shared by the whole scan (it caches every object it reads), and one
+FactDedup, so a library loaded by a thousand roots is judged once.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..elf.reader import ELF_MAGIC, read_elf
+from ..engine import load_rules
+from ..errors import BadInput, ELFError, UsageError, describe_os_error
+from ..model import Report
+from . import closure as closure_facts
+from . import config as config_collect
+from . import cuda, cxxabi, fatbin, host, process, torch_ext
+
+
+@dataclass
+class CheckOptions:
+    targets: list = field(default_factory=list)
+    pids: list = field(default_factory=list)
+    arch: str | None = None
+    driver_version: str | None = None
+    strict: bool = False
+    rules_dir: str | None = None
+    env: dict | None = None  # the environment the resolver assumes (LD_LIBRARY_PATH, ...)
+
+    @property
+    def host_scope(self) -> bool:
+        return not self.targets and not self.pids
+
+
+class _Null:
+    def start(self, total, label=None):
+        pass
+
+    def advance(self, step=1, note=""):
+        pass
+
+    def finish(self):
+        pass
+
+
+def gpu_context(options: CheckOptions) -> cuda.GpuInfo:
+    """Target archs and driver: the command line wins; NVML fills what it does not give."""
+    gpu = cuda.probe_nvml()
+    if options.arch:
+        try:
+            gpu.targets = [fatbin.parse_target(options.arch)]
+        except ValueError as exc:
+            raise UsageError(f"--arch: {exc}") from None
+    if options.driver_version:
+        try:
+            cuda.version_tuple(options.driver_version)
+        except ValueError as exc:
+            raise UsageError(f"--driver-version: {exc}") from None
+        gpu.driver_version, gpu.driver_source = options.driver_version, "--driver-version"
+    return gpu
+
+
+class Scanner:
+    def __init__(self, options: CheckOptions, progress=None):
+        self.options = options
+        self.progress = progress or _Null()
+        self.facts: list = []
+        self.stats: Counter = Counter()
+        self.errors: list = []
+        self.dedup = closure_facts.FactDedup()
+        self.torch_abi = cxxabi.TorchAbiCache()
+        self.fatbin_seen: set = set()
+        self.objects_seen: set = set()
+
+    # --- entry point ------------------------------------------------------------------
+    def run(self) -> Report:
+        started = time.monotonic()
+        rules = load_rules(self.options.rules_dir)  # a bad rules dir fails before any work
+        self.gpu = gpu_context(self.options)
+        from ..resolve import Resolver
+
+        self.resolver = Resolver(env=self.options.env)
+        roots, configs = [], []
+        if self.options.host_scope:
+            roots, configs = self._host_targets()
+        else:
+            for target in self.options.targets:
+                found_roots, found_configs = self._expand(target)
+                roots.extend(found_roots)
+                configs.extend(found_configs)
+        roots = _unique_roots(roots)
+        for pid in self.options.pids:
+            self._process(pid, explicit=True)
+        for path in configs:
+            self._config(path, explicit=not self.options.host_scope)
+        self.progress.start(len(roots), "checking")
+        try:
+            for path in roots:
+                self._root(path)
+                self.progress.advance(note=path)
+        finally:
+            self.progress.finish()
+        self.facts.extend(closure_facts.runtime_mix_facts(self.dedup))
+        if self.options.host_scope:
+            self.facts.extend(torch_ext.torch_ext_facts())
+        findings = rules.evaluate(self.facts, strict=self.options.strict)
+        kinds = Counter(f.kind for f in self.facts)
+        stats = {"files_scanned": self.stats["files"], "elf_objects": len(roots),
+                 "closure_objects": len(self.objects_seen), "skipped": self.stats["skipped"],
+                 "unreadable": self.stats["unreadable"], "processes": self.stats["processes"],
+                 "processes_vanished": self.stats["vanished"], "configs": self.stats["configs"],
+                 "facts": len(self.facts), "facts_by_kind": dict(sorted(kinds.items())),
+                 "errors": self.errors, "duration_s": round(time.monotonic() - started, 3)}
+        report = Report(command="check", host=host.host_facts(self.gpu), stats=stats)
+        report.add(findings)
+        return report
+
+    # --- targets ------------------------------------------------------------------------
+    def _expand(self, target: str) -> tuple:
+        """An explicit target: a file (ELF or YAML config) or a directory scanned recursively."""
+        try:
+            st = os.stat(target)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise BadInput(f"{target}: symbolic link loop") from None
+            raise BadInput(describe_os_error(exc)) from None
+        if stat.S_ISDIR(st.st_mode):
+            return self._walk(target), []
+        self.stats["files"] += 1
+        if target.endswith(config_collect.CONFIG_SUFFIXES):
+            return [], [target]
+        kind = _sniff(target)
+        if kind == "elf":
+            return [(target, st)], []
+        if isinstance(kind, OSError):
+            raise BadInput(describe_os_error(kind)) from None
+        raise BadInput(f"{target}: not an ELF file or a seedance YAML config")
+
+    def _walk(self, directory: str) -> list:
+        """ELF files under a directory; symlinked directories are not followed (no loops)."""
+        found = []
+
+        def onerror(exc: OSError):
+            self.stats["unreadable"] += 1
+            self.errors.append({"path": exc.filename or directory, "error": describe_os_error(exc)})
+
+        for base, dirs, files in os.walk(directory, onerror=onerror, followlinks=False):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(base, name)
+                self.stats["files"] += 1
+                try:
+                    st = os.stat(path)
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        self.stats["unreadable"] += 1
+                        self.errors.append({"path": path, "error": "symbolic link loop"})
+                    else:
+                        self.stats["skipped"] += 1  # a dangling link: nothing to check
+                    continue
+                if not stat.S_ISREG(st.st_mode) or st.st_size < 16:
+                    self.stats["skipped"] += 1
+                    continue
+                kind = _sniff(path)
+                if kind == "elf":
+                    found.append((path, st))
+                elif isinstance(kind, OSError):
+                    self.stats["unreadable"] += 1
+                    self.errors.append({"path": path, "error": describe_os_error(kind)})
+                else:
+                    self.stats["skipped"] += 1
+        return found
+
+    def _host_targets(self) -> tuple:
+        roots = []
+        for path in host.ld_cache_paths():
+            self.stats["files"] += 1
+            try:
+                st = os.stat(path)
+            except OSError:
+                self.stats["skipped"] += 1
+                continue
+            if _sniff(path) == "elf":
+                roots.append((path, st))
+        for directory in host.cuda_library_dirs():
+            roots.extend(self._walk(directory))
+        for pid in process.all_pids():
+            self._process(pid, explicit=False)
+        configs = config_collect.config_files(host.config_dir()) if os.path.isdir(host.config_dir()) else []
+        return roots, configs
+
+    # --- collectors -----------------------------------------------------------------------
+    def _root(self, path: str) -> None:
+        try:
+            result = self.resolver.closure(path, symbols=self.options.strict)
+        except ELFError as exc:
+            self.stats["unreadable"] += 1
+            self.errors.append({"path": path, "error": str(exc)})
+            return
+        except OSError as exc:
+            self.stats["unreadable"] += 1
+            self.errors.append({"path": path, "error": describe_os_error(exc)})
+            return
+        self.objects_seen.update(result.objects)
+        add = self.facts.extend
+        add(closure_facts.needed_facts(result, self.dedup))
+        add(closure_facts.version_facts(result, self.dedup))
+        if self.options.strict:
+            add(closure_facts.undefined_facts(result, self.dedup))
+        runtimes = closure_facts.closure_runtimes(result)
+        closure_facts.note_runtime_mix(result, runtimes, self.dedup)
+        add(closure_facts.driver_facts(runtimes, self.gpu, self.dedup))
+        if self.gpu.targets:
+            for obj_path, info in result.objects.items():
+                if obj_path not in self.fatbin_seen and fatbin.has_fatbin(info):
+                    self.fatbin_seen.add(obj_path)
+                    add(self._fatbin(obj_path))
+        torch_paths = closure_facts.torch_libs(result)
+        if torch_paths and path not in torch_paths:
+            self._cxx_abi(path, result, torch_paths)
+
+    def _fatbin(self, path: str) -> list:
+        try:
+            entries = read_elf(path, fatbin=True).fatbin
+        except ELFError as exc:
+            self.errors.append({"path": path, "error": str(exc)})
+            return []
+        return fatbin.fatbin_facts(path, entries, self.gpu.targets)
+
+    def _cxx_abi(self, path: str, result, torch_paths) -> None:
+        info = next(iter(result.objects.values()), None)
+        if info is None or not info.symbols:
+            try:
+                info = read_elf(path, symbols=True)
+            except ELFError:
+                return
+        fact = cxxabi.cxx_abi_fact(path, info, torch_paths, self.torch_abi)
+        if fact is not None:
+            self.facts.append(fact)
+
+    def _process(self, pid: int, explicit: bool) -> None:
+        try:
+            view = process.read_process(pid)
+        except process.ProcessGone:
+            if explicit:
+                raise BadInput(f"pid {pid}: no such process") from None
+            self.stats["vanished"] += 1
+            return
+        except PermissionError:
+            if explicit:
+                raise BadInput(f"pid {pid}: permission denied reading /proc/{pid}") from None
+            self.stats["unreadable"] += 1
+            return
+        self.stats["processes"] += 1
+        self.facts.extend(process.mapped_lib_facts(view))
+        self.facts.extend(process.runtime_facts(view))
+
+    def _config(self, path: str, explicit: bool) -> None:
+        try:
+            self.facts.extend(config_collect.config_facts(path))
+            self.stats["configs"] += 1
+        except config_collect.BadYaml as exc:
+            if explicit:
+                raise BadInput(str(exc)) from None
+            self.errors.append({"path": path, "error": str(exc)})
+        except OSError as exc:
+            if explicit:
+                raise BadInput(describe_os_error(exc)) from None
+            self.stats["unreadable"] += 1
+            self.errors.append({"path": path, "error": describe_os_error(exc)})
+
+
+def _sniff(path: str):
+    """'elf', 'other', or the OSError that stopped us reading it."""
+    try:
+        with open(path, "rb") as handle:
+            return "elf" if handle.read(4) == ELF_MAGIC else "other"
+    except OSError as exc:
+        return exc
+
+
+def _unique_roots(found) -> list:
+    """One path per file: a real file is preferred over the symlinks that point at it."""
+    chosen: dict = {}
+    for path, st in found:
+        key = (st.st_dev, st.st_ino)
+        current = chosen.get(key)
+        if current is None or (os.path.islink(current) and not os.path.islink(path)):
+            chosen[key] = path
+    return sorted(chosen.values())
+
+
+def run_check(options: CheckOptions, progress=None) -> Report:
+    return Scanner(options, progress).run()

@@ -1,0 +1,79 @@
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from seedance.collect import process
+from seedance.engine import load_rules
+
+LIBZ = "/usr/lib/x86_64-linux-gnu/libz.so.1"
+
+
+@pytest.fixture
+def loader(tmp_path):
+    """A real process that has dlopened a private copy of libz, then waits."""
+    if not os.path.exists(LIBZ):
+        pytest.skip("libz.so.1 not installed")
+    lib = tmp_path / "libzcopy.so.1"
+    shutil.copy(os.path.realpath(LIBZ), lib)
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('up', flush=True);"
+                              " sys.stdin.read()", str(lib)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "up"
+    yield child, lib
+    child.stdin.close()
+    child.wait(timeout=10)
+
+
+def lib_fact(view, lib):
+    facts = [f for f in process.mapped_lib_facts(view) if f.subject["path"] == str(lib)]
+    assert len(facts) == 1
+    return facts[0]
+
+
+def test_loaded_library_is_ok(loader):
+    child, lib = loader
+    view = process.read_process(child.pid)
+    assert view.exe == os.path.realpath(sys.executable)
+    assert lib_fact(view, lib).data["state"] == "ok"
+
+
+def test_deleted_library(loader):
+    child, lib = loader
+    lib.unlink()
+    fact = lib_fact(process.read_process(child.pid), lib)
+    assert fact.data["deleted"] is True
+    findings = load_rules().evaluate([fact])
+    assert [f.rule for f in findings] == ["lib-deleted"]
+    assert findings[0].subject == {"pid": child.pid, "path": str(lib)}
+
+
+def test_replaced_library(loader):
+    child, lib = loader
+    new = lib.with_name("new.so")
+    shutil.copy(lib, new)
+    os.replace(new, lib)  # what an upgrade does: a new inode under the old name
+    fact = lib_fact(process.read_process(child.pid), lib)
+    assert (fact.data["state"], fact.data["replaced"]) == ("replaced", True)
+    assert fact.data["disk_inode"] == os.stat(lib).st_ino
+
+
+def test_vanished_process_is_process_gone():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    with pytest.raises(process.ProcessGone):
+        process.read_process(child.pid)
+
+
+def test_parse_maps_dedups_and_marks_deleted():
+    raw = (b"7f00-7f01 r--p 00000000 08:01 42 /usr/lib/libx.so.1\n"
+           b"7f01-7f02 r-xp 00001000 08:01 42 /usr/lib/libx.so.1\n"
+           b"7f02-7f03 r--p 00000000 08:01 43 /tmp/liby.so (deleted)\n"
+           b"7f03-7f04 rw-p 00000000 00:00 0 \n"
+           b"7f04-7f05 rw-p 00000000 00:00 0 [heap]\n")
+    maps = process.parse_maps(raw)
+    assert [(m.path, m.inode, m.deleted) for m in maps] == [
+        ("/usr/lib/libx.so.1", 42, False), ("/tmp/liby.so", 43, True)]
