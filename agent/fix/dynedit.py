@@ -1,0 +1,451 @@
+"""Rename DT_NEEDED entries (with their .gnu.version_r records) inside .dynstr, in place.
+
+patchelf --replace-needed always appends a new .dynstr and usually a new PT_LOAD, so even a
+same-length rename grows the file by a page or more.  When the new name fits where the old
+one was (or already exists somewhere in .dynstr), nothing needs to move: only the string
+bytes, or the 4/8-byte offsets pointing at them, change.  That keeps the file the same size,
+and a second run finds nothing to do, so repeated runs never grow a file.
+
+What is renamed together, because ld.so checks them together (glibc elf/dl-version.c):
+  - the DT_NEEDED string;
+  - vn_file of the .gnu.version_r record for that library;
+  - optionally vna_name of that record's version nodes (e.g. "libcudart.so.12" ->
+    "libcudart.so.13"), with vna_hash recomputed with the SysV ELF hash, since
+    match_symbol() compares the hash before the name.
+
+A string is overwritten only when every reference into its bytes (including suffix-shared
+references: ld merges "bar" into the tail of "libbar") belongs to the rename; otherwise an
+existing identical string is reused, or the caller falls back to LIEF.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..errors import ELFError
+
+DT_NULL, DT_NEEDED, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ = 0, 1, 4, 5, 6, 10
+DT_SONAME, DT_RPATH, DT_RUNPATH = 14, 15, 29
+DT_GNU_HASH = 0x6FFFFEF5
+DT_VERDEF, DT_VERDEFNUM, DT_VERNEED, DT_VERNEEDNUM = 0x6FFFFFFC, 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
+# Dynamic tags whose value is an offset into the dynamic string table.
+STRING_TAGS = {DT_NEEDED: "needed", DT_SONAME: "soname", DT_RPATH: "rpath", DT_RUNPATH: "runpath",
+               0x7FFFFFFD: "auxiliary", 0x7FFFFFFF: "filter", 0x6FFFFEFA: "config",
+               0x6FFFFEFB: "depaudit", 0x6FFFFEFC: "audit"}
+SHT_DYNSYM = 11
+MAX_ENTRIES = 1 << 20
+
+
+def elf_hash(name: bytes) -> int:
+    """The SysV ELF hash (gABI), which vna_hash/vda_hash carry."""
+    h = 0
+    for byte in name:
+        h = ((h << 4) + byte) & 0xFFFFFFFF
+        g = h & 0xF0000000
+        if g:
+            h ^= g >> 24
+        h &= ~g & 0xFFFFFFFF
+    return h
+
+
+@dataclass
+class StrRef:
+    """A field in the file that holds an offset into .dynstr."""
+    field_off: int  # file offset of the offset value
+    size: int  # 4 or 8 bytes
+    value: int  # the offset into .dynstr it holds now
+    role: str  # needed, soname, vn_file, vna_name, vda_name, dynsym, ...
+    hash_off: int | None = None  # vna_name: file offset of its vna_hash
+    owner: str | None = None  # vna_name: the vn_file it belongs to
+
+
+class DynLayout:
+    """Where .dynstr is and every reference into it, read from program headers and PT_DYNAMIC."""
+
+    def __init__(self, data: bytes, path: str = "<bytes>"):
+        self.data = data
+        self.path = path
+        if data[:4] != b"\x7fELF" or len(data) < 64:
+            raise ELFError(f"{path}: not an ELF file")
+        cls, enc = data[4], data[5]
+        if cls not in (1, 2) or enc not in (1, 2):
+            raise ELFError(f"{path}: bad ELF class or data encoding")
+        self.is64 = cls == 2
+        self.end = "<" if enc == 1 else ">"
+        self.word = 8 if self.is64 else 4
+        try:
+            self._parse()
+        except (struct.error, IndexError, ValueError) as exc:
+            raise ELFError(f"{path}: malformed ELF ({exc})") from None
+
+    def _u(self, fmt: str, off: int) -> tuple:
+        if off < 0 or off + struct.calcsize(self.end + fmt) > len(self.data):
+            raise ELFError(f"{self.path}: structure at {off:#x} runs past the end of the file")
+        return struct.unpack_from(self.end + fmt, self.data, off)
+
+    def _parse(self) -> None:
+        if self.is64:
+            (phoff, shoff) = self._u("QQ", 0x20)
+            (phentsize, phnum, shentsize, shnum) = self._u("HHHH", 0x36)
+        else:
+            (phoff, shoff) = self._u("II", 0x1C)
+            (phentsize, phnum, shentsize, shnum) = self._u("HHHH", 0x2A)
+        self.loads = []
+        self.load_headers = []  # (header file offset, p_flags, p_offset, p_vaddr, p_filesz, p_memsz)
+        dyn = None
+        for i in range(min(phnum, 4096)):
+            off = phoff + i * phentsize
+            if self.is64:
+                p_type, p_flags, p_offset, p_vaddr, _pa, p_filesz, p_memsz, _al = self._u("IIQQQQQQ", off)
+            else:
+                p_type, p_offset, p_vaddr, _pa, p_filesz, p_memsz, p_flags, _al = self._u("IIIIIIII", off)
+            if p_type == 1:
+                self.loads.append((p_vaddr, p_offset, p_filesz))
+                self.load_headers.append((off, p_flags, p_offset, p_vaddr, p_filesz, p_memsz))
+            elif p_type == 2:
+                dyn = (p_offset, p_filesz)
+        if dyn is None:
+            raise ELFError(f"{self.path}: no PT_DYNAMIC (a static executable has no NEEDED entries)")
+        entsize = 16 if self.is64 else 8
+        fmt = "qQ" if self.is64 else "iI"
+        self.dynamic = []  # (file offset of entry, tag, value)
+        tags = {}
+        for i in range(min(dyn[1] // entsize, MAX_ENTRIES)):
+            off = dyn[0] + i * entsize
+            tag, val = self._u(fmt, off)
+            if tag == DT_NULL:
+                break
+            self.dynamic.append((off, tag, val))
+            tags.setdefault(tag, val)
+        self.tags = tags
+        if DT_STRTAB not in tags or DT_STRSZ not in tags:
+            raise ELFError(f"{self.path}: PT_DYNAMIC has no string table")
+        self.strtab_off = self.vaddr_to_offset(tags[DT_STRTAB])
+        self.strtab_size = tags[DT_STRSZ]
+        if self.strtab_off + self.strtab_size > len(self.data):
+            raise ELFError(f"{self.path}: .dynstr runs past the end of the file")
+        self.refs: list[StrRef] = []
+        for off, tag, val in self.dynamic:
+            if tag in STRING_TAGS:
+                self.refs.append(StrRef(off + self.word, self.word, val, STRING_TAGS[tag]))
+        if DT_VERNEED in tags:
+            self._verneed(self.vaddr_to_offset(tags[DT_VERNEED]), tags.get(DT_VERNEEDNUM, 0))
+        if DT_VERDEF in tags:
+            self._verdef(self.vaddr_to_offset(tags[DT_VERDEF]), tags.get(DT_VERDEFNUM, 0))
+        self._dynsym(phoff, shoff, shentsize, shnum)
+
+    def vaddr_to_offset(self, vaddr: int) -> int:
+        for p_vaddr, p_offset, p_filesz in self.loads:
+            if p_vaddr <= vaddr < p_vaddr + p_filesz:
+                return vaddr - p_vaddr + p_offset
+        raise ELFError(f"{self.path}: address {vaddr:#x} is in no PT_LOAD segment")
+
+    def _verneed(self, off: int, count: int) -> None:
+        for _ in range(min(count, MAX_ENTRIES)):
+            _ver, cnt, file_off, aux, nxt = self._u("HHIII", off)
+            file_name = self.string(file_off)
+            self.refs.append(StrRef(off + 4, 4, file_off, "vn_file"))
+            aux_off = off + aux
+            for _ in range(min(cnt, MAX_ENTRIES)):
+                _hash, _flags, _other, name_off, aux_next = self._u("IHHII", aux_off)
+                self.refs.append(StrRef(aux_off + 8, 4, name_off, "vna_name", hash_off=aux_off,
+                                        owner=file_name))
+                if not aux_next:
+                    break
+                aux_off += aux_next
+            if not nxt:
+                break
+            off += nxt
+
+    def _verdef(self, off: int, count: int) -> None:
+        for _ in range(min(count, MAX_ENTRIES)):
+            _ver, _flags, _ndx, cnt, _hash, aux, nxt = self._u("HHHHIII", off)
+            aux_off = off + aux
+            for _ in range(min(cnt, MAX_ENTRIES)):
+                name_off, aux_next = self._u("II", aux_off)
+                self.refs.append(StrRef(aux_off, 4, name_off, "vda_name"))
+                if not aux_next:
+                    break
+                aux_off += aux_next
+            if not nxt:
+                break
+            off += nxt
+
+    def _dynsym(self, phoff: int, shoff: int, shentsize: int, shnum: int) -> None:
+        """Symbol names live in .dynstr too; a shared tail must not be overwritten."""
+        count = None
+        self.sections = []  # (header file offset, sh_type, sh_offset, sh_addr, sh_size)
+        if shoff and shnum and shentsize:
+            for i in range(min(shnum, 65536)):
+                off = shoff + i * shentsize
+                if self.is64:
+                    _name, sh_type, _fl, sh_addr, sh_offset, sh_size, _l, _i, _a, sh_entsize = \
+                        self._u("IIQQQQIIQQ", off)
+                else:
+                    _name, sh_type, _fl, sh_addr, sh_offset, sh_size, _l, _i, _a, sh_entsize = \
+                        self._u("IIIIIIIIII", off)
+                self.sections.append((off, sh_type, sh_offset, sh_addr, sh_size))
+                if sh_type == SHT_DYNSYM and sh_entsize and count is None:
+                    count = sh_size // sh_entsize
+        if count is None and DT_HASH in self.tags:
+            count = self._u("II", self.vaddr_to_offset(self.tags[DT_HASH]))[1]
+        if count is None and DT_GNU_HASH in self.tags:
+            count = self._gnu_hash_count(self.vaddr_to_offset(self.tags[DT_GNU_HASH]))
+        if not count or DT_SYMTAB not in self.tags:
+            return
+        symoff = self.vaddr_to_offset(self.tags[DT_SYMTAB])
+        entsize = 24 if self.is64 else 16
+        for i in range(min(count, MAX_ENTRIES)):
+            (name,) = self._u("I", symoff + i * entsize)
+            if name:
+                self.refs.append(StrRef(symoff + i * entsize, 4, name, "dynsym"))
+
+    def _gnu_hash_count(self, off: int) -> int:
+        nbuckets, symoffset, bloom_size, _shift = self._u("IIII", off)
+        buckets = off + 16 + bloom_size * self.word
+        chains = buckets + nbuckets * 4
+        last = 0
+        for i in range(min(nbuckets, MAX_ENTRIES)):
+            last = max(last, self._u("I", buckets + i * 4)[0])
+        if last < symoffset:
+            return symoffset
+        while True:
+            (h,) = self._u("I", chains + (last - symoffset) * 4)
+            if h & 1:
+                return last + 1
+            last += 1
+
+    def string(self, offset: int) -> str:
+        return self.string_bytes(offset).decode("utf-8", "replace")
+
+    def string_bytes(self, offset: int) -> bytes:
+        if offset >= self.strtab_size:
+            raise ELFError(f"{self.path}: string offset {offset:#x} outside .dynstr")
+        start = self.strtab_off + offset
+        end = self.data.find(b"\0", start, self.strtab_off + self.strtab_size)
+        if end < 0:
+            raise ELFError(f"{self.path}: unterminated string in .dynstr")
+        return bytes(self.data[start:end])
+
+    def needed(self) -> list:
+        return [self.string(r.value) for r in self.refs if r.role == "needed"]
+
+
+@dataclass(frozen=True)
+class Patch:
+    offset: int
+    data: bytes
+
+
+@dataclass
+class EditPlan:
+    patches: list  # of Patch
+    changes: list  # human-readable "role: old -> new"
+    strategy: str  # "in-place", "reuse", "in-place+reuse", "none"
+
+
+def plan_rename(layout: DynLayout, needed_renames: dict, version_renames: dict | None = None) -> EditPlan | None:
+    """Byte patches that rename NEEDED entries without growing the file, or None if impossible.
+
+    ``needed_renames``: old NEEDED name -> new name.  ``version_renames``: old version node
+    name -> new one, applied only to the version_r records of renamed libraries.
+    """
+    version_renames = version_renames or {}
+    wanted = []  # (ref, new string bytes)
+    for ref in layout.refs:
+        text = layout.string(ref.value) if ref.role in ("needed", "vn_file", "vna_name") else None
+        if ref.role in ("needed", "vn_file") and text in needed_renames:
+            wanted.append((ref, needed_renames[text].encode()))
+        elif ref.role == "vna_name" and ref.owner in needed_renames and text in version_renames:
+            wanted.append((ref, version_renames[text].encode()))
+    wanted = [(ref, new) for ref, new in wanted if layout.string_bytes(ref.value) != new]
+    if not wanted:
+        return EditPlan([], [], "none")
+
+    # group by the string each reference points at now
+    groups: dict = {}
+    for ref, new in wanted:
+        groups.setdefault(ref.value, []).append((ref, new))
+    wanted_ids = {id(ref) for ref, _ in wanted}
+    table = bytes(layout.data[layout.strtab_off:layout.strtab_off + layout.strtab_size])
+
+    overwrites = {}  # old offset -> new bytes
+    repoints = []  # (ref, new offset)
+    for offset, members in groups.items():
+        news = {new for _, new in members}
+        old = layout.string_bytes(offset)
+        reuse = {new: _find_string(table, new) for new in news}
+        if all(pos is not None for pos in reuse.values()):
+            repoints.extend((ref, reuse[new]) for ref, new in members)
+            continue
+        foreign = [r for r in layout.refs
+                   if offset <= r.value <= offset + len(old) and id(r) not in wanted_ids]
+        if len(news) == 1 and not foreign and len(next(iter(news))) <= len(old):
+            overwrites[offset] = next(iter(news))
+            continue
+        # two wanted names share one string, or someone else shares it: reuse what exists
+        for ref, new in members:
+            if reuse[new] is None:
+                return None
+            repoints.append((ref, reuse[new]))
+
+    # a reused string must not sit in bytes that an overwrite is about to change
+    for ref, pos in repoints:
+        for offset, new in overwrites.items():
+            old_len = len(layout.string_bytes(offset))
+            if offset <= pos <= offset + old_len:
+                return None
+
+    patches, changes = [], []
+    fmt = {4: "I", 8: "Q"}
+    for offset, new in overwrites.items():
+        old_len = len(layout.string_bytes(offset))
+        patches.append(Patch(layout.strtab_off + offset, new + b"\0" * (old_len + 1 - len(new))))
+        for ref, _ in groups[offset]:
+            changes.append(f"{ref.role}: {layout.string(offset)} -> {new.decode()}")
+            if ref.hash_off is not None:
+                patches.append(Patch(ref.hash_off, struct.pack(layout.end + "I", elf_hash(new))))
+    for ref, pos in repoints:
+        new = layout.string_bytes(pos)
+        patches.append(Patch(ref.field_off, struct.pack(layout.end + fmt[ref.size], pos)))
+        changes.append(f"{ref.role}: {layout.string(ref.value)} -> {new.decode()}")
+        if ref.hash_off is not None:
+            patches.append(Patch(ref.hash_off, struct.pack(layout.end + "I", elf_hash(new))))
+    strategy = "+".join(name for name, used in (("in-place", overwrites), ("reuse", repoints)) if used)
+    return EditPlan(patches, changes, strategy)
+
+
+def plan_relocated(layout: DynLayout, needed_renames: dict, version_renames: dict | None = None,
+                   page: int = 0x1000) -> EditPlan | None:
+    """Zero growth for names that do not fit: move .dynstr into the slack after a segment.
+
+    A read-only PT_LOAD usually ends well before the page where the next segment starts
+    (-z separate-code layouts); that file gap is zero padding.  A copy of .dynstr with the
+    new names appended goes there, the segment is extended over it, and DT_STRTAB/DT_STRSZ
+    and the .dynstr section header are pointed at it, so strip/objcopy still see a proper
+    section.  The old .dynstr bytes become dead space.  None when there is no such gap.
+    """
+    version_renames = version_renames or {}
+    wanted = []
+    for ref in layout.refs:
+        text = layout.string(ref.value) if ref.role in ("needed", "vn_file", "vna_name") else None
+        if ref.role in ("needed", "vn_file") and text in needed_renames:
+            wanted.append((ref, needed_renames[text].encode()))
+        elif ref.role == "vna_name" and ref.owner in needed_renames and text in version_renames:
+            wanted.append((ref, version_renames[text].encode()))
+    if not wanted:
+        return EditPlan([], [], "none")
+    old_table = bytes(layout.data[layout.strtab_off:layout.strtab_off + layout.strtab_size])
+    table = bytearray(old_table)
+    if not table.endswith(b"\0"):
+        table += b"\0"
+    new_offsets = {}
+    for _, new in wanted:
+        if new not in new_offsets:
+            pos = _find_string(bytes(table), new)
+            if pos is None:
+                pos = len(table)
+                table += new + b"\0"
+            new_offsets[new] = pos
+    section = next((s for s in layout.sections if s[1] == 3 and s[2] == layout.strtab_off), None)
+    strtab_vaddr = layout.tags[DT_STRTAB]
+    loads = sorted(layout.load_headers, key=lambda h: h[2])
+    occupied = [(s[2], s[2] + s[4]) for s in layout.sections if s[1] != 8 and s[4]]  # not NOBITS
+    for i, (hdr_off, flags, p_offset, p_vaddr, p_filesz, p_memsz) in enumerate(loads):
+        if flags & 2 or p_filesz != p_memsz or i + 1 >= len(loads):
+            continue  # writable or with .bss: extending it would change what is zero-filled
+        nxt = loads[i + 1]
+        start = (p_offset + p_filesz + 7) & ~7
+        end = start + len(table)
+        gap_end = min(nxt[2], p_offset + ((nxt[3] - p_vaddr) & ~(page - 1)))
+        if end > gap_end or end > len(layout.data):
+            continue
+        if any(a < end and start < b for a, b in occupied):
+            continue
+        if any(layout.data[start:end]):
+            continue  # not padding
+        new_vaddr = p_vaddr + (start - p_offset)
+        pack = layout.end + ("Q" if layout.is64 else "I")
+        patches = [Patch(start, bytes(table))]
+        new_filesz = end - p_offset
+        if layout.is64:
+            patches.append(Patch(hdr_off + 32, struct.pack(layout.end + "QQ", new_filesz, new_filesz)))
+        else:
+            patches.append(Patch(hdr_off + 16, struct.pack(layout.end + "II", new_filesz, new_filesz)))
+        for off, tag, _val in layout.dynamic:
+            if tag == DT_STRTAB:
+                patches.append(Patch(off + layout.word, struct.pack(pack, new_vaddr)))
+            elif tag == DT_STRSZ:
+                patches.append(Patch(off + layout.word, struct.pack(pack, len(table))))
+        if section is not None:
+            sh_off = section[0]
+            if layout.is64:
+                patches.append(Patch(sh_off + 16, struct.pack(layout.end + "QQQ", new_vaddr, start, len(table))))
+            else:
+                patches.append(Patch(sh_off + 12, struct.pack(layout.end + "III", new_vaddr, start, len(table))))
+        changes = []
+        fmt = {4: "I", 8: "Q"}
+        for ref, new in wanted:
+            pos = new_offsets[new]
+            patches.append(Patch(ref.field_off, struct.pack(layout.end + fmt[ref.size], pos)))
+            changes.append(f"{ref.role}: {layout.string(ref.value)} -> {new.decode()}")
+            if ref.hash_off is not None:
+                patches.append(Patch(ref.hash_off, struct.pack(layout.end + "I", elf_hash(new))))
+        del strtab_vaddr
+        return EditPlan(patches, changes, "moved-dynstr")
+    return None
+
+
+def _find_string(table: bytes, new: bytes) -> int | None:
+    """Offset of ``new`` as a NUL-terminated string (a whole string or a shared tail)."""
+    needle = new + b"\0"
+    pos = table.find(needle, 1 if new else 0)
+    return pos if pos >= 0 else None
+
+
+def apply_patches(data: bytes, patches: list) -> bytes:
+    out = bytearray(data)
+    for patch in patches:
+        out[patch.offset:patch.offset + len(patch.data)] = patch.data
+    return bytes(out)
+
+
+def rename_needed_bytes(data: bytes, needed_renames: dict, version_renames: dict | None = None,
+                        path: str = "<bytes>", allow_lief: bool = True) -> tuple:
+    """Return (new bytes, strategy, changes).  Zero growth in place; LIEF only when needed."""
+    layout = DynLayout(data, path)
+    plan = plan_rename(layout, needed_renames, version_renames)
+    if plan is None:
+        plan = plan_relocated(layout, needed_renames, version_renames)
+    if plan is not None:
+        return apply_patches(data, plan.patches), plan.strategy, plan.changes
+    if not allow_lief:
+        raise ELFError(f"{path}: the new names do not fit in .dynstr and LIEF is not allowed")
+    return _rename_with_lief(data, needed_renames, version_renames or {}, path)
+
+
+def _rename_with_lief(data: bytes, needed_renames: dict, version_renames: dict, path: str) -> tuple:
+    """The growing path: LIEF rebuilds .dynstr (and what it must move to fit it)."""
+    import lief  # heavy and optional: only the growing path needs it
+
+    binary = lief.ELF.parse(list(data))
+    if binary is None:
+        raise ELFError(f"{path}: LIEF cannot parse it")
+    changes = []
+    for entry in binary.dynamic_entries:
+        if isinstance(entry, lief.ELF.DynamicEntryLibrary) and entry.name in needed_renames:
+            changes.append(f"needed: {entry.name} -> {needed_renames[entry.name]}")
+            entry.name = needed_renames[entry.name]
+    for req in binary.symbols_version_requirement:
+        if req.name in needed_renames:
+            changes.append(f"vn_file: {req.name} -> {needed_renames[req.name]}")
+            req.name = needed_renames[req.name]
+            for aux in req.get_auxiliary_symbols():
+                if aux.name in version_renames:
+                    new = version_renames[aux.name]
+                    changes.append(f"vna_name: {aux.name} -> {new}")
+                    aux.name = new
+                    aux.hash = elf_hash(new.encode())
+    builder = lief.ELF.Builder(binary)
+    builder.build()
+    return bytes(builder.get_build()), "lief", changes
