@@ -10,6 +10,7 @@ PACKAGE_DIRS = {
     "seedance": "agent",
     "seedance.commands": "agent/commands",
     "seedance.elf": "agent/elf",
+    "seedance.resolve": "agent/resolve",
     "seedance.collect": "agent/collect",
     "seedance.fix": "agent/fix",
     "seedance.plugins": "agent/plugins",

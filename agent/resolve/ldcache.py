@@ -1,0 +1,247 @@
+"""The binary /etc/ld.so.cache, read the way glibc's elf/dl-cache.c reads it.
+
+Three layouts exist and all are accepted: the new format alone
+("glibc-ld.so.cache1.1", what ldconfig writes since glibc 2.32), the old libc6 format
+("ld.so-1.7.0"), and the old format with a new-format cache appended after it.  When a
+new-format part is present, glibc searches only that part; so do we.
+
+Lookup follows search_cache(): a binary search with _dl_cache_libcmp ordering (digit runs
+compare numerically), back up to the first entry with an equal key, then scan forward for
+the first entry whose flags match this ABI and whose hwcap bits are usable, preferring
+glibc-hwcaps entries by subdirectory priority.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from ..errors import BadInput
+
+MAGIC_OLD = b"ld.so-1.7.0"
+MAGIC_NEW = b"glibc-ld.so.cache1.1"
+OLD_HEADER = struct.Struct("<11sxI")  # magic[11], pad, nlibs
+OLD_ENTRY = struct.Struct("<iII")  # flags, key, value
+NEW_HEADER = struct.Struct("<20sIIB3xI12x")  # magic+version, nlibs, len_strings, flags, ext offset
+NEW_ENTRY = struct.Struct("<iIIIQ")  # flags, key, value, osversion (unused), hwcap
+EXT_MAGIC = 0xEAA42174
+EXT_TAG_GLIBC_HWCAPS = 1
+
+# dl-cache.h: flag values ldconfig stores per entry.
+FLAG_ELF_LIBC6 = 0x0003
+FLAG_X8664_LIB64 = 0x0300
+FLAG_X8664_LIBX32 = 0x0800
+# What _dl_cache_check_flags() accepts for each ABI (sysdeps/unix/sysv/linux/x86_64/dl-cache.h).
+ABI_FLAGS = {"x86_64": FLAG_ELF_LIBC6 | FLAG_X8664_LIB64, "i386": FLAG_ELF_LIBC6}
+
+# dl-cache.h: bit 62 marks an entry that lives in a glibc-hwcaps subdirectory; the low 32
+# bits then index the extension's list of subdirectory names.
+HWCAP_EXTENSION = 1 << 62
+HWCAP_TLS = 1 << 63
+HWCAP_PLATFORM_MASK = ((1 << 4) - 1) << 48  # x86: _DL_FIRST_PLATFORM 48, 4 platforms
+X86_PLATFORMS = ("i586", "i686", "haswell", "xeon_phi")
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    name: str
+    path: str
+    flags: int
+    hwcap: int
+    hwcaps_subdir: str | None  # for glibc-hwcaps entries
+
+
+def libcmp(left: str, right: str) -> int:
+    """_dl_cache_libcmp: bytewise, except runs of digits compare as numbers."""
+    i = j = 0
+    n1, n2 = len(left), len(right)
+    while i < n1:
+        c1 = left[i]
+        c2 = right[j] if j < n2 else ""
+        if c1.isdigit() and c1.isascii():
+            if c2 and c2.isdigit() and c2.isascii():
+                s1 = i
+                while i < n1 and left[i].isascii() and left[i].isdigit():
+                    i += 1
+                s2 = j
+                while j < n2 and right[j].isascii() and right[j].isdigit():
+                    j += 1
+                v1, v2 = int(left[s1:i]), int(right[s2:j])
+                if v1 != v2:
+                    return v1 - v2
+                continue
+            return 1
+        if c2 and c2.isdigit() and c2.isascii():
+            return -1
+        if c1 != c2:
+            return ord(c1) - (ord(c2) if c2 else 0)
+        i += 1
+        j += 1
+    return 0 - (ord(right[j]) if j < n2 else 0)
+
+
+class LdCache:
+    """A parsed ld.so.cache; ``entries`` in file order (ldconfig's sorted order)."""
+
+    def __init__(self, entries: list, fmt: str, path: str):
+        self.entries = entries
+        self.format = fmt  # 'new', 'old', 'old+new' or 'missing'
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str = "/etc/ld.so.cache") -> "LdCache":
+        """A missing or unusable cache is an empty one, exactly as ld.so treats it."""
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            return cls([], "missing", path)
+        try:
+            entries, fmt = parse(data)
+        except BadInput:
+            return cls([], "corrupt", path)
+        return cls(entries, fmt, path)
+
+    def lookup(self, name: str, abi: str = "x86_64", hwcaps_priority: dict | None = None,
+               hwcap_bits: int = 0, platform: str | None = None) -> str | None:
+        """The path ld.so would take from the cache for NEEDED ``name``, or None.
+
+        ``hwcaps_priority``: glibc-hwcaps subdirectory name -> priority (higher wins), only
+        the subdirectories usable on this CPU.  ``hwcap_bits``: legacy dl_hwcap & mask.
+        """
+        entries = self.entries
+        want_flags = ABI_FLAGS.get(abi)
+        if want_flags is None or not entries:
+            return None
+        left, right = 0, len(entries) - 1
+        while left <= right:
+            middle = (left + right) // 2
+            cmp = libcmp(name, entries[middle].name)
+            if cmp == 0:
+                while middle > 0 and libcmp(name, entries[middle - 1].name) == 0:
+                    middle -= 1
+                return self._select(entries, middle, name, want_flags, hwcaps_priority or {},
+                                    hwcap_bits, platform)
+            # ldconfig sorts entries in descending _dl_cache_libcmp order.
+            if cmp < 0:
+                left = middle + 1
+            else:
+                right = middle - 1
+        return None
+
+    @staticmethod
+    def _select(entries, start, name, want_flags, priorities, hwcap_bits, platform):
+        platform_bit = None
+        if platform in X86_PLATFORMS:
+            platform_bit = 1 << (48 + X86_PLATFORMS.index(platform))
+        exclude = ~(hwcap_bits | HWCAP_PLATFORM_MASK | HWCAP_TLS)
+        best, best_priority = None, 0
+        for entry in entries[start:]:
+            if libcmp(name, entry.name) != 0:
+                break
+            if entry.flags != want_flags:
+                continue
+            named = bool(entry.hwcap & HWCAP_EXTENSION)
+            if named and entry.hwcaps_subdir not in priorities:
+                continue  # not usable on this CPU (isa-level / priority 0)
+            if not named and best is not None:
+                break
+            if not named and entry.hwcap & exclude:
+                continue
+            plat = entry.hwcap & HWCAP_PLATFORM_MASK
+            if not named and plat and plat != platform_bit:
+                continue
+            if named:
+                priority = priorities[entry.hwcaps_subdir]
+                if best is not None and priority <= best_priority:
+                    continue
+                best_priority = priority
+            best = entry.path
+            if not named:
+                break  # flags already equal the ABI's default id: nothing better follows
+        return best
+
+
+def _string(data: bytes, base: int, offset: int) -> str:
+    start = base + offset
+    if offset < 0 or start >= len(data):
+        raise BadInput("ld.so.cache: string offset out of range")
+    end = data.find(b"\0", start)
+    if end < 0:
+        raise BadInput("ld.so.cache: unterminated string")
+    return data[start:end].decode("utf-8", "surrogateescape")
+
+
+def parse(data: bytes) -> tuple:
+    """(entries, format) from the bytes of a cache file; BadInput if it is not one."""
+    if data.startswith(MAGIC_NEW):
+        return _parse_new(data, 0), "new"
+    if data.startswith(MAGIC_OLD):
+        if len(data) < OLD_HEADER.size:
+            raise BadInput("ld.so.cache: truncated header")
+        _magic, nlibs = OLD_HEADER.unpack_from(data, 0)
+        if (len(data) - OLD_HEADER.size) // OLD_ENTRY.size < nlibs:
+            raise BadInput("ld.so.cache: entry count exceeds file size")
+        end_old = OLD_HEADER.size + nlibs * OLD_ENTRY.size
+        new_start = (end_old + 7) & ~7  # ALIGN_CACHE: __alignof__ (struct cache_file_new)
+        if data[new_start:new_start + len(MAGIC_NEW)] == MAGIC_NEW:
+            return _parse_new(data, new_start), "old+new"
+        entries = []
+        for index in range(nlibs):
+            flags, key, value = OLD_ENTRY.unpack_from(data, OLD_HEADER.size + index * OLD_ENTRY.size)
+            entries.append(CacheEntry(_string(data, end_old, key), _string(data, end_old, value),
+                                      flags, 0, None))
+        return entries, "old"
+    raise BadInput("ld.so.cache: unknown format")
+
+
+def _parse_new(data: bytes, base: int) -> list:
+    if len(data) - base < NEW_HEADER.size:
+        raise BadInput("ld.so.cache: truncated header")
+    _magic, nlibs, _len_strings, flags, ext_offset = NEW_HEADER.unpack_from(data, base)
+    if (len(data) - base - NEW_HEADER.size) // NEW_ENTRY.size < nlibs:
+        raise BadInput("ld.so.cache: entry count exceeds file size")
+    if flags == 3:  # cache_file_new_matches_endian: 2 little, 3 big, 0/1 unknown
+        raise BadInput("ld.so.cache: big-endian cache")
+    subdirs = _hwcaps_names(data, base, ext_offset)
+    entries = []
+    for index in range(nlibs):
+        e_flags, key, value, _osv, hwcap = NEW_ENTRY.unpack_from(data, base + NEW_HEADER.size
+                                                                 + index * NEW_ENTRY.size)
+        subdir = None
+        if hwcap & HWCAP_EXTENSION:
+            idx = hwcap & 0xFFFFFFFF
+            subdir = subdirs[idx] if idx < len(subdirs) else None
+        entries.append(CacheEntry(_string(data, base, key), _string(data, base, value),
+                                  e_flags, hwcap, subdir))
+    return entries
+
+
+def _hwcaps_names(data: bytes, base: int, ext_offset: int) -> list:
+    """The glibc-hwcaps subdirectory names from the cache extension section, if any."""
+    if not ext_offset or base + ext_offset + 8 > len(data):
+        return []
+    magic, count = struct.unpack_from("<II", data, base + ext_offset)
+    if magic != EXT_MAGIC:
+        return []
+    names = []
+    for index in range(min(count, 64)):
+        pos = base + ext_offset + 8 + index * 16
+        if pos + 16 > len(data):
+            break
+        tag, _flags, offset, size = struct.unpack_from("<IIII", data, pos)
+        if tag != EXT_TAG_GLIBC_HWCAPS or base + offset + size > len(data):
+            continue
+        for item in range(size // 4):
+            (str_off,) = struct.unpack_from("<I", data, base + offset + 4 * item)
+            names.append(_string(data, base, str_off))
+    return names
+
+
+def cache_stamp(path: str):
+    """What invalidates a parsed cache: ldconfig rewrites the file (new inode, mtime)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)

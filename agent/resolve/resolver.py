@@ -1,0 +1,551 @@
+"""What glibc's ld.so would load, decided without running anything.
+
+The order of a search for a NEEDED name without '/' follows _dl_map_object in
+elf/dl-load.c (glibc 2.36, Debian 12):
+
+1. an object already in the namespace whose name or DT_SONAME matches ('loaded');
+2. unless the requester has DT_RUNPATH: DT_RPATH of the requester, then of the object that
+   loaded it, and on up the loader chain; then the main program's DT_RPATH ('rpath');
+3. LD_LIBRARY_PATH, ':' or ';' separated, ignored under AT_SECURE ('ld_library_path');
+4. the requester's own DT_RUNPATH, never inherited ('runpath');
+5. /etc/ld.so.cache; with DF_1_NODEFLIB on the requester, cache entries under the system
+   directories are refused ('ld.so.cache');
+6. the system directories, unless the requester has DF_1_NODEFLIB ('default').
+
+Every directory of steps 2-4 and 6 is searched with its glibc-hwcaps and (glibc < 2.37)
+legacy hwcaps subdirectories first.  A candidate of the wrong ELF class or machine is
+skipped silently; a non-ELF candidate stops the search (ld.so reports it as fatal).  A found
+file that is the same inode as an object already loaded is that object.  A DT_RPATH is
+ignored entirely when the same object also has DT_RUNPATH (elf/get-dynamic-info.h).
+
+Objects are loaded breadth-first from the main program (elf/dl-deps.c), which is also the
+order ldd lists them in.  $ORIGIN of the main program is the directory of the path it was
+named by, as under ``ldd``/``ld.so --list`` (a directly run program gets the directory of
+/proc/self/exe instead; the two differ only when the program path is a symlink).
+"""
+from __future__ import annotations
+
+import os
+import stat as _stat
+from dataclasses import dataclass, field
+
+from ..elf.reader import ElfInfo, read_elf
+from ..errors import ELFError
+from . import hwcaps as _hwcaps
+from . import tokens
+from .ldcache import LdCache, cache_stamp
+
+ET_DYN, ET_EXEC = 3, 2
+EM_386, EM_X86_64 = 3, 62
+
+
+@dataclass(frozen=True)
+class Abi:
+    """What one ld.so build was compiled with (Debian multiarch layout)."""
+    name: str
+    elf_class: int
+    machine: int
+    system_dirs: tuple  # each ending in '/', as in glibc's SYSTEM_DIRS
+    lib: str  # $LIB
+    rtld: str  # the interpreter path ldd runs
+
+
+ABIS = {
+    (64, EM_X86_64): Abi("x86_64", 64, EM_X86_64,
+                         ("/lib/x86_64-linux-gnu/", "/usr/lib/x86_64-linux-gnu/", "/lib/", "/usr/lib/"),
+                         "lib/x86_64-linux-gnu", "/lib64/ld-linux-x86-64.so.2"),
+    (32, EM_386): Abi("i386", 32, EM_386,
+                      ("/lib/i386-linux-gnu/", "/usr/lib/i386-linux-gnu/", "/lib/", "/usr/lib/"),
+                      "lib/i386-linux-gnu", "/lib/ld-linux.so.2"),
+}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    name: str  # the NEEDED string
+    requester: str  # path of the object whose NEEDED it is
+    path: str | None  # the path ld.so would open (not realpath'd), or None
+    source: str  # loaded|direct|rpath|ld_library_path|runpath|ld.so.cache|default|not-found
+    tried: tuple  # ((candidate_path, 'ok' or why rejected), ...) in search order
+    search_order: tuple  # ((source, directory), ...) in the order ld.so searches them
+    soname: str | None  # DT_SONAME of the resolved file
+
+
+@dataclass(frozen=True)
+class VersionCheck:
+    requester: str
+    file: str
+    version: str
+    weak: bool
+    provider: str | None  # resolved path providing `file`
+    # ld.so accepts the requirement: the provider's verdef defines `version`, or the provider
+    # has no version definitions at all (dl-version.c match_symbol only warns then).
+    defined: bool
+    provider_versions: tuple
+
+
+@dataclass
+class Closure:
+    root: str
+    objects: dict  # path -> ElfInfo, load (breadth-first) order, root first
+    resolutions: list  # every NEEDED of every object in the closure
+    version_checks: list
+    undefined: list  # (requester, symbol, version) strong undefined with no provider
+    interpreter: str | None = None
+    abi: str | None = None
+    load_names: dict = field(default_factory=dict)  # path -> first name it was loaded under
+    load_order: list = field(default_factory=list)  # [(name, path or None)] after the root, ldd order
+
+
+@dataclass(eq=False)
+class _Loaded:
+    """One link_map: the object, the names it answers to, and who loaded it."""
+    path: str | None  # None for a NEEDED that was not found (ldd's faked map)
+    info: ElfInfo | None
+    names: list
+    loader: "_Loaded | None"
+    origin: str | None
+    file_id: tuple | None
+    is_main: bool = False
+    listed: bool = True  # the rtld is listed only once something needs it
+
+
+class Resolver:
+    def __init__(self, env: dict | None = None, secure: bool = False,
+                 cache_path: str = "/etc/ld.so.cache", root: str = "/", platform: str | None = None,
+                 cpuinfo: str = "/proc/cpuinfo"):
+        self.env = dict(env or {})
+        self.secure = secure
+        self.root = root or "/"
+        self.cache_path = cache_path
+        caps = _hwcaps.detect(cpuinfo, platform=platform)
+        self.caps = caps
+        self.platform = caps.platform
+        self._subdirs = caps.subdirs()
+        self._ldcache: LdCache | None = None
+        self._ldcache_stamp = None
+        self._cache_memo: dict = {}
+        self._elf: dict = {}  # (dev, ino, mtime_ns, size, symbols) -> ElfInfo
+        self._listing: dict = {}  # host dir -> frozenset of names, or None
+        self._stat: dict = {}  # host path -> stat_result or None
+        self._closures: dict = {}  # root path -> (stamp, Closure, {path: _Loaded})
+
+    # --- file system, cached -------------------------------------------------------------
+    def _host(self, path: str) -> str:
+        if self.root == "/" or not path.startswith("/"):
+            return path
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def _stat_of(self, path: str):
+        host = self._host(path)
+        try:
+            return self._stat[host]
+        except KeyError:
+            pass
+        try:
+            result = os.stat(host)
+        except (OSError, ValueError):
+            result = None
+        self._stat[host] = result
+        return result
+
+    def _dir_names(self, directory: str):
+        """Names in ``directory`` ('' = cwd), None when it is not a listable directory."""
+        host = self._host(directory) if directory else "."
+        try:
+            return self._listing[host]
+        except KeyError:
+            pass
+        try:
+            names = frozenset(os.listdir(host))
+        except (FileNotFoundError, NotADirectoryError):
+            names = None
+        except OSError:
+            names = "unlisted"  # searchable but unreadable: fall back to stat per file
+        self._listing[host] = names
+        return names
+
+    def read(self, path: str, symbols: bool = False) -> ElfInfo:
+        """read_elf, cached by (dev, inode, mtime, size): one parse per file per scan."""
+        st = self._stat_of(path)
+        if st is None:
+            return read_elf(self._host(path), symbols=symbols)  # raises the right ELFError
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, symbols)
+        info = self._elf.get(key)
+        if info is None:
+            if not symbols:
+                with_symbols = self._elf.get(key[:4] + (True,))
+                if with_symbols is not None:
+                    return with_symbols
+            info = read_elf(self._host(path), symbols=symbols)
+            if self.root != "/":
+                info = _relabel(info, path)
+            self._elf[key] = info
+        return info if info.path == path else _relabel(info, path)
+
+    def ldcache(self) -> LdCache:
+        host = self._host(self.cache_path)
+        stamp = cache_stamp(host)
+        if self._ldcache is None or stamp != self._ldcache_stamp:
+            self._ldcache = LdCache.load(host)
+            self._ldcache_stamp = stamp
+            self._cache_memo = {}
+        return self._ldcache
+
+    def _cache_lookup(self, name: str, abi: Abi):
+        cache = self.ldcache()
+        key = (name, abi.name)
+        if key not in self._cache_memo:
+            self._cache_memo[key] = cache.lookup(name, abi.name, self.caps.priorities,
+                                                 self.caps.hwcap_bits, self.platform)
+        return self._cache_memo[key]
+
+    # --- candidates ----------------------------------------------------------------------
+    def _verify(self, path: str, abi: Abi):
+        """open_verify(): ('ok', info) | ('skip', why) to search on | ('fatal', why) to stop."""
+        directory, _, base = path.rpartition("/")
+        names = self._dir_names(directory if path.rfind("/") > 0 else ("/" if path.startswith("/") else ""))
+        if names is None:
+            return "skip", "no such directory"
+        if names != "unlisted" and base not in names:
+            return "skip", "no such file"
+        st = self._stat_of(path)
+        if st is None:
+            return "skip", "no such file or not readable"
+        if _stat.S_ISDIR(st.st_mode):
+            return "fatal", "is a directory (ld.so: cannot read file data)"
+        try:
+            info = self.read(path)
+        except ELFError as exc:
+            why = str(exc)
+            if "not an ELF file" in why:
+                return "fatal", "invalid ELF header"
+            if "permission denied" in why.lower() or "cannot open" in why.lower():
+                return "skip", "not readable"
+            return "fatal", why.split(": ", 1)[-1]
+        if info.elf_class != abi.elf_class:
+            return "skip", f"wrong ELF class: ELFCLASS{info.elf_class}"
+        if info.machine != abi.machine:
+            return "skip", f"wrong machine: e_machine {info.machine}"
+        if info.e_type not in (ET_DYN, ET_EXEC):
+            return "fatal", "only ET_DYN and ET_EXEC can be loaded"
+        return "ok", info
+
+    def _path_list(self, entries, who: "_Loaded", abi: Abi, separators: str = ":") -> list:
+        """fillin_rpath: expand tokens, drop empty results, normalise the trailing '/', dedupe."""
+        out: list = []
+        for element in entries:
+            for piece in tokens.split_path_list(element, separators):
+                if piece:
+                    piece = tokens.expand(piece, who.origin if who else None, abi.lib, self.platform,
+                                          secure=self.secure, is_main=bool(who and who.is_main),
+                                          trusted_dirs=abi.system_dirs)
+                    if not piece:
+                        continue
+                    piece = piece.rstrip("/") or "/"
+                    if not piece.endswith("/"):
+                        piece += "/"
+                if piece not in out:
+                    out.append(piece)
+        return out
+
+    def _search_dirs(self, name, directories, source, abi, tried, order):
+        """open_path over one list; (path, info, source) or None; ('fatal', why) stops."""
+        for directory in directories:
+            order.append((source, directory))
+            for subdir in self._subdirs:
+                if self._dir_names(self._host_dirname(directory + subdir)) is None:
+                    continue  # ld.so marks a missing hwcaps directory nonexistent silently
+                candidate = directory + subdir + name
+                verdict, detail = self._verify(candidate, abi)
+                if verdict == "ok":
+                    tried.append((candidate, "ok"))
+                    return candidate, detail, source
+                tried.append((candidate, detail))
+                if verdict == "fatal":
+                    return "fatal", detail, source
+            candidate = directory + name
+            verdict, detail = self._verify(candidate, abi)
+            if verdict == "ok":
+                tried.append((candidate, "ok"))
+                return candidate, detail, source
+            tried.append((candidate, detail))
+            if verdict == "fatal":
+                return "fatal", detail, source
+        return None
+
+    @staticmethod
+    def _host_dirname(path: str) -> str:
+        return path[:-1] if path.endswith("/") and len(path) > 1 else path
+
+    # --- one NEEDED ----------------------------------------------------------------------
+    def _search(self, name: str, requester: _Loaded, main: _Loaded, abi: Abi):
+        """The search of _dl_map_object for a name without '/'; (Resolution fields, info)."""
+        tried: list = []
+        order: list = []
+        found = None
+        req_info = requester.info
+        if not req_info.runpath:
+            did_main = False
+            link = requester
+            while link is not None and found is None:
+                if link.info is not None and link.info.rpath:
+                    dirs = self._path_list(link.info.rpath, link, abi)
+                    if dirs:
+                        found = self._search_dirs(name, dirs, "rpath", abi, tried, order)
+                        did_main |= link is main
+                link = link.loader
+            if found is None and not did_main and main.info.rpath and not main.info.runpath:
+                dirs = self._path_list(main.info.rpath, main, abi)
+                found = self._search_dirs(name, dirs, "rpath", abi, tried, order)
+        llp = self.env.get("LD_LIBRARY_PATH")
+        if found is None and llp and not self.secure:
+            dirs = self._path_list([llp], main, abi, separators=":;")
+            found = self._search_dirs(name, dirs, "ld_library_path", abi, tried, order)
+        if found is None and req_info.runpath:
+            dirs = self._path_list(req_info.runpath, requester, abi)
+            found = self._search_dirs(name, dirs, "runpath", abi, tried, order)
+        nodeflib = req_info.nodeflib
+        if found is None:
+            order.append(("ld.so.cache", self.cache_path))
+            cached = self._cache_lookup(name, abi)
+            if cached is not None and nodeflib and any(cached.startswith(d) for d in abi.system_dirs):
+                tried.append((cached, "ld.so.cache entry in a system directory refused: DF_1_NODEFLIB"))
+            elif cached is not None:
+                verdict, detail = self._verify(cached, abi)
+                tried.append((cached, "ok" if verdict == "ok" else detail))
+                if verdict == "ok":
+                    found = (cached, detail, "ld.so.cache")
+                elif verdict == "fatal":
+                    found = ("fatal", detail, "ld.so.cache")
+        if found is None and not nodeflib:
+            found = self._search_dirs(name, list(abi.system_dirs), "default", abi, tried, order)
+        elif found is None:
+            order.append(("default", "skipped: DF_1_NODEFLIB"))
+        return found, tuple(tried), tuple(order)
+
+    def _map(self, name: str, requester: _Loaded, namespace: list, main: _Loaded, abi: Abi,
+             secure_preload: bool = False):
+        """(_Loaded or None, Resolution, is_new) for NEEDED ``name`` of ``requester``."""
+        for obj in namespace:
+            if name in obj.names or (obj.info is not None and obj.info.soname == name):
+                if obj.path is None:
+                    res = Resolution(name, requester.path, None, "not-found",
+                                     ((name, "already not found for an earlier requester"),), (), None)
+                    return obj, res, False
+                if name not in obj.names:
+                    obj.names.append(name)
+                res = Resolution(name, requester.path, obj.path, "loaded", ((obj.path, "ok"),), (),
+                                 obj.info.soname)
+                return obj, res, False
+
+        expanded = name
+        if tokens.has_tokens(name):
+            expanded = tokens.expand(name, requester.origin, abi.lib, self.platform, secure=self.secure,
+                                     is_main=requester.is_main, trusted_dirs=abi.system_dirs)
+            if self.secure:
+                expanded = ""  # dl-deps.c: "DST not allowed in SUID/SGID programs"
+        if not expanded:
+            found, tried, order = None, ((name, "dynamic string token cannot be expanded"),), ()
+        elif "/" in expanded:
+            verdict, detail = self._verify(expanded, abi)
+            tried = ((expanded, "ok" if verdict == "ok" else detail),)
+            order = (("direct", expanded),)
+            found = (expanded, detail, "direct") if verdict == "ok" else None
+        else:
+            found, tried, order = self._search(expanded, requester, main, abi)
+
+        if found is not None and found[0] == "fatal":
+            found = None
+        if found is not None and secure_preload:
+            st = self._stat_of(found[0])
+            if st is None or not st.st_mode & _stat.S_ISUID:
+                tried = tried + ((found[0], "secure preload requires a set-user-ID file"),)
+                found = None
+        if found is None:
+            fake = _Loaded(None, None, [name], requester, None, None)
+            namespace.append(fake)
+            return fake, Resolution(name, requester.path, None, "not-found", tried, order, None), True
+
+        path, info, source = found
+        st = self._stat_of(path)
+        file_id = (st.st_dev, st.st_ino) if st is not None else None
+        res = Resolution(name, requester.path, path, source, tried, order, info.soname)
+        for obj in namespace:
+            if file_id is not None and obj.file_id == file_id:
+                if name not in obj.names:
+                    obj.names.append(name)
+                return obj, res, False
+        obj = _Loaded(path, info, [name], requester, _origin_of(path), file_id)
+        namespace.append(obj)
+        return obj, res, True
+
+    # --- public API ----------------------------------------------------------------------
+    def abi_for(self, info: ElfInfo) -> Abi:
+        abi = ABIS.get((info.elf_class, info.machine))
+        if abi is None:
+            raise ELFError(f"{info.path}: no dynamic loader known for ELFCLASS{info.elf_class} "
+                           f"machine {info.machine}")
+        return abi
+
+    def closure(self, path: str, symbols: bool = False, preloaded: tuple = ()) -> Closure:
+        info = self.read(path, symbols=symbols)
+        abi = self.abi_for(info)
+        st = self._stat_of(path)
+        main = _Loaded(path, info, [path], None, _origin_of(path),
+                       (st.st_dev, st.st_ino) if st else None, is_main=True)
+        namespace = [main]
+        interpreter = info.interpreter or abi.rtld
+        rtld = self._rtld(interpreter, abi)
+        if rtld is not None:
+            namespace.append(rtld)
+
+        resolutions: list = []
+        queue = [main]
+        preload_names = [p for item in self.env.get("LD_PRELOAD", "").split(" ") for p in item.split(":") if p]
+        for name in list(preload_names) + list(preloaded):
+            if self.secure and "/" in name:
+                continue  # rtld.c dso_name_valid_for_suid
+            obj, res, new = self._map(name, main, namespace, main, abi, secure_preload=self.secure)
+            resolutions.append(res)
+            if new or (obj is rtld and not obj.listed):
+                obj.listed = True
+                queue.append(obj)
+        if rtld is not None:
+            rtld.listed = False
+
+        index = 0
+        while index < len(queue):
+            obj = queue[index]
+            index += 1
+            if obj.info is None:
+                continue
+            for name in obj.info.needed:
+                target, res, new = self._map(name, obj, namespace, main, abi)
+                resolutions.append(res)
+                if new or (target is rtld and not rtld.listed):
+                    target.listed = True
+                    queue.append(target)
+
+        objects: dict = {}
+        load_names: dict = {}
+        load_order: list = []
+        for obj in queue:
+            if obj.path is not None and obj.path not in objects:
+                objects[obj.path] = obj.info
+                load_names[obj.path] = obj.names[0]
+            if obj is not main:
+                load_order.append((obj.names[0], obj.path))
+        if symbols:
+            for obj_path in list(objects):
+                objects[obj_path] = self.read(obj_path, symbols=True) if obj_path != path else info
+
+        version_checks = self._version_checks(queue, namespace)
+        undefined = self._undefined(objects) if symbols else []
+        result = Closure(root=path, objects=objects, resolutions=resolutions,
+                         version_checks=version_checks, undefined=undefined,
+                         interpreter=rtld.path if rtld is not None else None, abi=abi.name,
+                         load_names=load_names, load_order=load_order)
+        self._closures[path] = result
+        return result
+
+    def explain(self, name: str, requester: str) -> Resolution:
+        """The search for ``name`` as a NEEDED of ``requester`` (treated as the main program,
+        so its own RPATH chain applies); the closure's answer when it really NEEDs it."""
+        known = self._closures.get(requester) or self.closure(requester)
+        for res in known.resolutions:
+            if res.requester == requester and res.name == name:
+                return res
+        info = self.read(requester)
+        abi = self.abi_for(info)
+        main = _Loaded(requester, info, [requester], None, _origin_of(requester), None, is_main=True)
+        _obj, res, _new = self._map(name, main, [], main, abi)
+        return res
+
+    def _rtld(self, interpreter: str, abi: Abi):
+        st = self._stat_of(interpreter)
+        if st is None:
+            return None
+        try:
+            info = self.read(interpreter)
+        except ELFError:
+            return None
+        names = [interpreter] + ([abi.rtld] if abi.rtld != interpreter else [])
+        return _Loaded(interpreter, info, names, None, _origin_of(interpreter),
+                       (st.st_dev, st.st_ino), listed=False)
+
+    def _version_checks(self, queue: list, namespace: list) -> list:
+        """dl-version.c: every verneed of every object against its provider's verdef."""
+        checks = []
+        for obj in queue:
+            if obj.info is None or not obj.info.version_needs:
+                continue
+            for need in obj.info.version_needs:
+                provider = _find_needed(need.file, namespace)
+                for version, weak in need.versions:
+                    if provider is None or provider.info is None:
+                        checks.append(VersionCheck(obj.path, need.file, version, weak, None, False, ()))
+                        continue
+                    defs = provider.info.version_defs
+                    defined = (version in defs or not _has_verdef(provider.info)
+                               or version == provider.info.soname)
+                    checks.append(VersionCheck(obj.path, need.file, version, weak, provider.path,
+                                               defined, tuple(defs)))
+        return checks
+
+    @staticmethod
+    def _undefined(objects: dict) -> list:
+        provided: dict = {}  # name -> set of versions; None for an unversioned default
+        for info in objects.values():
+            unversioned = not info.version_defs
+            for sym in info.symbols:
+                if not sym.defined or sym.binding == "LOCAL":
+                    continue
+                versions = provided.setdefault(sym.name, set())
+                versions.add(sym.version)
+                if unversioned:
+                    versions.add("*")  # an unversioned object satisfies any version reference
+                if not sym.hidden:
+                    versions.add("default")
+        missing = []
+        for path, info in objects.items():
+            for sym in info.symbols:
+                if sym.defined or sym.binding != "GLOBAL":
+                    continue
+                versions = provided.get(sym.name)
+                if versions is None:
+                    missing.append((path, sym.name, sym.version))
+                elif sym.version is not None:
+                    if sym.version not in versions and "*" not in versions:
+                        missing.append((path, sym.name, sym.version))
+                elif "default" not in versions and None not in versions:
+                    missing.append((path, sym.name, sym.version))
+        return missing
+
+
+def _has_verdef(info: ElfInfo) -> bool:
+    return bool(info.version_defs)
+
+
+def _find_needed(file: str, namespace: list):
+    for obj in namespace:
+        if file in obj.names or obj.path == file:
+            return obj
+    for obj in namespace:
+        if obj.info is not None and obj.info.soname == file:
+            return obj
+    return None
+
+
+def _origin_of(path: str) -> str:
+    """l_origin (elf/dl-object.c): cwd prepended to a relative name, then its directory part;
+    no realpath, no '..' folding."""
+    full = path if path.startswith("/") else os.getcwd().rstrip("/") + "/" + path
+    head = full.rpartition("/")[0]
+    return head or "/"
+
+
+def _relabel(info: ElfInfo, path: str) -> ElfInfo:
+    """The same parsed file seen under another path (hard link, symlink, chroot)."""
+    from dataclasses import replace
+    return replace(info, path=path)
