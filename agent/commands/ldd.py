@@ -1,6 +1,121 @@
-"""seedance ldd: a safe ldd that executes nothing."""
-from ._notyet import register
+"""seedance ldd: a safe ldd that executes nothing.
+
+glibc's ldd runs the target's dynamic loader in trace mode, which runs code from the target's
+own dependency tree (and, for a hostile file, its loader).  This answers the same question
+from the resolver alone.  Output follows ldd's format without load addresses:
+
+    NAME => PATH            a dependency found by a search
+    PATH                    an object loaded by its own path (the interpreter)
+    NAME => not found
+
+linux-vdso.so.1 is left out: the kernel maps it, there is no file to resolve.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import BadInput, UsageError
+
+EPILOG = """\
+examples:
+  seedance ldd /usr/bin/curl
+  seedance ldd --json ./libkernels.so | jq '.not_found'
+  seedance ldd --env LD_LIBRARY_PATH=/opt/cuda/lib64 ./app
+"""
+
+SCHEMA = "seedance.ldd/v1"
 
 
 def configure_parser(sub):
-    register(sub, "ldd", "Print shared-library dependencies without executing anything", "the check issue")
+    parser = sub.add_parser(
+        "ldd", help="Print shared-library dependencies without executing anything",
+        description="Print the shared libraries FILE would load, as ldd does, decided by an "
+                    "ld.so-faithful resolver instead of running the loader.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", metavar="FILE", help="ELF executable or shared library")
+    parser.add_argument("--json", action="store_true", help=f"print a {SCHEMA} JSON object")
+    parser.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
+                        help="loader environment to assume, e.g. LD_LIBRARY_PATH=/opt/lib "
+                             "(repeatable; default: a clean environment)")
+    parser.add_argument("--secure", action="store_true",
+                        help="resolve as for a set-user-ID program (AT_SECURE)")
+    parser.set_defaults(execute=execute)
+    return parser
+
+
+def _parse_env(items: list) -> dict:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"seedance ldd: --env expects VAR=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
+def execute(args) -> int:
+    import os
+
+    from ..resolve import Resolver
+
+    env = _parse_env(args.env)
+    if not os.path.exists(args.file):
+        raise BadInput(f"{args.file}: no such file or directory")
+    if os.path.isdir(args.file):
+        raise BadInput(f"{args.file}: is a directory")
+    resolver = Resolver(env=env, secure=args.secure)
+    info = resolver.read(args.file)
+    if not info.has_dynamic or info.e_type not in (2, 3):
+        if info.e_type in (2, 3):
+            if args.json:
+                print(json.dumps(_document(args.file, None, info), indent=2))
+            else:
+                print("\tstatically linked")
+            return 0
+        raise BadInput(f"{args.file}: not a dynamic executable")
+    closure = resolver.closure(args.file)
+    if args.json:
+        print(json.dumps(_document(args.file, closure, info), indent=2))
+    else:
+        sys.stdout.write(render(closure))
+    return 0
+
+
+def render(closure) -> str:
+    lines = []
+    for name, path, _res in closure.load_order:
+        if path is None:
+            lines.append(f"\t{name} => not found")
+        elif name == path:
+            lines.append(f"\t{path}")
+        else:
+            lines.append(f"\t{name} => {path}")
+    for check in closure.version_checks:
+        if not check.defined and not check.weak and check.provider is not None:
+            lines.append(f"\t{check.provider}: version `{check.version}' not found "
+                         f"(required by {check.requester})")
+    return "".join(line + "\n" for line in lines)
+
+
+def _document(path: str, closure, info) -> dict:
+    libraries, not_found, version_errors = [], [], []
+    if closure is not None:
+        for name, lib_path, res in closure.load_order:
+            if lib_path is None:
+                not_found.append({"name": name, "requester": res.requester if res else None,
+                                  "tried": [list(t) for t in res.tried] if res else []})
+                continue
+            libraries.append({"name": name, "path": lib_path,
+                              "source": res.source if res else "loaded",
+                              "requester": res.requester if res else None})
+        for check in closure.version_checks:
+            if not check.defined and check.provider is not None:
+                version_errors.append({"requester": check.requester, "file": check.file,
+                                       "version": check.version, "weak": check.weak,
+                                       "provider": check.provider,
+                                       "provider_versions": list(check.provider_versions)})
+    return {"schema": SCHEMA, "file": path,
+            "interpreter": info.interpreter,
+            "libraries": libraries, "not_found": not_found, "version_errors": version_errors}

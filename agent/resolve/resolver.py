@@ -94,7 +94,8 @@ class Closure:
     interpreter: str | None = None
     abi: str | None = None
     load_names: dict = field(default_factory=dict)  # path -> first name it was loaded under
-    load_order: list = field(default_factory=list)  # [(name, path or None)] after the root, ldd order
+    # [(name, path or None, Resolution that first brought it in)] after the root, in ldd's order
+    load_order: list = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -108,6 +109,7 @@ class _Loaded:
     file_id: tuple | None
     is_main: bool = False
     listed: bool = True  # the rtld is listed only once something needs it
+    first: "Resolution | None" = None
 
 
 class Resolver:
@@ -279,50 +281,65 @@ class Resolver:
         return path[:-1] if path.endswith("/") and len(path) > 1 else path
 
     # --- one NEEDED ----------------------------------------------------------------------
-    def _search(self, name: str, requester: _Loaded, main: _Loaded, abi: Abi):
-        """The search of _dl_map_object for a name without '/'; (Resolution fields, info)."""
-        tried: list = []
-        order: list = []
-        found = None
+    def _plan(self, requester: _Loaded, main: _Loaded, abi: Abi) -> list:
+        """[(source, [dirs])] in the order _dl_map_object searches; the cache as one step."""
+        plan: list = []
         req_info = requester.info
         if not req_info.runpath:
-            did_main = False
             link = requester
-            while link is not None and found is None:
-                if link.info is not None and link.info.rpath:
+            while link is not None:
+                if link.info is not None and link.info.rpath and not link.info.runpath:
                     dirs = self._path_list(link.info.rpath, link, abi)
                     if dirs:
-                        found = self._search_dirs(name, dirs, "rpath", abi, tried, order)
-                        did_main |= link is main
+                        plan.append(("rpath", dirs))
                 link = link.loader
-            if found is None and not did_main and main.info.rpath and not main.info.runpath:
+            # The main program's DT_RPATH comes last unless the chain already went through it.
+            if not _in_chain(main, requester) and main.info.rpath and not main.info.runpath:
                 dirs = self._path_list(main.info.rpath, main, abi)
-                found = self._search_dirs(name, dirs, "rpath", abi, tried, order)
+                if dirs:
+                    plan.append(("rpath", dirs))
         llp = self.env.get("LD_LIBRARY_PATH")
-        if found is None and llp and not self.secure:
-            dirs = self._path_list([llp], main, abi, separators=":;")
-            found = self._search_dirs(name, dirs, "ld_library_path", abi, tried, order)
-        if found is None and req_info.runpath:
-            dirs = self._path_list(req_info.runpath, requester, abi)
-            found = self._search_dirs(name, dirs, "runpath", abi, tried, order)
-        nodeflib = req_info.nodeflib
-        if found is None:
-            order.append(("ld.so.cache", self.cache_path))
-            cached = self._cache_lookup(name, abi)
-            if cached is not None and nodeflib and any(cached.startswith(d) for d in abi.system_dirs):
-                tried.append((cached, "ld.so.cache entry in a system directory refused: DF_1_NODEFLIB"))
-            elif cached is not None:
-                verdict, detail = self._verify(cached, abi)
-                tried.append((cached, "ok" if verdict == "ok" else detail))
-                if verdict == "ok":
-                    found = (cached, detail, "ld.so.cache")
-                elif verdict == "fatal":
-                    found = ("fatal", detail, "ld.so.cache")
-        if found is None and not nodeflib:
-            found = self._search_dirs(name, list(abi.system_dirs), "default", abi, tried, order)
-        elif found is None:
-            order.append(("default", "skipped: DF_1_NODEFLIB"))
-        return found, tuple(tried), tuple(order)
+        if llp and not self.secure:
+            plan.append(("ld_library_path", self._path_list([llp], main, abi, separators=":;")))
+        if req_info.runpath:
+            plan.append(("runpath", self._path_list(req_info.runpath, requester, abi)))
+        plan.append(("ld.so.cache", None))
+        if not req_info.nodeflib:
+            plan.append(("default", list(abi.system_dirs)))
+        return plan
+
+    def _search(self, name: str, requester: _Loaded, main: _Loaded, abi: Abi):
+        """The search of _dl_map_object for a name without '/': (found, tried, search_order)."""
+        plan = self._plan(requester, main, abi)
+        order = tuple((source, d) for source, dirs in plan
+                      for d in (dirs if dirs is not None else [self.cache_path]))
+        if requester.info.nodeflib:
+            order += (("default", "skipped: DF_1_NODEFLIB"),)
+        tried: list = []
+        found = None
+        for source, dirs in plan:
+            if dirs is not None:
+                found = self._search_dirs(name, dirs, source, abi, tried, [])
+            else:
+                found = self._search_cache(name, requester.info.nodeflib, abi, tried)
+            if found is not None:
+                break
+        return found, tuple(tried), order
+
+    def _search_cache(self, name: str, nodeflib: bool, abi: Abi, tried: list):
+        cached = self._cache_lookup(name, abi)
+        if cached is None:
+            return None
+        if nodeflib and any(cached.startswith(d) for d in abi.system_dirs):
+            tried.append((cached, "ld.so.cache entry in a system directory refused: DF_1_NODEFLIB"))
+            return None
+        verdict, detail = self._verify(cached, abi)
+        tried.append((cached, "ok" if verdict == "ok" else detail))
+        if verdict == "ok":
+            return cached, detail, "ld.so.cache"
+        if verdict == "fatal":
+            return "fatal", detail, "ld.so.cache"
+        return None
 
     def _map(self, name: str, requester: _Loaded, namespace: list, main: _Loaded, abi: Abi,
              secure_preload: bool = False):
@@ -410,6 +427,7 @@ class Resolver:
             resolutions.append(res)
             if new or (obj is rtld and not obj.listed):
                 obj.listed = True
+                obj.first = res
                 queue.append(obj)
         if rtld is not None:
             rtld.listed = False
@@ -425,6 +443,7 @@ class Resolver:
                 resolutions.append(res)
                 if new or (target is rtld and not rtld.listed):
                     target.listed = True
+                    target.first = res
                     queue.append(target)
 
         objects: dict = {}
@@ -435,7 +454,7 @@ class Resolver:
                 objects[obj.path] = obj.info
                 load_names[obj.path] = obj.names[0]
             if obj is not main:
-                load_order.append((obj.names[0], obj.path))
+                load_order.append((obj.names[0], obj.path, obj.first))
         if symbols:
             for obj_path in list(objects):
                 objects[obj_path] = self.read(obj_path, symbols=True) if obj_path != path else info
@@ -525,6 +544,16 @@ class Resolver:
 
 def _has_verdef(info: ElfInfo) -> bool:
     return bool(info.version_defs)
+
+
+def _in_chain(target: _Loaded, start: _Loaded) -> bool:
+    """Whether ``target`` is on the loader chain of ``start`` with an RPATH that was searched."""
+    link = start
+    while link is not None:
+        if link is target:
+            return True
+        link = link.loader
+    return False
 
 
 def _find_needed(file: str, namespace: list):
