@@ -14,6 +14,7 @@ PACKAGE_DIRS = {
     "seedance.collect": "agent/collect",
     "seedance.fix": "agent/fix",
     "seedance.plugins": "agent/plugins",
+    "seedance.service": "agent/service",
     "seedance.rules_data": "rules",
 }
 

@@ -1,6 +1,128 @@
-"""seedance agent: the resident agent (systemd user service)."""
-from ._notyet import register
+"""seedance agent: the resident agent (run it, or install it as a systemd user service)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import UsageError
+
+EPILOG = """\
+examples:
+  seedance agent run                                   GC every 2s, check every 10m, probes when root
+  seedance agent run --gc-interval 2s --metrics 127.0.0.1:9464 --probes off
+  seedance agent run --otlp-endpoint http://127.0.0.1:4318
+  seedance agent install --user                        write ~/.config/systemd/user/seedance-agent.service
+  seedance agent install --user --print                show the unit instead of writing it
+  kill -HUP $(pidof seedance)                          reload rules and agent.yaml
+"""
 
 
 def configure_parser(sub):
-    register(sub, "agent", "The resident agent (systemd user service)", "the agent issue")
+    parser = sub.add_parser("agent", help="The resident agent (systemd user service)",
+                            description="The resident agent: reclaims the registry slots of dead instances and "
+                                        "reports their leaked GPU memory, runs the trace probes and periodic "
+                                        "checks, samples NVML, and serves status, Prometheus and OTLP.",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = parser.add_subparsers(dest="agent_command", metavar="ACTION", parser_class=type(parser))
+
+    run = actions.add_parser("run", help="run the agent in the foreground (what the unit starts)",
+                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _run_flags(run)
+    run.set_defaults(execute=execute_run)
+
+    install = actions.add_parser("install", help="write (and enable) the systemd user unit",
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    install.add_argument("--user", action="store_true", help="install as a user service (the supported mode)")
+    install.add_argument("--print", dest="print_only", action="store_true", help="print the unit, write nothing")
+    install.add_argument("--no-enable", action="store_true", help="write the unit but do not enable it")
+    install.add_argument("--watchdog", default="30s", metavar="DURATION", help="WatchdogSec (default 30s)")
+    _run_flags(install, defaults_for_unit=True)
+    install.set_defaults(execute=execute_install)
+
+    def no_action(args) -> int:
+        raise UsageError("seedance agent: choose an action: run or install (see seedance agent --help)")
+
+    parser.set_defaults(execute=no_action)
+
+
+def _run_flags(parser, defaults_for_unit: bool = False):
+    parser.add_argument("--gc-interval", metavar="DURATION",
+                        help="reclaim dead instances' registry slots this often (default 2s)")
+    parser.add_argument("--scan-interval", metavar="DURATION", help="periodic check interval (default 10m)")
+    parser.add_argument("--sample-interval", metavar="DURATION", help="NVML sampling interval (default 10s)")
+    parser.add_argument("--metrics", metavar="HOST:PORT",
+                        help="serve Prometheus /metrics on this loopback address (e.g. 127.0.0.1:9464)")
+    parser.add_argument("--probes", choices=("on", "off", "auto"),
+                        help="trace probes: on (required), off, auto (when root + bcc allow; default)")
+    parser.add_argument("--otlp-endpoint", metavar="URL", help="export metrics over OTLP/HTTP to this collector")
+    parser.add_argument("--no-scan", dest="scan", action="store_false", default=None,
+                        help="no periodic checks")
+    parser.add_argument("--rules", dest="rules_dir", metavar="DIR", help="rules directory (default: built in)")
+
+
+def _flags(args) -> dict:
+    return {"gc_interval": args.gc_interval, "scan_interval": args.scan_interval,
+            "sample_interval": args.sample_interval, "metrics": args.metrics, "probes": args.probes,
+            "otlp_endpoint": args.otlp_endpoint, "scan": args.scan, "rules_dir": args.rules_dir}
+
+
+def _unit_args(args) -> list[str]:
+    from ..service.config import parse_duration
+
+    words = []
+    for flag, value in (("--gc-interval", args.gc_interval), ("--scan-interval", args.scan_interval),
+                        ("--sample-interval", args.sample_interval), ("--metrics", args.metrics),
+                        ("--probes", args.probes), ("--otlp-endpoint", args.otlp_endpoint),
+                        ("--rules", os.path.abspath(args.rules_dir) if args.rules_dir else None)):
+        if value is not None:
+            if flag.endswith("interval"):
+                parse_duration(value, flag)  # a bad duration fails now, not when systemd starts it
+            words += [flag, value]
+    if args.scan is False:
+        words.append("--no-scan")
+    return words
+
+
+def execute_run(args) -> int:
+    from ..service.daemon import Agent
+
+    agent = Agent(_flags(args))
+    return agent.run()
+
+
+def execute_install(args) -> int:
+    from ..service import unit
+    from ..service.config import parse_duration
+
+    if not args.user:
+        raise UsageError("seedance agent install: only --user is supported (a systemd user service)")
+    watchdog = parse_duration(args.watchdog, "--watchdog")
+    if watchdog < 2:
+        raise UsageError("--watchdog: must be at least 2s (the agent pings at half of it)")
+    text = unit.render_unit(_unit_args(args), watchdog_sec=int(round(watchdog)))
+    if args.print_only:
+        sys.stdout.write(text)
+        return 0
+    path = unit.user_unit_dir() / unit.UNIT_NAME
+    backup = unit.write_unit(path, text)
+    print(f"wrote {path}" + (f" (previous unit kept as {backup})" if backup else ""))
+    check = unit.verify_unit(path)
+    if check.available and not check.ok:
+        print(f"seedance: warning: systemd-analyze verify --user: {check.output.splitlines()[0]}", file=sys.stderr)
+    if args.no_enable:
+        print("not enabled (--no-enable): systemctl --user enable --now seedance-agent.service")
+        return 0
+    running, why = unit.user_manager_running()
+    if not running:
+        print(f"no user manager is running ({why}): the unit is written but not enabled; "
+              f"in a login session run: systemctl --user daemon-reload && "
+              f"systemctl --user enable --now {unit.UNIT_NAME}")
+        return 0
+    for step in (("daemon-reload",), ("enable", "--now", unit.UNIT_NAME)):
+        proc = unit.systemctl_user(*step)
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise UsageError(f"systemctl --user {' '.join(step)}: {reason}")
+    print(f"enabled and started {unit.UNIT_NAME} (systemctl --user status {unit.UNIT_NAME})")
+    return 0

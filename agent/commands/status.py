@@ -1,6 +1,112 @@
-"""seedance status: show instances, devices, leaks and findings from the agent."""
-from ._notyet import register
+"""seedance status: instances, devices, leaks and findings, read from the agent's socket."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+EPILOG = """\
+examples:
+  seedance status                 tables: agent, instances, devices, leaks, findings
+  seedance status --json | jq '.leaks[]'
+"""
 
 
 def configure_parser(sub):
-    register(sub, "status", "Show instances, devices, leaks and findings from the agent", "the agent issue")
+    parser = sub.add_parser("status", help="Show instances, devices, leaks and findings from the agent",
+                            description="Ask the running agent (over its unix socket in $XDG_RUNTIME_DIR) for "
+                                        "its instances, devices, leaks and latest findings.",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print the agent's status document as JSON")
+    parser.set_defaults(execute=execute)
+
+
+def execute(args) -> int:
+    from ..service.api import request
+    from ..service.config import socket_path
+
+    status = request(socket_path(), "status")
+    if args.json:
+        json.dump(status, sys.stdout, indent=2, sort_keys=False, default=str)
+        sys.stdout.write("\n")
+        return 0
+    sys.stdout.write(render(status))
+    return 0
+
+
+def _bytes(value) -> str:
+    if value is None:
+        return "-"
+    value = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(value)
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines) + "\n"
+
+
+def _ago(ts) -> str:
+    if not ts:
+        return "-"
+    seconds = max(0, time.time() - float(ts))
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def render(status: dict) -> str:
+    agent = status.get("agent", {})
+    counters = status.get("counters", {})
+    config = agent.get("config", {})
+    out = [f"agent pid {agent.get('pid')}  up {agent.get('uptime_s')}s  gc every {config.get('gc_interval')}  "
+           f"handles {config.get('handle_mode')}  probes {agent.get('probes', {}).get('state')}  "
+           f"nvml {agent.get('nvml', {}).get('state')}  metrics {agent.get('metrics') or 'off'}\n",
+           f"registry {status.get('registry', {}).get('state')}  "
+           f"reclaimed {counters.get('slots_reclaimed', 0)}  leaks {counters.get('leaks_reported', 0)} "
+           f"({_bytes(counters.get('leaked_bytes', 0))})  state {agent.get('state_db')}\n"]
+    reason = status.get("registry", {}).get("reason")
+    if reason:
+        out.append(f"  registry: {reason}\n")
+
+    instances = status.get("instances", [])
+    out.append(f"\nINSTANCES ({len(instances)})\n")
+    out.append(_table(["SLOT", "PID", "ALLOCATED", "DEVICES", "COMMAND"],
+                      [[i.get("slot"), i.get("pid"), _bytes(i.get("allocated_bytes")),
+                        ",".join(map(str, i.get("devices", []))) or "-", i.get("command", "")]
+                       for i in instances]) if instances else "  none\n")
+
+    devices = status.get("devices", [])
+    out.append(f"\nDEVICES ({len(devices)})\n")
+    if devices:
+        out.append(_table(["GPU", "UTIL", "MEMORY", "POWER", "PROCS", "NAME"],
+                          [[d.get("index"), "-" if d.get("utilization") is None else f"{d['utilization'] * 100:.0f}%",
+                            f"{_bytes(d.get('memory_used'))} / {_bytes(d.get('memory_total'))}",
+                            "-" if d.get("power_watts") is None else f"{d['power_watts']:.0f} W",
+                            len(d.get("processes", [])), d.get("name", "")] for d in devices]))
+    else:
+        out.append(f"  none ({agent.get('nvml', {}).get('reason') or 'no NVML samples yet'})\n")
+
+    leaks = status.get("leaks", [])
+    out.append(f"\nLEAKS ({status.get('history', {}).get('leaked', len(leaks))} recorded, latest first)\n")
+    out.append(_table(["ENDED", "PID", "LEAKED", "COMMAND"],
+                      [[_ago(l.get("ended")), l.get("pid"), _bytes(l.get("bytes")), l.get("command", "")]
+                       for l in leaks[:20]]) if leaks else "  none\n")
+
+    findings = status.get("findings", [])
+    scan = status.get("scan", {})
+    out.append(f"\nFINDINGS ({len(findings)} active; last check {_ago(scan.get('at'))})\n")
+    out.append(_table(["SEVERITY", "RULE", "FROM", "MESSAGE"],
+                      [[f.get("severity"), f.get("rule"), f.get("origin"), f.get("message", "")[:100]]
+                       for f in findings[:30]]) if findings else "  none\n")
+    return "".join(out)

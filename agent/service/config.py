@@ -1,0 +1,168 @@
+"""Where the agent's files live, durations, and the agent config file.
+
+The config file ($XDG_CONFIG_HOME/seedance/agent.yaml) is what `seedance fix handle-leak`
+writes and what SIGHUP re-reads; command-line flags override it.  Paths follow the XDG base
+directory spec so a user unit, a root DaemonSet and a test in a temp dir all agree on them.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import BadInput, UsageError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+HANDLE_MODES = ("per-instance", "shared")
+PROBE_MODES = ("auto", "on", "off")
+
+
+def parse_duration(text, what: str = "duration") -> float:
+    """'2s', '500ms', '10m', '1h' or a bare number of seconds -> seconds (> 0)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(str(text))
+        if not match:
+            raise UsageError(f"{what}: {text!r} is not a duration (examples: 500ms, 2s, 10m, 1h)")
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise UsageError(f"{what}: {text!r} must be longer than zero")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    if seconds >= 1 and float(seconds).is_integer():
+        return f"{int(seconds)}s"
+    return f"{int(round(seconds * 1000))}ms"
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("HOME") or os.path.expanduser("~"))
+
+
+def _xdg(env: Mapping[str, str], name: str, fallback: str) -> Path:
+    value = env.get(name, "")
+    # The spec says relative values are invalid and must be ignored.
+    if value and os.path.isabs(value):
+        return Path(value)
+    return _home(env) / fallback
+
+
+def config_dir(env: Mapping[str, str] = os.environ) -> Path:
+    return _xdg(env, "XDG_CONFIG_HOME", ".config") / "seedance"
+
+
+def state_dir(env: Mapping[str, str] = os.environ) -> Path:
+    return _xdg(env, "XDG_STATE_HOME", ".local/state") / "seedance"
+
+
+def runtime_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """$XDG_RUNTIME_DIR/seedance; without one (cron, a bare container) a 0700 dir under state."""
+    value = env.get("XDG_RUNTIME_DIR", "")
+    if value and os.path.isabs(value):
+        return Path(value) / "seedance"
+    run_user = Path(f"/run/user/{os.getuid()}")
+    if run_user.is_dir() and os.access(run_user, os.W_OK):
+        return run_user / "seedance"
+    return state_dir(env) / "run"
+
+
+def agent_config_path(env: Mapping[str, str] = os.environ) -> Path:
+    return config_dir(env) / "agent.yaml"
+
+
+def socket_path(env: Mapping[str, str] = os.environ) -> Path:
+    return runtime_dir(env) / "agent.sock"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    gc_interval: float = 2.0
+    scan_interval: float = 600.0
+    sample_interval: float = 10.0
+    metrics: str | None = None          # "127.0.0.1:9464"; None = no exposition
+    probes: str = "auto"                # auto: attach when root + bcc allow it
+    otlp_endpoint: str | None = None
+    handle_mode: str = "shared"
+    scan: bool = True
+    rules_dir: str | None = None
+    source: dict = field(default_factory=dict, compare=False)  # key -> "file"|"flag"|"env"
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+        for key in ("gc_interval", "scan_interval", "sample_interval"):
+            out[key] = format_duration(out[key])
+        return out
+
+
+_FILE_KEYS = {"gc_interval", "scan_interval", "sample_interval", "metrics", "probes",
+              "otlp_endpoint", "handle_mode", "scan", "rules_dir"}
+
+
+def read_config_file(path: Path) -> dict:
+    """The agent.yaml mapping, validated; a missing file is an empty mapping."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise BadInput(f"{path}: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark else ""
+        raise BadInput(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(doc, Mapping):
+        raise BadInput(f"{path}: expected a mapping of agent settings")
+    agent = doc.get("agent", doc)
+    if not isinstance(agent, Mapping):
+        raise BadInput(f"{path}: 'agent' must be a mapping")
+    unknown = set(agent) - _FILE_KEYS
+    if unknown:
+        raise BadInput(f"{path}: unknown agent setting(s) {', '.join(sorted(map(str, unknown)))}")
+    return dict(agent)
+
+
+def build_config(file_values: Mapping, flags: Mapping, env: Mapping[str, str] = os.environ) -> AgentConfig:
+    """Defaults < config file < environment (OTLP only) < command-line flags."""
+    merged: dict = {}
+    source: dict = {}
+    for origin, values in (("file", file_values), ("flag", flags)):
+        for key, value in values.items():
+            if value is not None:
+                merged[key] = value
+                source[key] = origin
+    if "otlp_endpoint" not in merged:
+        endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if endpoint:
+            merged["otlp_endpoint"] = endpoint
+            source["otlp_endpoint"] = "env"
+    for key in ("gc_interval", "scan_interval", "sample_interval"):
+        if key in merged:
+            merged[key] = parse_duration(merged[key], key.replace("_", "-"))
+    if merged.get("probes") is not None:
+        probes = merged["probes"]
+        if isinstance(probes, bool):  # YAML reads a bare on/off as a boolean
+            probes = "on" if probes else "off"
+        if probes not in PROBE_MODES:
+            raise UsageError(f"probes: {probes!r} is not one of {', '.join(PROBE_MODES)}")
+        merged["probes"] = probes
+    if merged.get("handle_mode") is not None and merged["handle_mode"] not in HANDLE_MODES:
+        raise UsageError(f"handle_mode: {merged['handle_mode']!r} is not one of {', '.join(HANDLE_MODES)}")
+    if "scan" in merged:
+        merged["scan"] = bool(merged["scan"])
+    if merged.get("metrics") in ("", "off", False):
+        merged["metrics"] = None
+    return replace(AgentConfig(), **merged, source=source)

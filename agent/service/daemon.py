@@ -1,0 +1,538 @@
+"""The agent's loop: one thread decides, helper threads only serve or wait.
+
+Every gc-interval the registry of wrapped instances is read; an instance whose process is
+gone (pid plus start time, so a recycled pid is not mistaken for it) has its outstanding
+allocations turned into a `gpu_leak` fact, the rule engine makes the `handle-leak`
+finding, the end and the finding are committed to SQLite, and only then is the registry
+slot reclaimed.  That order makes the report exactly-once across a kill -9: a restart
+finds the slot still there, sees in the database that its end was already recorded, and
+only reclaims it.
+
+Signals arrive through a wakeup pipe (signal.set_wakeup_fd) so the loop sleeps in
+select() and wakes at once: SIGHUP reloads rules and config, SIGTERM/SIGINT stop cleanly.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from .. import __version__
+from ..engine import load_rules
+from ..errors import NotAvailable, SeedanceError
+from ..model import Fact, Finding
+from . import config as config_mod
+from .api import StatusServer
+from .gpu import NvmlSampler, affinity_facts
+from .log import JsonLog
+from .notify import Notifier
+from .state import StateStore
+
+STATUS_SCHEMA = "seedance.agent-status/v1"
+
+
+class Agent:
+    def __init__(self, flags: dict, env=os.environ, log: JsonLog | None = None,
+                 registry_factory=None):
+        self.flags = {k: v for k, v in flags.items() if v is not None}
+        self.env = env
+        self.log = log or JsonLog()
+        self.config_path = config_mod.agent_config_path(env)
+        self.config = config_mod.build_config(config_mod.read_config_file(self.config_path), self.flags, env)
+        self.registry_factory = registry_factory
+        self.notifier = Notifier(env)
+        self.started = time.time()
+        self.counters = {name: 0 for name in (
+            "gc_passes", "slots_reclaimed", "leaks_reported", "leaked_bytes", "instances_ended",
+            "scans", "scan_errors", "nvml_samples", "reloads", "status_refused", "probe_events",
+            "probe_events_lost")}
+        self._lock = threading.RLock()
+        self._instances: list[dict] = []
+        self._devices: list[dict] = []
+        self._known_live: set = set()
+        self._registry_info: dict = {"state": "not opened"}
+        self._probes_info: dict = {"state": "off"}
+        self._nvml_info: dict = {"state": "off"}
+        self._scan_info: dict = {"state": "off"}
+        self._scan_future = None
+        self._scan_pool = None
+        self._pending: list[int] = []
+        self._stop = False
+        self.rules = None
+        self.state: StateStore | None = None
+        self.registry = None
+        self.api: StatusServer | None = None
+        self.metrics = None
+        self.otlp = None
+        self.probes = None
+        self.sampler: NvmlSampler | None = None
+
+    # -- start / stop --------------------------------------------------------------------
+    def start(self) -> None:
+        self.rules = load_rules(self.config.rules_dir)
+        self.state = StateStore.open(config_mod.state_dir(self.env))
+        if self.state.moved_aside:
+            self.log("state-corrupt", "error", moved_to=str(self.state.moved_aside),
+                     message=f"state database {self.state.path} could not be read; moved aside to "
+                             f"{self.state.moved_aside} and started a fresh one")
+        self.api = StatusServer(config_mod.socket_path(self.env), self.handle_request,
+                                on_refused=self._refused)
+        self.api.start()
+        self._open_registry()
+        self._apply_outputs(None)
+        self._apply_probes()
+        self._start_nvml()
+        self._reset_schedule()
+        self.log("started", pid=os.getpid(), version=__version__, config=self.config.to_dict(),
+                 state_db=str(self.state.path), socket=str(self.api.path),
+                 metrics=self.metrics.address if self.metrics else None,
+                 registry=self._registry_info, probes=self._probes_info, nvml=self._nvml_info,
+                 rules=len(self.rules))
+
+    def close(self) -> None:
+        """Stop in the order that loses nothing: no new work, probes off, last export, flush."""
+        self.notifier.stopping("stopping: detaching probes, flushing state")
+        self.log("stopping")
+        self._detach_probes()
+        if self._scan_pool is not None:
+            self._scan_pool.shutdown(wait=False, cancel_futures=True)
+            self._scan_pool = None
+        if self.api is not None:
+            self.api.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self.otlp is not None:
+            self.otlp.stop()
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.registry is not None:
+            self.registry.close()
+        if self.state is not None:
+            self.state.close()
+            self.log("state-flushed", path=str(self.state.path))
+        self.log("stopped", counters=dict(self.counters))
+        self.notifier.close()
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> int:
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        old_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        try:
+            self.start()
+            self.notifier.ready(self._status_line())
+            while not self._stop:
+                self._run_due()
+                timeout = max(0.0, min(self._due.values()) - time.monotonic())
+                try:
+                    ready, _, _ = select.select([wake_r], [], [], timeout)
+                except InterruptedError:
+                    ready = [wake_r]
+                if ready:
+                    _drain(wake_r)
+                self._handle_signals()
+            return 0
+        finally:
+            try:
+                self.close()
+            finally:
+                signal.set_wakeup_fd(old_fd)
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                os.close(wake_r)
+                os.close(wake_w)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._pending.append(signum)
+
+    def _handle_signals(self) -> None:
+        while self._pending:
+            signum = self._pending.pop(0)
+            if signum == signal.SIGHUP:
+                self.reload()
+            else:
+                self.log("signal", signal=signal.Signals(signum).name)
+                self._stop = True
+
+    def _reset_schedule(self) -> None:
+        now = time.monotonic()
+        self._due = {"gc": now, "status": now + 30.0}
+        watchdog = self.notifier.watchdog_interval()
+        if watchdog:
+            self._due["watchdog"] = now
+        if self.sampler is not None:
+            self._due["sample"] = now
+        if self.config.scan:
+            # The first check waits a little so a restart storm does not also scan the host.
+            self._due["scan"] = now + min(self.config.scan_interval, 30.0)
+        if self.probes is not None:
+            self._due["probes"] = now
+
+    def _run_due(self) -> None:
+        now = time.monotonic()
+        for task, due in sorted(self._due.items(), key=lambda item: item[1]):
+            if due > now:
+                continue
+            try:
+                interval = getattr(self, f"_task_{task}")()
+            except SeedanceError as exc:
+                self.log(f"{task}-failed", "error", error=str(exc))
+                interval = None
+            except Exception as exc:  # one bad pass must not kill a resident service
+                self.log(f"{task}-failed", "error", error=f"{type(exc).__name__}: {exc}")
+                interval = None
+            if task in self._due:
+                self._due[task] = time.monotonic() + (interval or self._interval(task))
+
+    def _interval(self, task: str) -> float:
+        return {"gc": self.config.gc_interval, "sample": self.config.sample_interval,
+                "scan": self.config.scan_interval, "status": 30.0, "probes": 1.0,
+                "watchdog": self.notifier.watchdog_interval() or 10.0}[task]
+
+    # -- tasks ---------------------------------------------------------------------------
+    def _task_watchdog(self):
+        self.notifier.watchdog()
+
+    def _task_status(self):
+        self.notifier.status(self._status_line())
+
+    def _task_gc(self):
+        if self.registry is None:
+            if self.registry_factory is not None or self._registry_info.get("retry"):
+                self._open_registry()
+            if self.registry is None:
+                return None
+        self.gc_pass()
+
+    def gc_pass(self) -> None:
+        instances = self.registry.scan()
+        view = []
+        for inst in instances:
+            key = (inst.pid, inst.start_time)
+            if inst.alive:
+                if key not in self._known_live:
+                    self.state.instance_seen(inst.pid, inst.start_time, inst.slot, inst.exe)
+                    self._known_live.add(key)
+                view.append(inst.to_dict())
+                continue
+            self._end_instance(inst)
+            self._known_live.discard(key)
+        with self._lock:
+            self._instances = view
+            self._registry_info = {"state": "open", "path": str(self.registry.path),
+                                   "free_slots": self.registry.free_slots()}
+            self.counters["gc_passes"] += 1
+
+    def _end_instance(self, inst) -> None:
+        allocations = self.registry.outstanding(inst)
+        leaked = sum(a.size for a in allocations)
+        findings = self._leak_findings(inst, allocations) if leaked else []
+        first = self.state.instance_ended(inst.pid, inst.start_time, inst.slot, inst.exe, leaked, findings)
+        if first:
+            with self._lock:
+                self.counters["instances_ended"] += 1
+                if leaked:
+                    self.counters["leaks_reported"] += 1
+                    self.counters["leaked_bytes"] += leaked
+            if leaked:
+                self.log("leak", "warning", pid=inst.pid, start_time=inst.start_time, slot=inst.slot,
+                         exe=inst.exe, bytes=leaked, allocations=len(allocations),
+                         devices=sorted({a.device for a in allocations}),
+                         findings=[f.to_dict() for f in findings])
+            else:
+                self.log("instance-ended", "debug", pid=inst.pid, slot=inst.slot, exe=inst.exe)
+        if self.registry.reclaim(inst):
+            self.state.instance_reclaimed(inst.pid, inst.start_time)
+            with self._lock:
+                self.counters["slots_reclaimed"] += 1
+
+    def _leak_findings(self, inst, allocations) -> list[Finding]:
+        """The handle-leak findings, through the rule engine like every other finding."""
+        findings = self.rules.evaluate(leak_facts(inst, allocations))
+        if not findings:
+            self.log("leak-no-rule", "warning", pid=inst.pid,
+                     message="no rule matched the gpu_leak fact; the leak is recorded without a finding")
+        return findings
+
+    def _task_sample(self):
+        samples = self.sampler.sample()
+        facts = affinity_facts(samples, affinity=self._affinity_of)
+        findings = self.rules.evaluate(facts)
+        self.state.replace_findings("nvml", findings)
+        with self._lock:
+            self._devices = [s.to_dict() for s in samples]
+            self.counters["nvml_samples"] += 1
+        for finding in findings:
+            self.log("finding", "warning", origin="nvml", finding=finding.to_dict())
+
+    def _affinity_of(self, pid: int):
+        from .gpu import process_affinity
+        remapped = {i["pid"] for i in self._instances if i.get("remapped")}
+        return process_affinity(pid, remapped)
+
+    def _task_scan(self):
+        if self._scan_future is not None:
+            if not self._scan_future.done():
+                return 5.0  # still running: look again soon
+            self._collect_scan()
+            return None
+        self._start_scan()
+        return 5.0
+
+    def _start_scan(self) -> None:
+        import concurrent.futures
+        import multiprocessing
+
+        if self._scan_pool is None:
+            # A fresh interpreter per check (spawn, one task per child): the check's caches
+            # never inflate the agent's RSS, and a crash in it cannot take the agent down.
+            self._scan_pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1)
+        self._scan_future = self._scan_pool.submit(run_periodic_check, self.config.rules_dir)
+        self._scan_started = time.time()
+        with self._lock:
+            self._scan_info = {**self._scan_info, "state": "running", "started": self._scan_started}
+
+    def _collect_scan(self) -> None:
+        future, self._scan_future = self._scan_future, None
+        try:
+            report = future.result()
+        except Exception as exc:
+            with self._lock:
+                self.counters["scan_errors"] += 1
+                self._scan_info = {**self._scan_info, "state": "failed", "error": str(exc)}
+            self.log("scan-failed", "error", error=str(exc))
+            self._due["scan"] = time.monotonic() + self.config.scan_interval
+            return
+        findings = [Finding(**{k: f[k] for k in ("rule", "severity", "trap", "layer", "subject", "message",
+                                                 "evidence", "fix")}) for f in report.get("findings", [])]
+        self.state.replace_findings("scan", findings)
+        self.state.save_report("scan", report)
+        with self._lock:
+            self.counters["scans"] += 1
+            self._scan_info = {"state": "done", "at": time.time(), "findings": len(findings),
+                               "duration_s": report.get("stats", {}).get("duration_s")}
+        self.log("scan", findings=len(findings), duration_s=report.get("stats", {}).get("duration_s"))
+        self._due["scan"] = time.monotonic() + self.config.scan_interval
+
+    def _task_probes(self):
+        events, lost, findings = self.probes.poll()
+        if findings:
+            new = self.state.add_findings("probes", findings)
+            for finding in findings[:new]:
+                self.log("finding", "warning", origin="probes", finding=finding.to_dict())
+        with self._lock:
+            self.counters["probe_events"] += events
+            self.counters["probe_events_lost"] = lost
+
+    # -- reload --------------------------------------------------------------------------
+    def reload(self) -> dict:
+        """SIGHUP: re-read agent.yaml and the rules; a bad file keeps what is running."""
+        self.notifier.reloading()
+        changes: dict = {}
+        try:
+            new_config = config_mod.build_config(config_mod.read_config_file(self.config_path), self.flags, self.env)
+            new_rules = load_rules(new_config.rules_dir)
+        except SeedanceError as exc:
+            self.log("reload-failed", "error", error=str(exc), message="kept the running config and rules")
+            self.notifier.ready(self._status_line())
+            return {"reloaded": False, "error": str(exc)}
+        old = self.config
+        for key, value in new_config.to_dict().items():
+            if old.to_dict().get(key) != value:
+                changes[key] = {"from": old.to_dict().get(key), "to": value}
+        self.config, self.rules = new_config, new_rules
+        try:
+            self._apply_outputs(old)
+            if old.probes != new_config.probes:
+                self._apply_probes()
+        except SeedanceError as exc:
+            self.log("reload-partial", "error", error=str(exc))
+        if not new_config.scan:
+            self._due.pop("scan", None)
+        elif "scan" not in self._due or old.scan_interval != new_config.scan_interval:
+            self._due["scan"] = time.monotonic() + new_config.scan_interval
+        for task in ("gc", "sample"):
+            if task in self._due:
+                self._due[task] = time.monotonic()
+        with self._lock:
+            self.counters["reloads"] += 1
+        self.log("reloaded", changes=changes, rules=len(new_rules))
+        self.notifier.ready(self._status_line())
+        return {"reloaded": True, "changes": changes, "rules": len(new_rules)}
+
+    # -- parts ---------------------------------------------------------------------------
+    def _open_registry(self) -> None:
+        factory = self.registry_factory
+        if factory is None:
+            from .registry import open_registry as factory
+        try:
+            self.registry = factory(self.env)
+        except NotAvailable as exc:
+            self.registry = None
+            # The shim creates the registry on first use: keep looking every pass.
+            self._registry_info = {"state": "unavailable", "reason": str(exc), "retry": True}
+            return
+        self._registry_info = {"state": "open", "path": str(self.registry.path)}
+
+    def _apply_outputs(self, old) -> None:
+        from .metrics import MetricsServer
+
+        if old is None or old.metrics != self.config.metrics:
+            if self.metrics is not None:
+                self.metrics.stop()
+                self.metrics = None
+            if self.config.metrics:
+                server = MetricsServer(self.config.metrics, self.snapshot)
+                server.start()
+                self.metrics = server
+        if old is None or old.otlp_endpoint != self.config.otlp_endpoint:
+            if self.otlp is not None:
+                self.otlp.stop()
+                self.otlp = None
+            if self.config.otlp_endpoint:
+                from .otlp import OtlpExporter
+
+                exporter = OtlpExporter(self.config.otlp_endpoint, self.snapshot,
+                                        interval=float(self.env.get("SEEDANCE_OTLP_INTERVAL", "30")),
+                                        version=__version__)
+                exporter.start()
+                self.otlp = exporter
+
+    def _apply_probes(self) -> None:
+        mode = self.config.probes
+        self._detach_probes()
+        if mode == "off":
+            self._probes_info = {"state": "off"}
+            return
+        from .probes import AgentProbes
+
+        probes = AgentProbes(self.rules)
+        reason = probes.unavailable_reason()
+        if reason:
+            self._probes_info = {"state": "unavailable", "reason": reason}
+            if mode == "on":
+                raise NotAvailable(f"--probes on: {reason}")
+            self.log("probes-unavailable", "notice", reason=reason)
+            return
+        probes.attach()
+        self.probes = probes
+        self._probes_info = {"state": "attached", **probes.describe()}
+        self.log("probes-attached", **probes.describe())
+        if hasattr(self, "_due"):
+            self._due["probes"] = time.monotonic()
+
+    def _detach_probes(self) -> None:
+        if self.probes is not None:
+            self.probes.detach()
+            self.probes = None
+            self._due.pop("probes", None) if hasattr(self, "_due") else None
+            self._probes_info = {"state": "detached"}
+            self.log("probes-detached")
+
+    def _start_nvml(self) -> None:
+        sampler = NvmlSampler()
+        if sampler.start():
+            self.sampler = sampler
+            self._nvml_info = {"state": "sampling"}
+        else:
+            self._nvml_info = {"state": "unavailable", "reason": sampler.reason}
+
+    def _refused(self, pid: int, uid: int) -> None:
+        with self._lock:
+            self.counters["status_refused"] += 1
+        self.log("status-refused", "warning", peer_pid=pid, peer_uid=uid)
+
+    # -- what the socket, metrics and OTLP read ------------------------------------------
+    def handle_request(self, message: dict) -> dict:
+        op = message.get("op", "status")
+        if op == "ping":
+            return {"pong": True, "pid": os.getpid()}
+        if op == "status":
+            return self.snapshot(full=True)
+        if op == "reload":
+            # Reload runs on the loop thread: deliver it as the SIGHUP it stands for.
+            os.kill(os.getpid(), signal.SIGHUP)
+            return {"reload": "requested"}
+        return {"error": f"unknown op {op!r}"}
+
+    def snapshot(self, full: bool = False) -> dict:
+        with self._lock:
+            snap = {
+                "schema": STATUS_SCHEMA,
+                "agent": {"pid": os.getpid(), "version": __version__, "host": socket.gethostname(),
+                          "started": self.started, "uptime_s": round(time.time() - self.started, 1),
+                          "config": self.config.to_dict(), "config_file": str(self.config_path),
+                          "state_db": str(self.state.path) if self.state else None,
+                          "socket": str(self.api.path) if self.api else None,
+                          "metrics": self.metrics.address if self.metrics else None,
+                          "otlp": self.otlp.endpoint if self.otlp else None,
+                          "rules": len(self.rules) if self.rules else 0,
+                          "probes": dict(self._probes_info), "nvml": dict(self._nvml_info)},
+                "registry": dict(self._registry_info),
+                "instances": list(self._instances),
+                "devices": list(self._devices),
+                "counters": dict(self.counters),
+                "scan": dict(self._scan_info),
+            }
+        if self.state is not None:
+            snap["finding_counts"] = [list(row) for row in self.state.finding_counts()]
+            if full:
+                snap["leaks"] = [leak.__dict__ for leak in self.state.leaks()]
+                snap["findings"] = self.state.findings()
+                snap["history"] = self.state.counts()
+        return snap
+
+    def _status_line(self) -> str:
+        with self._lock:
+            live = len(self._instances)
+            return (f"{live} instance(s) live, {self.counters['leaks_reported']} leak(s) reported, "
+                    f"{self.counters['slots_reclaimed']} slot(s) reclaimed; probes {self._probes_info.get('state')}")
+
+
+def leak_facts(inst, allocations) -> list[Fact]:
+    """One gpu_leak fact per device an ended instance still held memory on."""
+    by_device: dict[int, list] = {}
+    for alloc in allocations:
+        by_device.setdefault(alloc.device, []).append(alloc)
+    facts = []
+    for device, allocs in sorted(by_device.items()):
+        libraries: dict[str, int] = {}
+        apis: dict[str, int] = {}
+        for a in allocs:
+            libraries[a.library or "?"] = libraries.get(a.library or "?", 0) + a.size
+            apis[a.api or "?"] = apis.get(a.api or "?", 0) + 1
+        top_library = max(libraries.items(), key=lambda item: item[1])[0]
+        facts.append(Fact(
+            kind="gpu_leak",
+            subject={"pid": inst.pid, "path": inst.exe},
+            data={"bytes": sum(a.size for a in allocs), "device": device, "allocations": len(allocs),
+                  "library": top_library, "libraries": libraries, "apis": apis,
+                  "start_time": inst.start_time, "slot": inst.slot, "exe": inst.exe,
+                  "observed_by": "agent registry GC"},
+            source="agent.gc"))
+    return facts
+
+
+def run_periodic_check(rules_dir: str | None) -> dict:
+    """Runs in a spawned child: the check's Python API over the host, as a report dict."""
+    try:
+        os.nice(10)  # a periodic check must never compete with the GPU jobs it watches
+    except OSError:
+        pass
+    from ..collect.scan import CheckOptions, run_check
+
+    return run_check(CheckOptions(rules_dir=rules_dir)).to_dict()
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass

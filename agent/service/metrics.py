@@ -1,0 +1,163 @@
+"""Prometheus text exposition of seedance_* metrics, on loopback only.
+
+The agent exposes host facts (pids, commands, leaked bytes) that are nobody else's
+business, so it never listens beyond loopback; fleets scrape through a node-local
+Prometheus agent or an authenticating proxy (deploy/).  Values are read from the agent's
+snapshot at scrape time (a custom collector), so an idle agent does no metric work.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Callable
+
+from ..errors import BadInput, UsageError
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """'127.0.0.1:9464', '[::1]:9464', 'localhost:9464' or ':9464' (-> 127.0.0.1)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, "9464"
+    host = host or "127.0.0.1"
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"--metrics: {text!r} is not HOST:PORT") from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--metrics: port {port} is out of range")
+    return host, port
+
+
+def require_loopback(host: str) -> str:
+    """The loopback address to bind, or BadInput when host is (or resolves beyond) loopback."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise BadInput(f"--metrics: cannot resolve {host!r}: {exc.strerror}") from None
+    addresses = {info[4][0] for info in infos}
+    outside = sorted(a for a in addresses if not ipaddress.ip_address(a.split("%")[0]).is_loopback)
+    if outside or not addresses:
+        raise BadInput(f"--metrics: refusing to listen on {host} ({', '.join(outside) or 'no address'}): "
+                       f"metrics are served on loopback only (127.0.0.1 or ::1)")
+    return sorted(addresses)[0]
+
+
+class SnapshotCollector:
+    """Turns the agent's snapshot dict into metric families at each scrape."""
+
+    def __init__(self, snapshot: Callable[[], dict]):
+        self.snapshot = snapshot
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+        snap = self.snapshot()
+        agent = snap.get("agent", {})
+        counters = snap.get("counters", {})
+        yield InfoMetricFamily("seedance_agent", "seedance agent build and settings",
+                               value={"version": str(agent.get("version", "")),
+                                      "handle_mode": str(agent.get("config", {}).get("handle_mode", "")),
+                                      "probes": str(agent.get("probes", {}).get("state", ""))})
+        yield GaugeMetricFamily("seedance_agent_start_time_seconds", "Unix time the agent started",
+                                value=float(agent.get("started", 0)))
+        for name, help_text in (
+                ("gc_passes", "Registry GC passes run"),
+                ("slots_reclaimed", "Registry slots of dead instances reclaimed"),
+                ("leaks_reported", "Dead instances whose outstanding GPU allocations were reported"),
+                ("leaked_bytes", "GPU bytes still allocated by instances when they died"),
+                ("instances_ended", "Wrapped instances seen to end"),
+                ("scans", "Periodic checks completed"),
+                ("scan_errors", "Periodic checks that failed"),
+                ("nvml_samples", "NVML sampling passes"),
+                ("reloads", "SIGHUP reloads of rules and config"),
+                ("status_refused", "Status socket connections refused for a foreign uid"),
+                ("probe_events", "Events received from the trace probes"),
+                ("probe_events_lost", "Events the probes dropped (ring buffer full)")):
+            yield CounterMetricFamily(f"seedance_{name}", help_text, value=float(counters.get(name, 0)))
+
+        instances = snap.get("instances", [])
+        live = GaugeMetricFamily("seedance_instances", "Wrapped instances in the registry", labels=["state"])
+        live.add_metric(["alive"], float(sum(1 for i in instances if i.get("alive"))))
+        live.add_metric(["dead"], float(sum(1 for i in instances if not i.get("alive"))))
+        yield live
+        yield GaugeMetricFamily("seedance_registry_slots_free", "Free slots in the shim registry",
+                                value=float(snap.get("registry", {}).get("free_slots", 0)))
+        outstanding = GaugeMetricFamily("seedance_instance_allocated_bytes",
+                                        "GPU bytes currently allocated by a live instance",
+                                        labels=["pid", "command"])
+        for inst in instances:
+            if inst.get("alive"):
+                outstanding.add_metric([str(inst.get("pid")), str(inst.get("command", ""))[:64]],
+                                       float(inst.get("allocated_bytes", 0)))
+        yield outstanding
+
+        findings = GaugeMetricFamily("seedance_findings", "Active findings by rule and severity",
+                                     labels=["rule", "severity"])
+        for rule, severity, count in snap.get("finding_counts", []):
+            findings.add_metric([rule, severity], float(count))
+        yield findings
+        yield GaugeMetricFamily("seedance_last_scan_timestamp_seconds", "Unix time of the latest periodic check",
+                                value=float(snap.get("scan", {}).get("at") or 0))
+
+        util = GaugeMetricFamily("seedance_gpu_utilization_ratio", "GPU utilisation (0..1) from NVML",
+                                 labels=["device", "uuid"])
+        mem = GaugeMetricFamily("seedance_gpu_memory_used_bytes", "GPU memory used, from NVML",
+                                labels=["device", "uuid"])
+        total = GaugeMetricFamily("seedance_gpu_memory_total_bytes", "GPU memory size, from NVML",
+                                  labels=["device", "uuid"])
+        power = GaugeMetricFamily("seedance_gpu_power_watts", "GPU power draw, from NVML",
+                                  labels=["device", "uuid"])
+        procs = GaugeMetricFamily("seedance_gpu_processes", "Processes on the device, from NVML",
+                                  labels=["device", "uuid"])
+        for dev in snap.get("devices", []):
+            labels = [str(dev.get("index")), str(dev.get("uuid", ""))]
+            if dev.get("utilization") is not None:
+                util.add_metric(labels, float(dev["utilization"]))
+            if dev.get("memory_used") is not None:
+                mem.add_metric(labels, float(dev["memory_used"]))
+            if dev.get("memory_total") is not None:
+                total.add_metric(labels, float(dev["memory_total"]))
+            if dev.get("power_watts") is not None:
+                power.add_metric(labels, float(dev["power_watts"]))
+            procs.add_metric(labels, float(len(dev.get("processes", []))))
+        yield from (util, mem, total, power, procs)
+        yield GaugeMetricFamily("seedance_probes_attached", "1 when the trace probes are attached",
+                                value=1.0 if agent.get("probes", {}).get("state") == "attached" else 0.0)
+
+
+class MetricsServer:
+    def __init__(self, listen: str, snapshot: Callable[[], dict]):
+        host, self.port = parse_listen(listen)
+        self.host = require_loopback(host)
+        self.snapshot = snapshot
+        self._server = None
+        self._thread = None
+
+    def start(self) -> str:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(self.snapshot))
+        try:
+            self._server, self._thread = start_http_server(self.port, addr=self.host, registry=registry)
+        except OSError as exc:
+            raise BadInput(f"--metrics: cannot listen on {self.host}:{self.port}: "
+                           f"{(exc.strerror or str(exc)).lower()}") from None
+        self.port = self._server.server_port
+        return self.address
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

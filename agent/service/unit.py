@@ -1,0 +1,171 @@
+"""The systemd user unit for the agent, and installing it.
+
+Type=notify so `systemctl --user start` returns when the agent is really serving (READY=1
+after the state db, status socket and metrics are up); WatchdogSec so a wedged loop is
+restarted; Restart=on-failure but not on a clean stop.
+
+Hardening: a user manager has no privileges to set up mount namespaces or drop
+capabilities unless it can create a user namespace, which many hosts forbid (and then the
+unit fails to start with 218/CAPABILITIES).  So the unit uses only what works for every
+user manager: no_new_privs and the seccomp-based options (which no_new_privs makes
+available to unprivileged processes), plus a private umask.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+UNIT_NAME = "seedance-agent.service"
+
+HARDENING = (
+    ("NoNewPrivileges", "yes"),
+    ("LockPersonality", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("RestrictNamespaces", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("SystemCallFilter", "@system-service"),
+    ("SystemCallErrorNumber", "EPERM"),
+    ("UMask", "0077"),
+)
+
+
+def user_unit_dir(env: Mapping[str, str] = os.environ) -> Path:
+    base = env.get("XDG_CONFIG_HOME", "")
+    base_path = Path(base) if base and os.path.isabs(base) else Path(env.get("HOME") or os.path.expanduser("~")) / ".config"
+    return base_path / "systemd" / "user"
+
+
+def agent_command() -> list[str]:
+    """How to start this very installation of seedance (the venv's script, not $PATH's)."""
+    script = Path(sys.executable).parent / "seedance"
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "seedance"]
+
+
+def _systemd_quote(word: str) -> str:
+    # systemd.service(5) "Command lines": C-style quoting; '%' starts a specifier and '$' a
+    # variable, so both are doubled.
+    word = word.replace("%", "%%").replace("$", "$$")
+    if word and all(c.isalnum() or c in "/._-+:=,@" for c in word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_unit(agent_args: list[str], watchdog_sec: int = 30, command: list[str] | None = None) -> str:
+    exec_start = " ".join(_systemd_quote(w) for w in [*(command or agent_command()), "agent", "run", *agent_args])
+    hardening = "\n".join(f"{key}={value}" for key, value in HARDENING)
+    return f"""\
+# Written by `seedance agent install --user`; re-run it to regenerate.
+[Unit]
+Description=seedance agent: GPU handle-leak GC, GPU telemetry and metrics
+After=default.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={exec_start}
+ExecReload=/bin/kill -HUP $MAINPID
+WatchdogSec={watchdog_sec}s
+Restart=on-failure
+RestartSec=2s
+TimeoutStopSec=20s
+Environment=PYTHONUNBUFFERED=1
+# Hardening a user manager can apply without privileges (see seedance.service.unit).
+{hardening}
+
+[Install]
+WantedBy=default.target
+"""
+
+
+def write_unit(path: Path, text: str) -> Path | None:
+    """Write atomically (temp + fsync + rename); keep the previous unit as .bak if it differed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backup = None
+    if path.exists():
+        old = path.read_text()
+        if old == text:
+            return None
+        backup = path.with_name(path.name + ".bak")
+        shutil.copy2(path, backup)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return backup
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    ok: bool
+    output: str
+    available: bool = True
+
+
+def verify_unit(path: Path, env: Mapping[str, str] = os.environ) -> VerifyResult:
+    """`systemd-analyze verify --user` on the unit.
+
+    verify --user sets up a user manager in-process and needs a runtime directory; without
+    XDG_RUNTIME_DIR (a container, a cron job) it fails with "Failed to lookup RuntimeDirectory
+    path" before reading the unit, so give it a private temporary one.  It exits 0 even
+    after "Unknown key ... ignoring", so any output counts as a failure.
+    """
+    tool = shutil.which("systemd-analyze")
+    if not tool:
+        return VerifyResult(False, "systemd-analyze is not installed", available=False)
+    run_env = dict(env)
+    with tempfile.TemporaryDirectory(prefix="seedance-verify-") as runtime:
+        os.chmod(runtime, 0o700)
+        if not run_env.get("XDG_RUNTIME_DIR") or not os.path.isdir(run_env["XDG_RUNTIME_DIR"]):
+            run_env["XDG_RUNTIME_DIR"] = runtime
+        proc = subprocess.run([tool, "verify", "--user", "--man=no", str(path)], capture_output=True,
+                              text=True, env=run_env, timeout=60)
+    output = (proc.stdout + proc.stderr).strip()
+    return VerifyResult(proc.returncode == 0 and not output, output)
+
+
+def user_manager_running(env: Mapping[str, str] = os.environ) -> tuple[bool, str]:
+    """Whether `systemctl --user` reaches a user manager, and why not when it does not."""
+    tool = shutil.which("systemctl")
+    if not tool:
+        return False, "systemctl is not installed"
+    try:
+        proc = subprocess.run([tool, "--user", "is-system-running"], capture_output=True, text=True,
+                              env=dict(env), timeout=15)
+    except subprocess.TimeoutExpired:
+        return False, "systemctl --user did not answer within 15s"
+    state = proc.stdout.strip()
+    if state in ("running", "degraded", "starting", "initializing"):
+        return True, state
+    reason = (proc.stderr.strip().splitlines() or [state or f"exit {proc.returncode}"])[-1]
+    return False, reason
+
+
+def systemctl_user(*args: str, env: Mapping[str, str] = os.environ) -> subprocess.CompletedProcess:
+    return subprocess.run(["systemctl", "--user", *args], capture_output=True, text=True,
+                          env=dict(env), timeout=60)
+
+
+def describe_command(words: list[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)
