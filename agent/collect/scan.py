@@ -83,7 +83,12 @@ class Scanner:
         self.gpu = gpu_context(self.options)
         from ..resolve import Resolver
 
-        self.resolver = Resolver(env=self.options.env)
+        env = self.options.env
+        if env is None:
+            # what a program started from this shell would see; LD_PRELOAD is left out on
+            # purpose: it belongs to this session (a shim), not to the objects checked
+            env = {k: v for k, v in os.environ.items() if k == "LD_LIBRARY_PATH"}
+        self.resolver = Resolver(env=env)
         roots, configs = [], []
         if self.options.host_scope:
             roots, configs = self._host_targets()
@@ -109,7 +114,7 @@ class Scanner:
             self.facts.extend(torch_ext.torch_ext_facts())
         findings = rules.evaluate(self.facts, strict=self.options.strict)
         kinds = Counter(f.kind for f in self.facts)
-        stats = {"files_scanned": self.stats["files"], "elf_objects": len(roots),
+        stats = {"files_scanned": self.stats["files"], "elf_objects": self.stats["elf"],
                  "closure_objects": len(self.objects_seen), "skipped": self.stats["skipped"],
                  "unreadable": self.stats["unreadable"], "processes": self.stats["processes"],
                  "processes_vanished": self.stats["vanished"], "configs": self.stats["configs"],
@@ -195,7 +200,13 @@ class Scanner:
 
     # --- collectors -----------------------------------------------------------------------
     def _root(self, path: str) -> None:
+        from ..resolve import ABIS
+
         try:
+            info = self.resolver.read(path)
+            if (info.elf_class, info.machine) not in ABIS:
+                self.stats["skipped"] += 1  # another machine's object (firmware, BPF): no loader
+                return
             result = self.resolver.closure(path, symbols=self.options.strict)
         except ELFError as exc:
             self.stats["unreadable"] += 1
@@ -205,6 +216,7 @@ class Scanner:
             self.stats["unreadable"] += 1
             self.errors.append({"path": path, "error": describe_os_error(exc)})
             return
+        self.stats["elf"] += 1
         self.objects_seen.update(result.objects)
         add = self.facts.extend
         add(closure_facts.needed_facts(result, self.dedup))
