@@ -67,14 +67,16 @@ def execute(args) -> int:
         raise BadInput(f"{args.file}: is a directory")
     resolver = Resolver(env=env, secure=args.secure)
     info = resolver.read(args.file)
-    if not info.has_dynamic or info.e_type not in (2, 3):
-        if info.e_type in (2, 3):
-            if args.json:
-                print(json.dumps(_document(args.file, None, info), indent=2))
-            else:
-                print("\tstatically linked")
-            return 0
+    if info.e_type not in (2, 3) or resolver.loader_for(info) is None:
         raise BadInput(f"{args.file}: not a dynamic executable")
+    if not info.has_dynamic or (not info.needed and not info.interpreter):
+        # What ldd prints for static executables and static-pie, and for a library that
+        # needs nothing.
+        if args.json:
+            print(json.dumps(_document(args.file, None, info), indent=2))
+        else:
+            print("\tstatically linked")
+        return 0
     closure = resolver.closure(args.file)
     if args.json:
         print(json.dumps(_document(args.file, closure, info), indent=2))

@@ -216,19 +216,25 @@ class Resolver:
             return "skip", "no such file or not readable"
         if _stat.S_ISDIR(st.st_mode):
             return "fatal", "is a directory (ld.so: cannot read file data)"
+        # open_verify() looks at e_ident and e_machine before anything else: a file of the
+        # other class or machine is skipped even when the rest of it would not parse.
+        header = self._header(path)
+        if header is None:
+            return "skip", "not readable"
+        if len(header) < 20 or header[:4] != b"\x7fELF":
+            return "fatal", "invalid ELF header" if len(header) >= 20 else "file too short"
+        elf_class = {1: 32, 2: 64}.get(header[4])
+        if elf_class != abi.elf_class:
+            return "skip", f"wrong ELF class: ELFCLASS{elf_class or header[4]}"
+        if header[5] != 1:
+            return "fatal", "ELF file data encoding not little-endian"
+        machine = int.from_bytes(header[18:20], "little")
+        if machine != abi.machine:
+            return "skip", f"wrong machine: e_machine {machine}"
         try:
             info = self.read(path)
         except ELFError as exc:
-            why = str(exc)
-            if "not an ELF file" in why:
-                return "fatal", "invalid ELF header"
-            if "permission denied" in why.lower() or "cannot open" in why.lower():
-                return "skip", "not readable"
-            return "fatal", why.split(": ", 1)[-1]
-        if info.elf_class != abi.elf_class:
-            return "skip", f"wrong ELF class: ELFCLASS{info.elf_class}"
-        if info.machine != abi.machine:
-            return "skip", f"wrong machine: e_machine {info.machine}"
+            return "fatal", str(exc).split(": ", 1)[-1]
         if info.e_type not in (ET_DYN, ET_EXEC):
             return "fatal", "only ET_DYN and ET_EXEC can be loaded"
         return "ok", info
@@ -275,6 +281,13 @@ class Resolver:
             if verdict == "fatal":
                 return "fatal", detail, source
         return None
+
+    def _header(self, path: str):
+        try:
+            with open(self._host(path), "rb") as handle:
+                return handle.read(64)
+        except OSError:
+            return None
 
     @staticmethod
     def _host_dirname(path: str) -> str:
@@ -403,6 +416,13 @@ class Resolver:
         if abi is None:
             raise ELFError(f"{info.path}: no dynamic loader known for ELFCLASS{info.elf_class} "
                            f"machine {info.machine}")
+        return abi
+
+    def loader_for(self, info: ElfInfo) -> Abi | None:
+        """The ABI whose ld.so would load ``info``, if that ld.so is installed (ldd's RTLDLIST)."""
+        abi = ABIS.get((info.elf_class, info.machine))
+        if abi is None or self._stat_of(abi.rtld) is None:
+            return None
         return abi
 
     def closure(self, path: str, symbols: bool = False, preloaded: tuple = ()) -> Closure:
