@@ -1,0 +1,28 @@
+"""Bench callable of the audio-encoder plugin: encode one batch of synthetic frames.
+
+`seedance bench` calls encode_batch(batch) through seedance.batching; each request is an
+integer that seeds one 256-sample frame.
+"""
+import ctypes
+import math
+import os
+
+FRAME, BANDS = 256, 32
+_LIB = ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libaudioenc.so"))
+_LIB.audioenc_encode_batch.argtypes = (ctypes.POINTER(ctypes.c_float), ctypes.c_int,
+                                       ctypes.POINTER(ctypes.c_uint8))
+_LIB.audioenc_encode_batch.restype = ctypes.c_int
+
+
+def _frame(seed):
+    return [math.sin(0.01 * (seed + 1) * n) for n in range(FRAME)]
+
+
+def encode_batch(batch):
+    pcm = (ctypes.c_float * (FRAME * len(batch)))()
+    for index, seed in enumerate(batch):
+        pcm[index * FRAME:(index + 1) * FRAME] = _frame(int(seed))
+    out = (ctypes.c_uint8 * (BANDS * len(batch)))()
+    if _LIB.audioenc_encode_batch(pcm, len(batch), out) != len(batch):
+        raise RuntimeError("audioenc_encode_batch failed")
+    return [bytes(out[i * BANDS:(i + 1) * BANDS]) for i in range(len(batch))]
