@@ -75,6 +75,7 @@ class Scanner:
         self.torch_abi = cxxabi.TorchAbiCache()
         self.fatbin_seen: set = set()
         self.objects_seen: set = set()
+        self.explicit: set = set()  # files named on the command line: unreadable -> exit 2
 
     # --- entry point ------------------------------------------------------------------
     def run(self) -> Report:
@@ -135,11 +136,14 @@ class Scanner:
             raise BadInput(describe_os_error(exc)) from None
         if stat.S_ISDIR(st.st_mode):
             return self._walk(target), []
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            raise BadInput(f"{target}: not a regular file or directory")
         self.stats["files"] += 1
         if target.endswith(config_collect.CONFIG_SUFFIXES):
             return [], [target]
         kind = _sniff(target)
         if kind == "elf":
+            self.explicit.add(target)
             return [(target, st)], []
         if isinstance(kind, OSError):
             raise BadInput(describe_os_error(kind)) from None
@@ -209,12 +213,20 @@ class Scanner:
                 return
             result = self.resolver.closure(path, symbols=self.options.strict)
         except ELFError as exc:
+            if path in self.explicit:
+                raise
             self.stats["unreadable"] += 1
             self.errors.append({"path": path, "error": str(exc)})
             return
         except OSError as exc:
+            if path in self.explicit:
+                raise BadInput(describe_os_error(exc)) from None
             self.stats["unreadable"] += 1
             self.errors.append({"path": path, "error": describe_os_error(exc)})
+            return
+        except RecursionError:
+            self.stats["unreadable"] += 1
+            self.errors.append({"path": path, "error": "dependency chain too deep"})
             return
         self.stats["elf"] += 1
         self.objects_seen.update(result.objects)

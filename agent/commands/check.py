@@ -73,6 +73,10 @@ def execute(args) -> int:
                            rules_dir=args.rules)
     progress = Progress(enabled=False if args.no_progress else None)
     report = run_check(options, progress)
+    for problem in report.stats.get("errors", ()):
+        text = problem["error"] if problem["error"].startswith(problem["path"]) else \
+            f"{problem['path']}: {problem['error']}"
+        print(f"seedance: skipped {text}", file=sys.stderr)
     if json_to != "-":
         sys.stdout.write(render.table(report))
     if json_to is not None:
