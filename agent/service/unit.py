@@ -51,17 +51,21 @@ def agent_command() -> list[str]:
     return [sys.executable, "-m", "seedance"]
 
 
-def _systemd_quote(word: str) -> str:
-    # systemd.service(5) "Command lines": C-style quoting; '%' starts a specifier and '$' a
-    # variable, so both are doubled.
-    word = word.replace("%", "%%").replace("$", "$$")
+def _systemd_quote(word: str, executable: bool = False) -> str:
+    # systemd.service(5) "Command lines": C-style quoting; '%' starts a specifier and is
+    # doubled everywhere, '$' starts a variable only in arguments (systemd 252 looks the
+    # executable up verbatim, so "$$" there would name a file that does not exist).
+    word = word.replace("%", "%%")
+    if not executable:
+        word = word.replace("$", "$$")
     if word and all(c.isalnum() or c in "/._-+:=,@" for c in word):
         return word
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def render_unit(agent_args: list[str], watchdog_sec: int = 30, command: list[str] | None = None) -> str:
-    exec_start = " ".join(_systemd_quote(w) for w in [*(command or agent_command()), "agent", "run", *agent_args])
+    words = [*(command or agent_command()), "agent", "run", *agent_args]
+    exec_start = " ".join(_systemd_quote(w, executable=(i == 0)) for i, w in enumerate(words))
     hardening = "\n".join(f"{key}={value}" for key, value in HARDENING)
     return f"""\
 # Written by `seedance agent install --user`; re-run it to regenerate.
