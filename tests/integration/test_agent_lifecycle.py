@@ -1,0 +1,208 @@
+"""`seedance agent run` as a real process: sd_notify on a real NOTIFY_SOCKET, the status
+socket, /metrics, SIGHUP reloading rules and config, SIGTERM stopping cleanly."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+BIN = Path(sys.executable).parent
+
+
+class RunningAgent:
+    """One agent process with its own HOME/XDG dirs and a notify socket the test bound."""
+
+    def __init__(self, root: Path, args=(), watchdog_usec=2_000_000):
+        self.root = root
+        self.runtime = root / "rt"
+        self.runtime.mkdir(mode=0o700)
+        self.env = {**os.environ, "HOME": str(root / "home"), "XDG_RUNTIME_DIR": str(self.runtime),
+                    "XDG_CONFIG_HOME": str(root / "cfg"), "XDG_STATE_HOME": str(root / "state")}
+        self.env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        name = f"seedance-agent-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.notify.bind("\0" + name)  # abstract namespace, as systemd uses in containers
+        self.env["NOTIFY_SOCKET"] = "@" + name
+        if watchdog_usec:
+            self.env["WATCHDOG_USEC"] = str(watchdog_usec)
+        self.messages: list[dict] = []
+        self.log_path = root / "agent.log"
+        self.args = ["agent", "run", "--no-scan", "--probes", "off", "--metrics", "127.0.0.1:0", *args]
+        self.proc = None
+
+    def start(self):
+        exe = BIN / "seedance"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([str(exe), *self.args], env=self.env, stdout=subprocess.DEVNULL,
+                                     stderr=self.log)
+        self.wait_for(lambda m: m.get("READY") == "1", "READY=1")
+        return self
+
+    def receive(self, timeout=10.0):
+        self.notify.settimeout(timeout)
+        data = self.notify.recv(4096).decode()
+        message = dict(line.split("=", 1) for line in data.splitlines())
+        self.messages.append(message)
+        return message
+
+    def wait_for(self, predicate, what, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                message = self.receive(timeout=0.2)
+            except socket.timeout:
+                # messages sent before an exit are still queued: only give up once drained
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"agent exited {self.proc.returncode} waiting for {what}: "
+                                         f"{self.log_text()}") from None
+                continue
+            if predicate(message):
+                return message
+        raise AssertionError(f"no {what} from the agent; got {self.messages}; log: {self.log_text()}")
+
+    def status(self):
+        proc = run_cli("status", "--json", env=self.env)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def events(self):
+        return [json.loads(line) for line in self.log_text().splitlines() if line.startswith("{")]
+
+    def log_text(self):
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def close(self):
+        self.stop(signal.SIGKILL)
+        self.notify.close()
+        self.log.close()
+
+
+@pytest.fixture
+def agent_root():
+    root = Path(tempfile.mkdtemp(prefix="sd-agent-", dir="/tmp"))  # short: unix socket paths <= 108 bytes
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def agent(agent_root):
+    running = RunningAgent(agent_root).start()
+    yield running
+    running.close()
+
+
+def test_notify_ready_status_and_watchdog(agent):
+    ready = agent.messages[-1]
+    assert ready["READY"] == "1" and "STATUS" in ready and ready["MAINPID"] == str(agent.proc.pid)
+    # WATCHDOG_USEC=2s: pings at half of it
+    agent.wait_for(lambda m: m.get("WATCHDOG") == "1", "WATCHDOG=1", timeout=5)
+    agent.wait_for(lambda m: m.get("WATCHDOG") == "1", "a second WATCHDOG=1", timeout=5)
+
+
+def test_status_and_metrics(agent):
+    status = agent.status()
+    assert status["schema"] == "seedance.agent-status/v1"
+    assert status["agent"]["pid"] == agent.proc.pid
+    assert Path(status["agent"]["socket"]).parent.parent == agent.runtime
+    assert Path(status["agent"]["state_db"]).is_file()
+    text = run_cli("status", env=agent.env)
+    assert text.returncode == 0 and "INSTANCES" in text.stdout and "LEAKS" in text.stdout
+    body = urllib.request.urlopen(f"http://{status['agent']['metrics']}/metrics", timeout=5).read().decode()
+    assert "seedance_gc_passes_total" in body and "seedance_agent_info" in body
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+              if line.startswith("seedance_")}
+    assert values["seedance_agent_start_time_seconds"] == pytest.approx(status["agent"]["started"])
+    assert values["seedance_gc_passes_total"] == status["counters"]["gc_passes"] or \
+        values["seedance_gc_passes_total"] >= status["counters"]["gc_passes"]
+
+
+def test_sighup_reloads_config_and_rules_and_keeps_running_on_bad_files(agent, agent_root):
+    assert agent.status()["agent"]["config"]["gc_interval"] == "2s"
+    rules_before = agent.status()["agent"]["rules"]
+    config = agent_root / "cfg" / "seedance" / "agent.yaml"
+    config.parent.mkdir(parents=True)
+    # a rules dir with one extra rule, so a reload of the rules is visible in the count
+    rules_dir = agent_root / "rules"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "rules", rules_dir,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.py", "*.md"))
+    (rules_dir / "zz-extra.yaml").write_text(
+        "rules:\n  - {id: zz-extra, title: t, severity: info, trap: t, layer: L1, fact: nothing,\n"
+        "     condition: 'true', message: m, explain: e, metric: m, fix: f}\n")
+    config.write_text(f"agent:\n  gc_interval: 1s\n  handle_mode: per-instance\n  rules_dir: {rules_dir}\n")
+    agent.proc.send_signal(signal.SIGHUP)
+    agent.wait_for(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    agent.wait_for(lambda m: m.get("READY") == "1", "READY=1 after reload")
+    status = agent.status()
+    assert status["agent"]["config"]["gc_interval"] == "1s"
+    assert status["agent"]["config"]["handle_mode"] == "per-instance"
+    assert status["agent"]["rules"] == rules_before + 1
+    assert status["counters"]["reloads"] == 1
+    # a broken rule file: the reload fails in one log line, the agent keeps the old rules
+    (rules_dir / "zz-extra.yaml").write_text("rules: [ {id: broken\n")
+    agent.proc.send_signal(signal.SIGHUP)
+    agent.wait_for(lambda m: m.get("READY") == "1", "READY=1 after failed reload")
+    status = agent.status()
+    assert status["agent"]["rules"] == rules_before + 1 and status["counters"]["reloads"] == 1
+    failed = [e for e in agent.events() if e["event"] == "reload-failed"]
+    assert failed and "zz-extra.yaml" in failed[0]["error"]
+    assert agent.proc.poll() is None
+
+
+def test_sigterm_stops_cleanly(agent):
+    socket_path = Path(agent.status()["agent"]["socket"])
+    assert agent.stop(signal.SIGTERM) == 0
+    stopping = [m for m in agent.messages if m.get("STOPPING") == "1"]
+    if not stopping:
+        stopping = [agent.wait_for(lambda m: m.get("STOPPING") == "1", "STOPPING=1", timeout=2)]
+    assert stopping
+    names = [e["event"] for e in agent.events()]
+    assert names[-4:] == ["signal", "stopping", "state-flushed", "stopped"] or \
+        names[-5:] == ["signal", "stopping", "probes-detached", "state-flushed", "stopped"]
+    assert not socket_path.exists()  # no stale socket left behind
+    # state flushed: the WAL was folded into the database (TRUNCATE checkpoint)
+    db = Path(agent.env["XDG_STATE_HOME"]) / "seedance" / "agent.db"
+    wal = db.with_name("agent.db-wal")
+    assert db.is_file() and (not wal.exists() or wal.stat().st_size == 0)
+
+
+def test_no_agent_is_one_line_exit_2(agent_root):
+    env = {"HOME": str(agent_root), "XDG_RUNTIME_DIR": str(agent_root)}
+    proc = run_cli("status", env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "no agent running" in proc.stderr
+
+
+def test_second_agent_refuses_to_start(agent):
+    proc = run_cli(*agent.args, env={**agent.env, "NOTIFY_SOCKET": ""}, timeout=30)
+    assert proc.returncode == 2
+    assert "already running" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_non_loopback_metrics_refused_before_start(agent_root):
+    runtime = agent_root / "rt2"
+    runtime.mkdir(mode=0o700)
+    env = {"HOME": str(agent_root / "h"), "XDG_RUNTIME_DIR": str(runtime)}
+    proc = run_cli("agent", "run", "--no-scan", "--probes", "off", "--metrics", "0.0.0.0:9464", env=env, timeout=30)
+    assert proc.returncode == 2
+    assert "loopback only" in proc.stderr and "Traceback" not in proc.stderr
