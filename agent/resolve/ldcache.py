@@ -217,8 +217,14 @@ def _parse_new(data: bytes, base: int) -> list:
     return entries
 
 
-def _hwcaps_names(data: bytes, base: int, ext_offset: int) -> list:
-    """The glibc-hwcaps subdirectory names from the cache extension section, if any."""
+def _hwcaps_names(data: bytes, _base: int, ext_offset: int) -> list:
+    """The glibc-hwcaps subdirectory names from the cache extension section, if any.
+
+    Unlike entry strings, the extension offset, its section offsets and the name offsets
+    count from the start of the file, even in the old+new layout (dl-cache.h
+    cache_extension_load(cache_new, cache, ...); dl-cache.c glibc_hwcaps_compare).
+    """
+    base = 0
     if not ext_offset or base + ext_offset + 8 > len(data):
         return []
     magic, count = struct.unpack_from("<II", data, base + ext_offset)

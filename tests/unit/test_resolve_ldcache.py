@@ -1,0 +1,155 @@
+"""ld.so.cache parsing and lookup, against caches written by the real ldconfig."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from seedance.resolve import hwcaps
+from seedance.resolve.ldcache import LdCache, libcmp, parse
+from seedance.errors import BadInput
+
+LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
+RTLD = "/lib64/ld-linux-x86-64.so.2"
+LINE = re.compile(r"^\t(\S+) \(([^)]*)\) => (\S+)$")
+
+needs_ldconfig = pytest.mark.skipif(not Path(LDCONFIG).exists(), reason="needs ldconfig")
+
+
+def ldconfig_p(cache: str | None = None) -> list:
+    """[(name, flags text, hwcap name or None, path)] in cache order, from `ldconfig -p`."""
+    cmd = [LDCONFIG, "-p"] + (["-C", cache] if cache else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        match = LINE.match(line)
+        if match:
+            name, flags, path = match.groups()
+            hw = re.search(r'hwcap: "([^"]*)"', flags)
+            rows.append((name, flags, hw.group(1) if hw else None, path))
+    return rows
+
+
+def supported_hwcaps() -> list:
+    """glibc-hwcaps subdirectories the real ld.so says it searches here, best first."""
+    out = subprocess.run([RTLD, "--help"], capture_output=True, text=True).stdout
+    section = out.split("Subdirectories of glibc-hwcaps directories", 1)[-1]
+    section = section.split("\n\n", 1)[0]
+    return [line.split()[0] for line in section.splitlines()[1:] if "supported" in line and line.strip()]
+
+
+def expected_lookup(rows: list, name: str, usable: list):
+    """What search_cache() picks: the best usable hwcaps entry, else the first plain x86-64 one."""
+    best, best_rank = None, None
+    for row_name, flags, hw, path in rows:
+        if row_name != name or "x86-64" not in flags:
+            continue
+        if hw is not None:
+            if hw in usable and (best_rank is None or usable.index(hw) < best_rank):
+                best, best_rank = path, usable.index(hw)
+            continue
+        return best or path
+    return best
+
+
+@needs_ldconfig
+def test_system_cache_matches_ldconfig_listing():
+    cache = LdCache.load("/etc/ld.so.cache")
+    rows = ldconfig_p()
+    assert cache.format in ("new", "old+new", "old")
+    assert len(cache.entries) == len(rows)
+    usable = supported_hwcaps()
+    caps = hwcaps.detect()
+    for name in {row[0] for row in rows}:
+        assert cache.lookup(name, "x86_64", caps.priorities) == expected_lookup(rows, name, usable), name
+
+
+@pytest.fixture(scope="module")
+def library_dir(tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    base = tmp_path_factory.mktemp("ldcache")
+    lib_dir = base / "d"
+    (lib_dir / "glibc-hwcaps" / "x86-64-v2").mkdir(parents=True)
+    (lib_dir / "glibc-hwcaps" / "x86-64-v4").mkdir(parents=True)
+    src = base / "f.c"
+    src.write_text("int f(void){return 1;}\n")
+
+    def build(path, soname):
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(path), str(src), f"-Wl,-soname,{soname}"],
+                       check=True)
+    for version in ("1", "2", "10", "02a"):
+        build(lib_dir / f"libnum.so.{version}", f"libnum.so.{version}")
+    build(lib_dir / "libhw.so.1", "libhw.so.1")
+    build(lib_dir / "glibc-hwcaps" / "x86-64-v2" / "libhw.so.1", "libhw.so.1")
+    build(lib_dir / "glibc-hwcaps" / "x86-64-v4" / "libhw.so.1", "libhw.so.1")
+    build(lib_dir / "glibc-hwcaps" / "x86-64-v4" / "libonlyv4.so.1", "libonlyv4.so.1")
+    conf = base / "ld.so.conf"
+    conf.write_text(f"{lib_dir}\n")
+    return base, conf
+
+
+@needs_ldconfig
+@pytest.mark.parametrize("fmt", ["new", "old", "compat"])
+def test_ldconfig_written_cache_formats(library_dir, fmt):
+    base, conf = library_dir
+    cache_file = base / f"cache.{fmt}"
+    subprocess.run([LDCONFIG, "-X", "-C", str(cache_file), "-f", str(conf), "-c", fmt], check=True,
+                   capture_output=True)
+    cache = LdCache.load(str(cache_file))
+    assert cache.format == {"new": "new", "old": "old", "compat": "old+new"}[fmt]
+    rows = ldconfig_p(str(cache_file))
+    usable = supported_hwcaps()
+    caps = hwcaps.detect()
+    names = {row[0] for row in rows}
+    assert {"libnum.so.1", "libnum.so.2", "libnum.so.10", "libhw.so.1"} <= names
+    for name in names:
+        assert cache.lookup(name, "x86_64", caps.priorities) == expected_lookup(rows, name, usable), name
+    assert cache.lookup("libnot-there.so.1") is None
+    assert cache.lookup("libnum.so.1", abi="i386") is None  # 64-bit entries only
+
+
+@needs_ldconfig
+def test_libcmp_agrees_with_ldconfig_sort_order(library_dir):
+    """ldconfig writes entries sorted by the same comparator, descending; binary search needs it."""
+    base, conf = library_dir
+    cache_file = base / "cache.order"
+    subprocess.run([LDCONFIG, "-X", "-C", str(cache_file), "-f", str(conf)], check=True,
+                   capture_output=True)
+    for path in (str(cache_file), "/etc/ld.so.cache"):
+        names = [e.name for e in LdCache.load(path).entries]
+        assert all(libcmp(a, b) >= 0 for a, b in zip(names, names[1:])), path
+    names = [e.name for e in LdCache.load(str(cache_file)).entries]
+    # plain string order would put .so.10 between .so.1 and .so.2
+    assert names.index("libnum.so.10") < names.index("libnum.so.2") < names.index("libnum.so.1")
+
+
+@pytest.mark.parametrize("blob", [
+    b"", b"glibc-ld.so.cache1.1", b"ld.so-1.7.0\0\xff\xff\xff\x7f",
+    b"glibc-ld.so.cache1.1" + b"\xff\xff\xff\x7f" + b"\0" * 40,
+    b"not a cache at all" * 10,
+])
+def test_corrupt_caches_are_empty_not_crashes(tmp_path, blob):
+    path = tmp_path / "cache"
+    path.write_bytes(blob)
+    cache = LdCache.load(str(path))
+    assert cache.entries == [] and cache.lookup("libc.so.6") is None
+    with pytest.raises(BadInput):
+        parse(blob)
+
+
+def test_truncated_system_cache_raises_bad_input_only():
+    data = Path("/etc/ld.so.cache").read_bytes()
+    for cut in range(0, min(len(data), 4096), 97):
+        try:
+            parse(data[:cut])
+        except BadInput:
+            pass
+
+
+def test_missing_cache_is_empty(tmp_path):
+    cache = LdCache.load(str(tmp_path / "none"))
+    assert cache.format == "missing" and cache.lookup("libc.so.6") is None
