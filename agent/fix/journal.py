@@ -153,6 +153,18 @@ class Entry:
         self.save()
         return record
 
+    def expect_new_dir(self, path: str, summary: str = "") -> dict:
+        """Record, before a build runs, that ``path`` is about to be created (undo moves it away)."""
+        path = os.path.abspath(path)
+        record = self._new_record(path, "create-dir", summary)
+        record["state"] = "building"
+        self.save()
+        return record
+
+    def created(self, record: dict) -> None:
+        record["state"] = "written"
+        self.save()
+
     # -- ending an entry -------------------------------------------------------------------------
     def commit(self) -> None:
         self.manifest["status"] = COMMITTED if any(r["state"] == "written" for r in self.files) else ROLLED_BACK
@@ -262,7 +274,8 @@ class Journal:
             if record.get("temp"):
                 _unlink(record["temp"])
             state = record.get("state")
-            if state in ("planned", "verify-failed", "rolled-back"):
+            if state in ("planned", "verify-failed", "rolled-back") or (
+                    state == "building" and not os.path.lexists(record["path"])):
                 continue
             note = self._restore(entry, record, tolerate_original=True)
             if note:
@@ -340,6 +353,10 @@ class Journal:
                 return f"{path}: changed since the fix; left as is"
             os.unlink(path)
             atomic.fsync_dir(os.path.dirname(path))
+            return ""
+        if action == "create-dir":
+            if os.path.lexists(path) and not backup.exists():
+                _move(path, str(backup))  # generated, but kept rather than deleted
             return ""
         if action == "move":
             partial = Path(str(backup) + ".partial")

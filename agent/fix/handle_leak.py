@@ -1,0 +1,173 @@
+"""`seedance fix handle-leak`: per-instance handles plus the agent's collector, or back to shared.
+
+The product notes' `seedance-fix handle-leak --mode=per-instance --gc-interval=2s` gives each
+instance its own CUDA context and handles and runs a collector that releases the handles
+of instances that have gone.  Here that is two settings files, both written through the fix
+journal (backup, temp + fsync + rename, verify, undo with `seedance fix undo`):
+
+  $XDG_CONFIG_HOME/seedance/agent.yaml   handle_mode, gc_interval: the agent's collector
+  $XDG_CONFIG_HOME/seedance/shim.yaml    handles: the default `seedance run` gives the shim
+
+and a running agent is asked to reload (the same as SIGHUP).  `--mode shared` reverts both
+to shared handles; the collector keeps running, because a dead instance's slot must be
+reclaimed in either mode.
+
+Entry points for seedance.commands.fix: configure_parser(sub) adds the `handle-leak`
+subcommand to fix's subparsers; main(args) -> int runs it; apply(...) is the core.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import BadInput, NotAvailable, UsageError
+
+MODES = ("per-instance", "shared")
+
+EPILOG = """\
+examples:
+  seedance fix handle-leak --mode per-instance --gc-interval 2s
+  seedance fix handle-leak --mode shared          revert to shared handles
+  seedance fix handle-leak --mode per-instance --dry-run
+"""
+
+
+@dataclass
+class HandleLeakResult:
+    mode: str
+    gc_interval: str | None
+    changed: list = field(default_factory=list)     # paths rewritten
+    unchanged: list = field(default_factory=list)   # paths that already said so
+    journal_id: str | None = None
+    agent: str = ""                                 # what the running agent did
+
+
+def configure_parser(sub) -> argparse.ArgumentParser:
+    parser = sub.add_parser("handle-leak", help="per-instance CUDA handles and the agent's leak collector",
+                            description="Configure the agent and the shim's defaults for per-instance handles "
+                                        "(--mode per-instance) or revert to shared handles (--mode shared).",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=MODES, required=True, help="per-instance handles, or shared (revert)")
+    parser.add_argument("--gc-interval", metavar="DURATION",
+                        help="how often the agent reclaims dead instances (default: 2s with per-instance)")
+    parser.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    parser.set_defaults(execute=main)
+    return parser
+
+
+def main(args) -> int:
+    result = apply(args.mode, getattr(args, "gc_interval", None), dry_run=getattr(args, "dry_run", False),
+                   argv=sys.argv[1:])
+    verb = "would update" if getattr(args, "dry_run", False) else "updated"
+    for path in result.changed:
+        print(f"{verb} {path}")
+    for path in result.unchanged:
+        print(f"already set: {path}")
+    if result.journal_id:
+        print(f"journal entry {result.journal_id} (undo: seedance fix undo {result.journal_id})")
+    if result.agent:
+        print(result.agent)
+    return 0
+
+
+def _settings_paths(env: Mapping[str, str]) -> tuple[Path, Path]:
+    from ..service.config import agent_config_path, config_dir
+
+    return agent_config_path(env), config_dir(env) / "shim.yaml"
+
+
+def _updated(path: Path, section: str | None, values: dict) -> tuple[bytes | None, bytes]:
+    """(old bytes or None, new bytes) with values merged in, keeping the user's comments."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    try:
+        old = path.read_bytes()
+    except FileNotFoundError:
+        old = None
+    try:
+        doc = yaml.load(old) if old else None
+    except YAMLError as exc:
+        raise BadInput(f"{path}: not valid YAML, not rewritten: {str(exc).splitlines()[0]}") from None
+    if doc is None:
+        doc = {}
+    if not hasattr(doc, "items"):
+        raise BadInput(f"{path}: expected a mapping, not rewritten")
+    target = doc
+    if section is not None:
+        if section in doc and not hasattr(doc[section], "items"):
+            raise BadInput(f"{path}: '{section}' is not a mapping, not rewritten")
+        if section not in doc:
+            doc[section] = {}
+        target = doc[section]
+    for key, value in values.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
+    out = io.StringIO()
+    yaml.dump(doc, out)
+    return old, out.getvalue().encode()
+
+
+def apply(mode: str, gc_interval: str | None = None, dry_run: bool = False, env: Mapping[str, str] = os.environ,
+          argv=()) -> HandleLeakResult:
+    from ..service.config import build_config, format_duration, parse_duration, read_config_file
+
+    if mode not in MODES:
+        raise UsageError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+    if gc_interval is None and mode == "per-instance":
+        gc_interval = "2s"
+    interval = format_duration(parse_duration(gc_interval, "--gc-interval")) if gc_interval else None
+    agent_path, shim_path = _settings_paths(env)
+    agent_values = {"handle_mode": mode}
+    if interval:
+        agent_values["gc_interval"] = interval
+    plans = [(agent_path, _updated(agent_path, "agent", agent_values)),
+             (shim_path, _updated(shim_path, None, {"handles": mode}))]
+    result = HandleLeakResult(mode=mode, gc_interval=interval)
+
+    def verify_agent(temp: str) -> None:
+        build_config(read_config_file(Path(temp)), {}, env={})  # the agent must be able to load it
+
+    def verify_shim(temp: str) -> None:
+        import yaml
+        if (yaml.safe_load(Path(temp).read_text()) or {}).get("handles") != mode:
+            raise BadInput(f"{temp}: handles is not {mode}")
+
+    todo = []
+    for (path, (old, new)), verify in zip(plans, (verify_agent, verify_shim)):
+        (todo.append((path, old, new, verify)) if old != new else result.unchanged.append(str(path)))
+    result.changed = [str(path) for path, *_ in todo]
+    if dry_run or not todo:
+        return result
+    from .journal import Journal
+
+    with Journal().begin("handle-leak", argv=list(argv)) as entry:
+        for path, old, new, verify in todo:
+            if old is None:
+                entry.create_file(str(path), new, mode=0o644, summary=f"handles: {mode}")
+                verify(str(path))
+            else:
+                entry.replace_file(str(path), new, verify=verify, summary=f"handles: {mode}")
+        result.journal_id = entry.id
+    result.agent = _ask_agent_to_reload(env)
+    return result
+
+
+def _ask_agent_to_reload(env: Mapping[str, str]) -> str:
+    from ..service.api import request
+    from ..service.config import socket_path
+
+    try:
+        request(socket_path(env), "reload", timeout=5)
+    except NotAvailable:
+        return "no agent running: the settings apply when it starts (seedance agent run / install --user)"
+    return "the running agent is reloading its config"

@@ -1,0 +1,396 @@
+"""cuda-mismatch: retarget CUDA-family NEEDED entries to the runtime a closure really uses.
+
+Flow (one way for data to travel): run the check over the roots -> take the findings about
+CUDA-family NEEDED entries (unresolved, a lying SONAME, a missing version node, mixed
+runtime majors) -> plan one RelinkAction per library -> refuse what the target cannot
+satisfy -> rename NEEDED + .gnu.version_r (dynedit) -> verify the temp file (re-parse, the
+intended edit, the resolver, dlopen in a child) -> rename into place -> check again.
+
+Why a NEEDED rename is enough: CUDA libraries of one major share their ABI under the new
+SONAME only for the entry points both majors define; that is exactly what the refusal check
+verifies before anything is written (every symbol and version node the library binds to the
+old runtime must be defined by the new one).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+
+from ..elf.reader import is_elf, read_elf
+from ..errors import BadInput, ELFError, SeedanceError
+from . import dynedit
+from .plan import RELINK_RULES, FixPlan, RelinkAction, dynamic_diff
+
+FAMILY = re.compile(r"^lib(cudart|cublasLt|cublas|curand|cufftw|cufft|cusparse|cusolverMg|cusolver|"
+                    r"nvrtc-builtins|nvrtc|nvJitLink|nvjpeg|npp[a-z]*|cupti)\.so(?:\.(\d+)[\d.]*)?$")
+CUDART_NAMES = {11: "libcudart.so.11.0"}  # 11.x kept the minor in its SONAME; 12+ do not
+KNOWN_MAJORS = (13, 12, 11)
+
+
+def family_of(name: str) -> str | None:
+    match = FAMILY.match(os.path.basename(name or ""))
+    return match.group(1) if match else None
+
+
+def cudart_name(major: int) -> str:
+    return CUDART_NAMES.get(major, f"libcudart.so.{major}")
+
+
+def default_roots(environ=None, cwd=None) -> list:
+    """/usr/lib, $CONDA_PREFIX/lib, ./build and the active Python's site-packages."""
+    from ..collect.host import _site_dirs
+
+    environ = os.environ if environ is None else environ
+    roots = ["/usr/lib"]
+    if environ.get("CONDA_PREFIX"):
+        roots.append(os.path.join(environ["CONDA_PREFIX"], "lib"))
+    roots.append(os.path.join(cwd or os.getcwd(), "build"))
+    roots.extend(_site_dirs())
+    return [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
+
+
+def cuda_major_of(path: str, info=None) -> int | None:
+    """CUDA major of a CUDA-family library: what it declares first, then its neighbours."""
+    from ..collect import cuda
+
+    try:
+        info = info or read_elf(path)
+    except ELFError:
+        return None
+    family = family_of(info.soname or "") or family_of(path)
+    if family == "cudart":
+        return cuda.runtime_major(path, info)
+    # libcublas.so.12 and libnvrtc.so.12 carry the CUDA major; libcurand.so.10 does not,
+    # so ask the runtime shipped beside it (toolkit lib64/, or the wheel's lib/).
+    if family in ("cublas", "cublasLt", "cusparse", "nvrtc", "nvJitLink") and info.soname:
+        match = FAMILY.match(info.soname)
+        if match and match.group(2):
+            return int(match.group(2))
+    directory = os.path.dirname(os.path.realpath(path))
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if name.startswith("libcudart.so."):
+            return cuda.runtime_major(os.path.join(directory, name))
+    return None
+
+
+class Relinker:
+    """Plans and applies cuda-mismatch relinks over ``roots``."""
+
+    def __init__(self, roots, runtime: str = "auto", env: dict | None = None):
+        self.roots = list(roots)
+        self.runtime = None if runtime in (None, "auto") else int(runtime)
+        self.env = dict(os.environ if env is None else env)
+        from ..resolve import Resolver
+        self.resolver = Resolver(env=self.env)
+        self._Resolver = Resolver
+
+    # --- check ---------------------------------------------------------------------------------
+    def check(self):
+        from ..collect.scan import CheckOptions, run_check
+        return run_check(CheckOptions(targets=list(self.roots), env=self.env))
+
+    @staticmethod
+    def relevant(findings) -> list:
+        """Findings about CUDA-family NEEDED entries, the only ones this fixer acts on."""
+        out = []
+        for finding in findings:
+            if finding.rule not in RELINK_RULES:
+                continue
+            ev = finding.evidence
+            if finding.rule in ("needed-unresolved", "needed-soname-mismatch") and not family_of(ev.get("name", "")):
+                continue
+            if finding.rule == "symbol-version-missing" and not family_of(ev.get("file", "")):
+                continue
+            out.append(finding)
+        return out
+
+    # --- plan ----------------------------------------------------------------------------------
+    def plan(self, report) -> FixPlan:
+        findings = self.relevant(report.findings)
+        plan = FixPlan("cuda-mismatch", findings=findings, target_major=self.runtime,
+                       target_source="--runtime" if self.runtime else "auto")
+        wanted: dict = {}  # lib path -> {needed name: [finding messages]}
+        majors: dict = {}  # lib path -> target major chosen for its closure
+        for finding in findings:
+            subject = finding.subject.get("path")
+            if not subject:
+                continue
+            if finding.rule == "cuda-runtime-mixed":
+                self._plan_mixed(subject, finding, wanted, majors, plan)
+            elif finding.rule == "cuda-driver-too-old":
+                if self.runtime is None:
+                    plan.skipped.append((subject, "cuda-driver-too-old: give --runtime to pick the major "
+                                                  "the driver supports"))
+                    continue
+                for name in self._cuda_needed(subject):
+                    wanted.setdefault(subject, {}).setdefault(name, []).append(finding.message)
+            else:
+                name = finding.evidence.get("name") or finding.evidence.get("file")
+                wanted.setdefault(subject, {}).setdefault(name, []).append(finding.message)
+        for path in sorted(wanted):
+            major = self.runtime or majors.get(path) or self._auto_major(path, set(wanted[path]))
+            if major is None:
+                plan.skipped.append((path, "no CUDA runtime major to retarget to: none resolves from it"))
+                continue
+            action = self._action(path, wanted[path], major)
+            if action is not None:
+                plan.actions.append(action)
+        if plan.target_major is None and plan.actions:
+            chosen = sorted({a.target_major for a in plan.actions})
+            plan.target_major = chosen[0] if len(chosen) == 1 else None
+            plan.target_source = "the runtime the closure uses"
+        return plan
+
+    def _cuda_needed(self, path: str) -> list:
+        try:
+            return [n for n in read_elf(path).needed if family_of(n)]
+        except ELFError:
+            return []
+
+    def _plan_mixed(self, root: str, finding, wanted: dict, majors: dict, plan: FixPlan) -> None:
+        from ..collect.closure import closure_runtimes
+
+        closure = self.resolver.closure(root)
+        runtimes = closure_runtimes(closure)  # path -> (major, requester)
+        by_path = {path: major for path, (major, _req) in runtimes.items()}
+        major = self.runtime
+        if major is None:
+            direct = [by_path[r.path] for r in closure.resolutions
+                      if r.requester == root and r.path in by_path]
+            if direct:
+                major = direct[0]  # the root loads this runtime itself: the process uses it
+            else:
+                users = Counter(by_path[r.path] for r in closure.resolutions if r.path in by_path)
+                major = max(users, key=lambda m: (users[m], m))
+        for res in closure.resolutions:
+            if not family_of(res.name) or res.path is None:
+                continue
+            have = cuda_major_of(res.path, closure.objects.get(res.path))
+            if have is not None and have != major:
+                wanted.setdefault(res.requester, {}).setdefault(res.name, []).append(finding.message)
+                majors[res.requester] = major
+
+    def _auto_major(self, path: str, broken: set) -> int | None:
+        """The runtime the rest of the closure uses; else the newest that resolves genuinely."""
+        from ..collect.closure import closure_runtimes
+
+        try:
+            closure = self.resolver.closure(path)
+        except SeedanceError:
+            return None
+        via_broken = {r.path for r in closure.resolutions if r.requester == path and r.name in broken}
+        others = Counter(major for p, (major, _r) in closure_runtimes(closure).items() if p not in via_broken)
+        if others:
+            return max(others, key=lambda m: (others[m], m))
+        for major in KNOWN_MAJORS:
+            res = self.resolver.explain(cudart_name(major), path)
+            if res.path is not None and res.soname == cudart_name(major):
+                return major
+        return None
+
+    def _action(self, path: str, names: dict, major: int) -> RelinkAction | None:
+        action = RelinkAction(path=path, renames={}, version_renames={}, target_major=major, targets={},
+                              findings=sorted({m for msgs in names.values() for m in msgs}))
+        try:
+            info = read_elf(path, symbols=True)
+        except ELFError as exc:
+            action.refusal = str(exc)
+            return action
+        problems = []
+        for name in names:
+            family = family_of(name)
+            if name not in info.needed:
+                continue
+            target_name, target_path, why = self._target_for(path, family, major)
+            if target_path is None:
+                problems.append(why)
+                continue
+            if target_name == name:
+                res = self.resolver.explain(name, path)
+                if res.path is not None and os.path.realpath(res.path) == os.path.realpath(target_path):
+                    continue  # already right
+                problems.append(f"{name} already names the CUDA {major} runtime but resolves to "
+                                f"{res.path or 'nothing'}; a rename cannot fix that")
+                continue
+            action.renames[name] = target_name
+            action.targets[target_name] = target_path
+            action.version_renames.update(self._version_map(info, name, family, target_path))
+            missing = self._missing(info, name, action.version_renames, target_path)
+            if missing:
+                problems.append(missing)
+        if problems:
+            action.refusal = "; ".join(problems)
+        if not action.renames and not action.refusal:
+            return None
+        return action
+
+    def _target_for(self, requester: str, family: str, major: int) -> tuple:
+        """(new NEEDED name, the file it resolves to, why not) for ``family`` at ``major``."""
+        from ..collect.host import cuda_library_dirs
+
+        if family == "cudart":
+            names = [cudart_name(major)]
+        else:
+            names = []
+            cudart = self.resolver.explain(cudart_name(major), requester)
+            dirs = ([os.path.dirname(cudart.path)] if cudart.path else []) + cuda_library_dirs()
+            for directory in dict.fromkeys(dirs):
+                for entry in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+                    if family_of(entry) == family and not entry.endswith(".so"):
+                        full = os.path.join(directory, entry)
+                        try:
+                            info = read_elf(full)
+                        except ELFError:
+                            continue
+                        if info.soname and family_of(info.soname) == family and \
+                                cuda_major_of(full, info) == major and info.soname not in names:
+                            names.append(info.soname)
+        for name in names:
+            res = self.resolver.explain(name, requester)
+            if res.path is not None and res.soname in (name, None):
+                return name, res.path, ""
+        if names:
+            return None, None, (f"lib{family} for CUDA {major} ({names[0]}) does not resolve from {requester} "
+                                f"(not on its RPATH/RUNPATH, LD_LIBRARY_PATH or in ld.so.cache)")
+        return None, None, f"no lib{family} for CUDA {major} found on this host"
+
+    def _version_map(self, info, old_name: str, family: str, target_path: str) -> dict:
+        """Version nodes named after the old library (libcudart.so.12) -> the target's own."""
+        try:
+            target = read_elf(target_path)
+        except ELFError:
+            return {}
+        mapping = {}
+        own = [v for v in target.version_defs if family_of(v) == family]
+        for need in info.version_needs:
+            if need.file != old_name:
+                continue
+            for version, _weak in need.versions:
+                if version in target.version_defs or not own:
+                    continue
+                if family_of(version) == family:
+                    mapping[version] = own[0] if len(own) == 1 else (
+                        target.soname if target.soname in own else own[0])
+        return mapping
+
+    def _missing(self, info, old_name: str, version_renames: dict, target_path: str) -> str:
+        """The symbol or version the library needs and the target lacks, naming both."""
+        try:
+            target = read_elf(target_path, symbols=True)
+        except ELFError as exc:
+            return str(exc)
+        versions = set()
+        for need in info.version_needs:
+            if need.file == old_name:
+                for version, weak in need.versions:
+                    new = version_renames.get(version, version)
+                    versions.add(version)
+                    if target.version_defs and new not in target.version_defs and not weak:
+                        return (f"{info.path} requires version {new} ({old_name} {version}), "
+                                f"which {target_path} does not define")
+        defined = target.defined_symbols()
+        old_provider = self.resolver.explain(old_name, info.path).path
+        old_defined = {}
+        if old_provider:
+            try:
+                old_defined = read_elf(old_provider, symbols=True).defined_symbols()
+            except ELFError:
+                old_defined = {}
+        prefixes = {"cudart": ("cuda", "__cuda")}.get(family_of(old_name), (f"{family_of(old_name)}",))
+        for sym in info.symbols:
+            if sym.defined or sym.binding == "WEAK":
+                continue
+            bound_here = (sym.version in versions) or (
+                sym.version is None and (sym.name in old_defined or
+                                         (not old_provider and sym.name.startswith(prefixes))))
+            if not bound_here:
+                continue
+            want = version_renames.get(sym.version, sym.version)
+            have = defined.get(sym.name)
+            if have is None or (want is not None and target.version_defs and want not in have
+                                and None not in have):
+                label = f"{sym.name}@{want}" if want else sym.name
+                return f"{info.path} needs symbol {label}, which {target_path} does not define"
+        return ""
+
+    # --- apply ---------------------------------------------------------------------------------
+    def preview(self, action: RelinkAction) -> list:
+        """Compute the edit in memory; fill strategy/growth; return the dynamic-entry diff."""
+        with open(action.path, "rb") as handle:
+            data = handle.read()
+        new, strategy, changes = dynedit.rename_needed_bytes(data, action.renames, action.version_renames,
+                                                             path=action.path)
+        action.strategy, action.growth, action.changes = strategy, len(new) - len(data), changes
+        with tempfile.NamedTemporaryFile(prefix="seedance-preview-", suffix=".so") as handle:
+            handle.write(new)
+            handle.flush()
+            return dynamic_diff(read_elf(action.path), read_elf(handle.name))
+
+    def new_bytes(self, action: RelinkAction) -> bytes:
+        with open(action.path, "rb") as handle:
+            data = handle.read()
+        new, strategy, changes = dynedit.rename_needed_bytes(data, action.renames, action.version_renames,
+                                                             path=action.path)
+        action.strategy, action.growth, action.changes = strategy, len(new) - len(data), changes
+        return new
+
+    def verify(self, action: RelinkAction, temp: str) -> None:
+        """Re-parse, check the intended edit, resolve again, dlopen in a child process."""
+        info = read_elf(temp)
+        for old, new in action.renames.items():
+            if new not in info.needed or old in info.needed:
+                raise BadInput(f"NEEDED is {list(info.needed)}, expected {new} instead of {old}")
+            files = {n.file: n for n in info.version_needs}
+            if old in files:
+                raise BadInput(f".gnu.version_r still names {old}")
+            for version, _weak in files.get(new, type("N", (), {"versions": ()})).versions:
+                if version in action.version_renames:
+                    raise BadInput(f".gnu.version_r still requires {version}")
+        resolver = self._Resolver(env=self.env)
+        closure = resolver.closure(temp)
+        for res in closure.resolutions:
+            if res.requester != temp or res.name not in action.targets:
+                continue
+            if res.path is None:
+                raise BadInput(f"{res.name} does not resolve after the edit")
+            if os.path.realpath(res.path) != os.path.realpath(action.targets[res.name]):
+                raise BadInput(f"{res.name} resolves to {res.path}, not {action.targets[res.name]}")
+        for check in closure.version_checks:
+            if check.requester == temp and not check.defined and not check.weak:
+                raise BadInput(f"version {check.version} is not defined by {check.provider}")
+        error = dlopen_in_child(temp, self.env)
+        if error:
+            original_error = dlopen_in_child(action.path, self.env)
+            names = set(action.renames) | set(action.renames.values()) | set(action.version_renames.values())
+            if not original_error or any(n in error for n in names):
+                raise BadInput(f"dlopen in a child process failed: {error}")
+
+
+def dlopen_in_child(path: str, env: dict) -> str:
+    """'' when ``path`` loads with RTLD_NOW in a fresh process, else the loader's message."""
+    code = ("import ctypes, os, sys\n"
+            "try:\n"
+            "    ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | os.RTLD_LOCAL)\n"
+            "except OSError as exc:\n"
+            "    print(exc); sys.exit(3)\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                              env=env, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "dlopen did not return within 60 s"
+    if proc.returncode == 0:
+        return ""
+    return proc.stdout.strip() or (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+
+
+def require_elf(paths) -> None:
+    """An explicit file that is not ELF is bad input: refuse it before scanning anything."""
+    for path in paths:
+        if os.path.isfile(path) and not is_elf(path):
+            raise BadInput(f"{path}: not an ELF file; cuda-mismatch relinks shared libraries only")
+        if not os.path.exists(path):
+            raise BadInput(f"{path}: no such file or directory")
