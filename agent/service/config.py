@@ -66,14 +66,19 @@ def state_dir(env: Mapping[str, str] = os.environ) -> Path:
 
 
 def runtime_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """$XDG_RUNTIME_DIR/seedance; without one (cron, a bare container) a 0700 dir under state."""
+    """Where the status socket lives: the same directory as the shim's registry.
+
+    The same order as the shim's seedance_registry_path() (shim/src/registry.c), so the
+    agent, `seedance run` and `seedance status` always meet: SEEDANCE_RUNTIME_DIR, then
+    $XDG_RUNTIME_DIR/seedance, then ~/.local/state/seedance/run (cron, a bare container).
+    """
+    explicit = env.get("SEEDANCE_RUNTIME_DIR", "")
+    if explicit:
+        return Path(explicit)
     value = env.get("XDG_RUNTIME_DIR", "")
-    if value and os.path.isabs(value):
+    if value:
         return Path(value) / "seedance"
-    run_user = Path(f"/run/user/{os.getuid()}")
-    if run_user.is_dir() and os.access(run_user, os.W_OK):
-        return run_user / "seedance"
-    return state_dir(env) / "run"
+    return _home(env) / ".local" / "state" / "seedance" / "run"
 
 
 def agent_config_path(env: Mapping[str, str] = os.environ) -> Path:

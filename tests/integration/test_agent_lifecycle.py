@@ -206,3 +206,16 @@ def test_non_loopback_metrics_refused_before_start(agent_root):
     proc = run_cli("agent", "run", "--no-scan", "--probes", "off", "--metrics", "0.0.0.0:9464", env=env, timeout=30)
     assert proc.returncode == 2
     assert "loopback only" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fix_handle_leak_reconfigures_the_running_agent(agent):
+    code = (
+        "import sys; from seedance.fix import handle_leak; "
+        "r = handle_leak.apply('per-instance', '1s'); print(r.agent)")
+    proc = subprocess.run([sys.executable, "-c", code], env=agent.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "reloading" in proc.stdout
+    agent.wait_for(lambda m: m.get("RELOADING") == "1", "RELOADING=1")
+    agent.wait_for(lambda m: m.get("READY") == "1", "READY=1 after reload")
+    config = agent.status()["agent"]["config"]
+    assert (config["handle_mode"], config["gc_interval"]) == ("per-instance", "1s")

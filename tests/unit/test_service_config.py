@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from seedance.errors import BadInput, UsageError
@@ -27,6 +29,9 @@ def test_xdg_paths_follow_environment(tmp_path):
     assert config.state_dir(env) == tmp_path / "st" / "seedance"
     assert config.agent_config_path(env) == tmp_path / "cf" / "seedance" / "agent.yaml"
     assert config.socket_path(env) == tmp_path / "rt" / "seedance" / "agent.sock"
+    # the shim's registry directory order (shim/src/registry.c): explicit, XDG, then $HOME
+    assert config.runtime_dir({**env, "SEEDANCE_RUNTIME_DIR": "/x/y"}) == Path("/x/y")
+    assert config.runtime_dir({"HOME": "/h"}) == Path("/h/.local/state/seedance/run")
     # relative XDG values are invalid per the spec and fall back to $HOME
     env["XDG_STATE_HOME"] = "relative/dir"
     assert config.state_dir(env) == tmp_path / "h" / ".local" / "state" / "seedance"
