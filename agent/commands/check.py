@@ -104,9 +104,16 @@ def _explain(name: str, requester: str, as_json: bool) -> int:
 def format_explanation(res) -> str:
     lines = [f"{res.name} needed by {res.requester}"]
     if res.search_order:
-        lines.append("search order: " + " -> ".join(str(s) for s in res.search_order))
+        lines.append("search order (as ld.so searches):")
+        for index, step in enumerate(res.search_order, 1):
+            if isinstance(step, (list, tuple)) and len(step) == 2:
+                lines.append(f"  {index:2}. {step[0]:<16} {step[1]}")
+            else:
+                lines.append(f"  {index:2}. {step}")
+    if res.tried:
+        lines.append("candidates tried:")
     for attempt in res.tried:
-        lines.append("  tried " + _attempt(attempt))
+        lines.append("  " + _attempt(attempt))
     if res.path is not None:
         soname = f" (SONAME {res.soname})" if res.soname else " (no SONAME)"
         lines.append(f"=> {res.path} via {res.source}{soname}")
@@ -123,6 +130,8 @@ def _attempt(attempt) -> str:
         why = attempt.get("why") or attempt.get("reason") or attempt.get("result") or ""
         source = attempt.get("source")
         return " ".join(x for x in (path, f"[{source}]" if source else "", f"- {why}" if why else "") if x)
+    if isinstance(attempt, (list, tuple)) and len(attempt) == 2:
+        return f"{attempt[0]}: {attempt[1]}"
     if isinstance(attempt, (list, tuple)):
         return " - ".join(str(x) for x in attempt)
     if hasattr(attempt, "__dataclass_fields__"):

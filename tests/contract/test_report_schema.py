@@ -74,3 +74,9 @@ def test_check_json_on_a_config_validates(tmp_path):
     finding = doc["findings"][0]
     assert set(finding) == {"rule", "severity", "trap", "layer", "subject", "message", "evidence", "fix"}
     assert finding["subject"] == {"path": str(cfg)}
+
+
+def test_every_rule_is_documented_in_rules_readme():
+    readme = (ROOT / "rules" / "README.md").read_text()
+    missing = [rule.id for rule in load_rules().rules if f"`{rule.id}`" not in readme]
+    assert missing == []
