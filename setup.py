@@ -6,6 +6,17 @@ installed import names are all under ``seedance`` so nothing generic such as ``a
 """
 from setuptools import setup
 
+# The CUDA preload shim (issue 4): a plain C library built through setuptools' compiler
+# at install time (also for `pip install -e .`); shim/build_shim.py holds the details.
+import importlib.util as _ilu
+import os as _os
+from setuptools.command.build_ext import build_ext as _build_ext
+
+_spec = _ilu.spec_from_file_location(
+    "_seedance_build_shim", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "shim", "build_shim.py"))
+_build_shim = _ilu.module_from_spec(_spec)
+_spec.loader.exec_module(_build_shim)
+
 PACKAGE_DIRS = {
     "seedance": "agent",
     "seedance.commands": "agent/commands",
@@ -16,6 +27,9 @@ PACKAGE_DIRS = {
     "seedance.plugins": "agent/plugins",
     "seedance.service": "agent/service",
     "seedance.rules_data": "rules",
+    "seedance.probes": "probes",
+    "seedance.trace": "agent/trace",
+    "seedance.shim": "shim",
 }
 
 setup(
@@ -25,7 +39,10 @@ setup(
     python_requires=">=3.9",
     package_dir=PACKAGE_DIRS,
     packages=sorted(PACKAGE_DIRS),
-    package_data={"seedance": ["schemas/*.json"], "seedance.rules_data": ["*.yaml", "README.md"]},
+    package_data={"seedance": ["schemas/*.json"], "seedance.probes": ["*.bpf.c", "*.h"], "seedance.rules_data": ["*.yaml", "README.md"],
+                  "seedance.shim": ["include/*.h", "src/*.c", "src/*.h", "src/*.def"]},
+    ext_modules=[_build_shim.extension()],
+    cmdclass={"build_ext": _build_shim.make_build_ext(_build_ext)},
     install_requires=[
         "pyelftools>=0.31",
         "lief>=0.15",

@@ -1,0 +1,125 @@
+"""Build libseedance_shim.so: the LD_PRELOAD + LD_AUDIT library, a plain C shared object.
+
+Used two ways:
+  * from setup.py (install time, `pip install .` and `pip install -e .`): ``extension()``
+    gives setuptools a build_ext entry whose output is renamed to exactly
+    ``libseedance_shim.so`` by ``ShimBuildExt``; the compiler is setuptools' own.
+  * by hand, for tests and benches: ``python shim/build_shim.py OUT.so``.
+
+The shim is preloaded into arbitrary C programs, so it is built without libpython
+(setuptools never links extensions against it on Linux; ``check_no_libpython`` makes
+sure) and with hidden visibility: only the hooked names, la_* and seedance_* are
+exported.  cffi checks at build time that the header's cdef region parses, so the
+Python side can never disagree with the C layout.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HEADER = HERE / "include" / "seedance_shim.h"
+SOURCES = sorted(str(p.relative_to(HERE.parent)) for p in (HERE / "src").glob("*.c"))
+LIBRARY = "libseedance_shim.so"
+CFLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-std=gnu11", "-pthread"]
+LDFLAGS = ["-pthread", "-Wl,-z,now", "-Wl,--no-undefined", "-ldl"]
+
+
+def read_cdef(header: Path = HEADER) -> str:
+    """The region of seedance_shim.h between the cdef markers: what cffi parses."""
+    text = header.read_text()
+    match = re.search(r"/\* cdef-begin \*/(.*)/\* cdef-end \*/", text, re.S)
+    if not match:
+        raise RuntimeError(f"{header}: no cdef-begin/cdef-end region")
+    return match.group(1)
+
+
+def check_cdef() -> None:
+    """Parse the cdef region with cffi, when the build environment has cffi.
+
+    pip builds in an isolated environment that holds only setuptools, and adding a
+    build requirement would need the network; the runtime binding parses the same
+    region on first use, and tests/shim checks it, so nothing can ship unparsed."""
+    try:
+        from cffi import FFI
+    except ImportError:
+        return
+
+    ffi = FFI()
+    ffi.cdef(read_cdef())
+    ffi.sizeof("struct sd_slot")
+
+
+def package_version() -> str:
+    text = (HERE.parent / "agent" / "__init__.py").read_text()
+    return re.search(r'__version__\s*=\s*"([^"]+)"', text).group(1)
+
+
+def extension(version: str | None = None):
+    """The setuptools Extension for the shim (renamed on output by ShimBuildExt)."""
+    from setuptools import Extension
+
+    version = version or package_version()
+    return Extension(
+        "seedance.shim.libseedance_shim",
+        sources=[os.path.join("shim", os.path.relpath(s, "shim")) for s in SOURCES],
+        depends=[str(HEADER.relative_to(HERE.parent)), "shim/src/hooks.def", "shim/src/shim.h",
+                 "shim/src/cuda_abi.h"],
+        define_macros=[("SD_VERSION_STRING", f'"{version}"')],
+        extra_compile_args=CFLAGS,
+        extra_link_args=LDFLAGS,
+        py_limited_api=False,
+    )
+
+
+def make_build_ext(base):
+    """A build_ext subclass that names the shim libseedance_shim.so (no ABI tag)."""
+
+    class ShimBuildExt(base):
+        def get_ext_filename(self, fullname):
+            # called with the dotted name and with its last part alone (get_ext_fullpath)
+            parts = fullname.split(".")
+            if parts[-1] == "libseedance_shim":
+                return os.path.join(*parts[:-1], LIBRARY)
+            return super().get_ext_filename(fullname)
+
+        def get_export_symbols(self, ext):
+            # not a Python module: no PyInit_ symbol to export
+            if ext.name == "seedance.shim.libseedance_shim":
+                return []
+            return super().get_export_symbols(ext)
+
+        def build_extension(self, ext):
+            if ext.name == "seedance.shim.libseedance_shim":
+                check_cdef()
+            super().build_extension(ext)
+            if ext.name == "seedance.shim.libseedance_shim":
+                check_no_libpython(self.get_ext_fullpath(ext.name))
+
+    return ShimBuildExt
+
+
+def check_no_libpython(path: str) -> None:
+    out = subprocess.run(["nm", "-D", "--undefined-only", path], capture_output=True, text=True)
+    if out.returncode == 0 and re.search(r"\bPy\w+", out.stdout):
+        raise RuntimeError(f"{path} references libpython symbols; it must load into any C program")
+
+
+def build_standalone(out: str, cc: str | None = None, extra: list[str] | None = None) -> str:
+    """Compile the shim directly with the C compiler (tests, benches, the GPU script)."""
+    check_cdef()
+    cc = cc or os.environ.get("CC", "cc")
+    root = HERE.parent
+    cmd = [cc, *CFLAGS, "-shared", f'-DSD_VERSION_STRING="{package_version()}"',
+           *[str(root / s) for s in SOURCES], "-o", out, *LDFLAGS, *(extra or [])]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: build_shim.py OUT.so")
+    print(build_standalone(sys.argv[1]))

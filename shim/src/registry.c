@@ -1,0 +1,753 @@
+/*
+ * registry.c: the shared, versioned, mmap'd registry of instances, the per-allocation
+ * records, the per-process event ring and the quota groups.
+ *
+ * Concurrency rules (why the hot path never blocks):
+ *  - claiming a slot is one CAS on sd_slot.state (no lock: 200 processes starting at
+ *    once never queue behind each other);
+ *  - quota reservation is a CAS loop on sd_group.used[dev];
+ *  - records live in a per-slot open-addressing table, claimed by CAS on the key;
+ *  - events go into a per-slot ring: fetch_add reserves an index, seq publishes it;
+ *    writers never wait for the reader (a lapped reader counts drops).
+ *  - The one lock (a robust, process-shared mutex in the header) guards only rare
+ *    structural changes: creating a group and reclaiming a dead slot.  A holder that
+ *    is SIGKILLed makes the next locker see EOWNERDEAD and carry on; both changes are
+ *    published by a final store, so a half-done change is invisible.
+ *  - The file is created under flock (released by the kernel if the creator dies).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+struct sd_header *sd_registry;
+struct sd_slot *sd_slot;
+struct sd_group *sd_group;
+static size_t sd_registry_size;
+
+/* Used when no registry can be opened (read-only home, no runtime dir): the process
+ * still gets its remap and quota, only nobody else can see them. */
+static struct sd_slot sd_local_slot;
+static struct sd_group sd_local_group;
+
+#define SD_HEADER_BYTES ((sizeof(struct sd_header) + 4095) & ~(size_t)4095)
+#define SD_GROUPS_BYTES ((sizeof(struct sd_group) * SD_MAX_GROUPS + 4095) & ~(size_t)4095)
+#define SD_SLOT_BYTES ((sizeof(struct sd_slot) + 4095) & ~(size_t)4095)
+
+static inline struct sd_group *group_at(void *base, int i)
+{
+    return (struct sd_group *)((char *)base + SD_HEADER_BYTES) + i;
+}
+
+static inline struct sd_slot *slot_at(void *base, int i)
+{
+    return (struct sd_slot *)((char *)base + SD_HEADER_BYTES + SD_GROUPS_BYTES + (size_t)i * SD_SLOT_BYTES);
+}
+
+SD_EXPORT size_t seedance_registry_size(void)
+{
+    return SD_HEADER_BYTES + SD_GROUPS_BYTES + SD_SLOT_BYTES * SD_MAX_SLOTS;
+}
+
+SD_EXPORT struct sd_slot *seedance_registry_slot_ptr(void *base, int i)
+{
+    return (base && i >= 0 && i < SD_MAX_SLOTS) ? slot_at(base, i) : NULL;
+}
+
+SD_EXPORT struct sd_group *seedance_registry_group_ptr(void *base, int i)
+{
+    return (base && i >= 0 && i < SD_MAX_GROUPS) ? group_at(base, i) : NULL;
+}
+
+uint64_t sd_now_ns(int clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* size with K/M/G/T suffix (binary); ok=0 on garbage */
+uint64_t sd_parse_size(const char *s, int *ok)
+{
+    char *end;
+    *ok = 0;
+    if (!s || !*s)
+        return 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s)
+        return 0;
+    uint64_t mult = 1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1ull << 10; end++; break;
+    case 'm': case 'M': mult = 1ull << 20; end++; break;
+    case 'g': case 'G': mult = 1ull << 30; end++; break;
+    case 't': case 'T': mult = 1ull << 40; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'I')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end != '\0')
+        return 0;
+    *ok = 1;
+    return (uint64_t)v * mult;
+}
+
+/* /proc/PID/stat field 22 (starttime): with the pid, an identity that survives pid reuse */
+SD_EXPORT uint64_t seedance_proc_start_time(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    p += 2; /* field 3, state */
+    for (int field = 3; field < 22 && *p; field++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return 0;
+        p++;
+    }
+    return strtoull(p, NULL, 10);
+}
+
+static int ensure_dir(const char *path)
+{
+    struct stat st;
+    if (mkdir(path, 0700) != 0 && errno != EEXIST)
+        return -errno;
+    if (lstat(path, &st) != 0)
+        return -errno;
+    /* a directory someone else controls could be swapped under us */
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+        return -EPERM;
+    return 0;
+}
+
+SD_EXPORT int seedance_registry_path(char *buf, size_t len)
+{
+    const char *dir = getenv("SEEDANCE_RUNTIME_DIR");
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    const char *home = getenv("HOME");
+    char d[512];
+    int rc;
+    if (dir && *dir) {
+        snprintf(d, sizeof d, "%s", dir);
+        if ((rc = ensure_dir(d)) < 0)
+            return rc;
+    } else if (xdg && *xdg) {
+        snprintf(d, sizeof d, "%s/seedance", xdg);
+        if ((rc = ensure_dir(d)) < 0)
+            return rc;
+    } else if (home && *home) {
+        /* ~/.local/state/seedance/run; the parents may legitimately be 0755 */
+        const char *parts[] = {"/.local", "/.local/state", "/.local/state/seedance"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(d, sizeof d, "%s%s", home, parts[i]);
+            if (mkdir(d, 0700) != 0 && errno != EEXIST)
+                return -errno;
+        }
+        snprintf(d, sizeof d, "%s/.local/state/seedance/run", home);
+        if ((rc = ensure_dir(d)) < 0)
+            return rc;
+    } else {
+        return -ENOENT;
+    }
+    if ((size_t)snprintf(buf, len, "%s/registry.v%d", d, SD_ABI_VERSION) >= len)
+        return -ENAMETOOLONG;
+    return 0;
+}
+
+static void init_header(struct sd_header *h)
+{
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init((pthread_mutex_t *)h->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+    h->abi_version = SD_ABI_VERSION;
+    h->header_size = sizeof(struct sd_header);
+    h->slot_size = sizeof(struct sd_slot);
+    h->group_size = sizeof(struct sd_group);
+    h->max_slots = SD_MAX_SLOTS;
+    h->max_groups = SD_MAX_GROUPS;
+    h->napis = SD_HOOK_COUNT;
+    h->created_ns = sd_now_ns(CLOCK_REALTIME);
+    for (int i = 0; i < SD_HOOK_COUNT; i++)
+        snprintf(h->api_names[i], SD_API_NAME_LEN, "%s", sd_hooks[i].name);
+    __atomic_store_n(&h->magic, (uint64_t)SD_MAGIC, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->ready, 1, __ATOMIC_RELEASE);
+}
+
+static int header_compatible(const struct sd_header *h)
+{
+    return h->magic == (uint64_t)SD_MAGIC && h->abi_version == SD_ABI_VERSION &&
+           h->slot_size == sizeof(struct sd_slot) && h->group_size == sizeof(struct sd_group) &&
+           h->max_slots == SD_MAX_SLOTS && h->max_groups == SD_MAX_GROUPS;
+}
+
+static struct sd_header *map_registry(void)
+{
+    char path[600];
+    int rc = seedance_registry_path(path, sizeof path);
+    if (rc < 0) {
+        sd_note("no registry directory (%s): process-local accounting", strerror(-rc));
+        return NULL;
+    }
+    size_t size = seedance_registry_size();
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        sd_note("cannot open %s (%s): process-local accounting", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077)) {
+        sd_note("%s is not private to this user: process-local accounting", path);
+        close(fd);
+        return NULL;
+    }
+    if ((size_t)st.st_size < size && ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        return NULL;
+    }
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    struct sd_header *h = base;
+    if (!__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE)) {
+        /* first user ever: create under flock (the kernel drops it if we die) */
+        if (flock(fd, LOCK_EX) == 0) {
+            if (!__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE))
+                init_header(h);
+            flock(fd, LOCK_UN);
+        }
+    }
+    close(fd);
+    if (!header_compatible(h)) {
+        sd_note("%s has another layout (ABI %u): process-local accounting", path, h->abi_version);
+        munmap(base, size);
+        return NULL;
+    }
+    sd_registry_size = size;
+    return h;
+}
+
+static void lock_header(struct sd_header *h)
+{
+    int rc = pthread_mutex_lock((pthread_mutex_t *)h->lock);
+    if (rc == EOWNERDEAD) /* the holder died: every change it made is published last, or not at all */
+        pthread_mutex_consistent((pthread_mutex_t *)h->lock);
+}
+
+static void unlock_header(struct sd_header *h)
+{
+    pthread_mutex_unlock((pthread_mutex_t *)h->lock);
+}
+
+void sd_registry_lock(void)
+{
+    if (sd_registry)
+        lock_header(sd_registry);
+}
+
+void sd_registry_unlock(void)
+{
+    if (sd_registry)
+        unlock_header(sd_registry);
+}
+
+static int pid_alive(int pid, uint64_t start)
+{
+    if (pid <= 0)
+        return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    uint64_t now = seedance_proc_start_time(pid);
+    return now == 0 || now == start; /* unreadable /proc (hidepid): assume alive */
+}
+
+SD_EXPORT int seedance_registry_slot_dead(void *base, int i)
+{
+    if (i < 0 || i >= SD_MAX_SLOTS)
+        return -EINVAL;
+    struct sd_slot *s = slot_at(base, i);
+    uint32_t state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+    if (state == SD_SLOT_FREE)
+        return 0;
+    if (state == SD_SLOT_EXITED)
+        return 1;
+    return !pid_alive(s->pid, s->start_time);
+}
+
+/* Find or create the quota group `key`.  Returns its index. */
+static int group_open_locked(void *base, uint64_t key, const uint64_t *limits, int ndev, int owner)
+{
+    int free_index = -1;
+    for (int i = 0; i < SD_MAX_GROUPS; i++) {
+        struct sd_group *g = group_at(base, i);
+        uint64_t k = __atomic_load_n(&g->key, __ATOMIC_ACQUIRE);
+        if (k == key)
+            return i;
+        if (k == 0 && free_index < 0)
+            free_index = i;
+    }
+    if (free_index < 0)
+        return -ENOSPC;
+    struct sd_group *g = group_at(base, free_index);
+    memset((char *)g + sizeof g->key, 0, sizeof *g - sizeof g->key);
+    for (int d = 0; d < ndev && d < SD_MAX_DEVICES; d++)
+        g->limit[d] = limits[d];
+    g->owner_pid = owner;
+    g->owner_start = seedance_proc_start_time(owner);
+    __atomic_store_n(&g->key, key, __ATOMIC_RELEASE);
+    return free_index;
+}
+
+static int group_find(void *base, uint64_t key)
+{
+    for (int i = 0; i < SD_MAX_GROUPS; i++)
+        if (__atomic_load_n(&group_at(base, i)->key, __ATOMIC_ACQUIRE) == key)
+            return i;
+    return -1;
+}
+
+SD_EXPORT int seedance_group_open(void *base, uint64_t key, const uint64_t *limits, int ndev)
+{
+    if (!base || key == 0)
+        return -EINVAL;
+    int i = group_find(base, key);
+    if (i >= 0)
+        return i;
+    lock_header(base);
+    i = group_open_locked(base, key, limits, ndev, (int)getpid());
+    unlock_header(base);
+    return i;
+}
+
+SD_EXPORT int seedance_group_release(void *base, int i)
+{
+    if (!base || i < 0 || i >= SD_MAX_GROUPS)
+        return -EINVAL;
+    struct sd_group *g = group_at(base, i);
+    lock_header(base);
+    int busy = __atomic_load_n(&g->members, __ATOMIC_ACQUIRE) != 0;
+    if (!busy)
+        __atomic_store_n(&g->key, 0, __ATOMIC_RELEASE);
+    unlock_header(base);
+    return busy ? -EBUSY : 0;
+}
+
+/* Give a slot back.  A slot whose process died without reaching its destructor
+ * (SIGKILL) still counts its outstanding bytes in its group: the driver freed them
+ * when the process died, so they go back to the quota here. */
+static int reclaim_locked(void *base, int i)
+{
+    struct sd_slot *s = slot_at(base, i);
+    uint32_t state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+    if (state == SD_SLOT_FREE)
+        return 0;
+    if (state != SD_SLOT_EXITED && pid_alive(s->pid, s->start_time))
+        return -EBUSY;
+    if (s->group >= 0 && s->group < SD_MAX_GROUPS) {
+        struct sd_group *g = group_at(base, s->group);
+        if (state != SD_SLOT_EXITED) {
+            for (int d = 0; d < SD_MAX_DEVICES; d++)
+                if (s->cur[d])
+                    __atomic_fetch_sub(&g->used[d], s->cur[d], __ATOMIC_ACQ_REL);
+            if (__atomic_load_n(&g->members, __ATOMIC_ACQUIRE))
+                __atomic_fetch_sub(&g->members, 1, __ATOMIC_ACQ_REL);
+        }
+    }
+    memset((char *)s + sizeof s->state, 0, sizeof *s - sizeof s->state);
+    __atomic_store_n(&s->state, SD_SLOT_FREE, __ATOMIC_RELEASE);
+    return 0;
+}
+
+SD_EXPORT int seedance_registry_reclaim(void *base, int i)
+{
+    if (!base || i < 0 || i >= SD_MAX_SLOTS)
+        return -EINVAL;
+    lock_header(base);
+    int rc = reclaim_locked(base, i);
+    unlock_header(base);
+    return rc;
+}
+
+static void read_exe(char *out, size_t len)
+{
+    ssize_t n = readlink("/proc/self/exe", out, len - 1);
+    out[n > 0 ? n : 0] = '\0';
+}
+
+static int claim_slot(struct sd_header *h, int pid, uint64_t start)
+{
+    /* the LD_AUDIT copy and the LD_PRELOAD copy of one process share its slot */
+    for (int i = 0; i < SD_MAX_SLOTS; i++) {
+        struct sd_slot *s = slot_at(h, i);
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SD_SLOT_LIVE && s->pid == pid &&
+            s->start_time == start)
+            return i;
+    }
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int first = (int)((unsigned)pid % SD_MAX_SLOTS);
+        for (int k = 0; k < SD_MAX_SLOTS; k++) {
+            int i = (first + k) % SD_MAX_SLOTS;
+            struct sd_slot *s = slot_at(h, i);
+            uint32_t expected = SD_SLOT_FREE;
+            if (__atomic_compare_exchange_n(&s->state, &expected, SD_SLOT_CLAIMING, 0,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                s->pid = pid;
+                s->start_time = start;
+                s->ppid = (int)getppid();
+                s->group = -1;
+                s->nvisible = -1;
+                s->started_ns = sd_now_ns(CLOCK_REALTIME);
+                read_exe(s->exe, sizeof s->exe);
+                return i;
+            }
+        }
+        /* full: reclaim the slots of dead processes (rare; under the lock) */
+        lock_header(h);
+        for (int i = 0; i < SD_MAX_SLOTS; i++)
+            if (seedance_registry_slot_dead(h, i) == 1)
+                reclaim_locked(h, i);
+        unlock_header(h);
+    }
+    return -1;
+}
+
+static int parse_limits(const char *spec, uint64_t *limits)
+{
+    /* "8G" (every device) or "8G,1:4G" or "0:2G,1:4G": physical device ordinals */
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", spec);
+    int any = 0;
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(item, ':');
+        int ok;
+        if (colon) {
+            *colon = '\0';
+            char *end;
+            long dev = strtol(item, &end, 10);
+            uint64_t v = sd_parse_size(colon + 1, &ok);
+            if (*end || dev < 0 || dev >= SD_MAX_DEVICES || !ok)
+                return -1;
+            limits[dev] = v;
+        } else {
+            uint64_t v = sd_parse_size(item, &ok);
+            if (!ok)
+                return -1;
+            for (int d = 0; d < SD_MAX_DEVICES; d++)
+                limits[d] = v;
+        }
+        any = 1;
+    }
+    return any ? 0 : -1;
+}
+
+static void attach_group(void *base, int pid, uint64_t start)
+{
+    const char *key_s = getenv("SEEDANCE_GROUP");
+    const char *limit_s = getenv("SEEDANCE_MEM_LIMIT");
+    uint64_t limits[SD_MAX_DEVICES] = {0};
+    int have_limits = limit_s && *limit_s;
+    if (have_limits && parse_limits(limit_s, limits) != 0) {
+        sd_note("SEEDANCE_MEM_LIMIT=%s is not understood: no quota", limit_s);
+        have_limits = 0;
+    }
+    uint64_t key = key_s && *key_s ? strtoull(key_s, NULL, 16) : 0;
+    if (!key && !have_limits)
+        return;
+    if (!key)
+        key = ((uint64_t)pid << 32) ^ start ^ 0x5eedull;
+    if (!base) { /* no registry: the quota still holds for this process */
+        memcpy(sd_local_group.limit, limits, sizeof limits);
+        sd_local_group.key = key;
+        sd_group = &sd_local_group;
+        return;
+    }
+    int g = group_find(base, key);
+    if (g < 0) {
+        lock_header(base);
+        const char *hold = getenv("SEEDANCE_TEST_HOLD_LOCK_MS"); /* tests: die holding the lock */
+        if (hold && *hold)
+            usleep((useconds_t)atoi(hold) * 1000);
+        const char *owner_s = getenv("SEEDANCE_GROUP_OWNER");
+        g = group_open_locked(base, key, limits, SD_MAX_DEVICES, owner_s ? atoi(owner_s) : pid);
+        unlock_header(base);
+    }
+    if (g < 0) {
+        sd_note("quota group table full: process-local quota");
+        memcpy(sd_local_group.limit, limits, sizeof limits);
+        sd_group = &sd_local_group;
+        return;
+    }
+    sd_group = group_at(base, g);
+    __atomic_fetch_add(&sd_group->members, 1, __ATOMIC_ACQ_REL);
+    if (sd_slot)
+        sd_slot->group = g;
+}
+
+int sd_registry_attach(void)
+{
+    int pid = (int)getpid();
+    uint64_t start = seedance_proc_start_time(pid);
+    if (!sd_registry)
+        sd_registry = map_registry();
+    int index = -1;
+    if (sd_registry)
+        index = claim_slot(sd_registry, pid, start);
+    if (index >= 0) {
+        struct sd_slot *s = slot_at(sd_registry, index);
+        int joined = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SD_SLOT_LIVE;
+        sd_slot = s;
+        if (sd_is_audit)
+            __atomic_fetch_or(&s->flags, 1u, __ATOMIC_RELAXED);
+        if (sd_events_on)
+            __atomic_fetch_or(&s->flags, 2u, __ATOMIC_RELAXED);
+        if (joined) {
+            if (s->group >= 0)
+                sd_group = group_at(sd_registry, s->group);
+            else if (!sd_is_audit)
+                attach_group(sd_registry, pid, start);
+            return 0;
+        }
+        if (!sd_is_audit)
+            attach_group(sd_registry, pid, start);
+        __atomic_store_n(&s->state, SD_SLOT_LIVE, __ATOMIC_RELEASE);
+        return 0;
+    }
+    if (sd_registry)
+        sd_note("registry full: process-local accounting");
+    memset(&sd_local_slot, 0, sizeof sd_local_slot);
+    sd_local_slot.pid = pid;
+    sd_local_slot.start_time = start;
+    sd_local_slot.nvisible = -1;
+    sd_local_slot.group = -1;
+    sd_local_slot.state = SD_SLOT_LIVE;
+    sd_slot = &sd_local_slot;
+    attach_group(NULL, pid, start);
+    return -1;
+}
+
+void sd_registry_detach_at_exit(void)
+{
+    struct sd_slot *s = sd_slot;
+    if (!s || s == &sd_local_slot)
+        return;
+    sd_event(SD_EV_EXIT, -1, -1, 0, 0, 0, 0, "exit");
+    if (sd_group && sd_group != &sd_local_group) {
+        /* the driver frees what is left when the process goes: give it back to the quota */
+        for (int d = 0; d < SD_MAX_DEVICES; d++) {
+            uint64_t c = __atomic_load_n(&s->cur[d], __ATOMIC_ACQUIRE);
+            if (c)
+                __atomic_fetch_sub(&sd_group->used[d], c, __ATOMIC_ACQ_REL);
+        }
+        __atomic_fetch_sub(&sd_group->members, 1, __ATOMIC_ACQ_REL);
+    }
+    s->exited_ns = sd_now_ns(CLOCK_REALTIME);
+    __atomic_store_n(&s->state, SD_SLOT_EXITED, __ATOMIC_RELEASE);
+}
+
+/* ---- events ------------------------------------------------------------------ */
+
+static void copy_text(char *dst, const char *src)
+{
+    size_t i = 0;
+    if (src)
+        for (; src[i] && i < SD_EVENT_TEXT - 1; i++)
+            dst[i] = src[i];
+    dst[i] = '\0';
+}
+
+static struct sd_event *event_begin(void)
+{
+    struct sd_slot *s = sd_slot;
+    if (!s)
+        return NULL;
+    uint64_t h = __atomic_fetch_add(&s->ring_head, 1, __ATOMIC_RELAXED);
+    struct sd_event *e = &s->ring[h % SD_RING_EVENTS];
+    __atomic_store_n(&e->seq, 0, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    e->time_ns = h + 1; /* stash the sequence until published */
+    return e;
+}
+
+static void event_publish(struct sd_event *e)
+{
+    uint64_t seq = e->time_ns;
+    e->time_ns = sd_now_ns(CLOCK_MONOTONIC);
+    __atomic_store_n(&e->seq, seq, __ATOMIC_RELEASE);
+}
+
+void sd_event(uint32_t kind, int api, int device, int result, uint64_t ptr, uint64_t bytes,
+              uint32_t lib, const char *text)
+{
+    struct sd_event *e = event_begin();
+    if (!e)
+        return;
+    e->kind = kind;
+    e->api = (uint32_t)api;
+    e->device = device;
+    e->result = result;
+    e->ptr = ptr;
+    e->bytes = bytes;
+    e->lib = lib;
+    e->obj = e->obj2 = e->flag = 0;
+    copy_text(e->text, text);
+    event_publish(e);
+}
+
+void sd_audit_event(uint32_t kind, uint32_t obj, uint32_t obj2, uint32_t flag, const char *text)
+{
+    struct sd_event *e = event_begin();
+    if (!e)
+        return;
+    e->kind = kind;
+    e->api = 0;
+    e->device = -1;
+    e->result = 0;
+    e->ptr = e->bytes = 0;
+    e->lib = 0;
+    e->obj = obj;
+    e->obj2 = obj2;
+    e->flag = flag;
+    copy_text(e->text, text);
+    event_publish(e);
+}
+
+/* ---- calling library --------------------------------------------------------- */
+
+/* return address -> library index.  A direct-mapped cache of packed (address, index)
+ * words: one relaxed load on a hit, dladdr only the first time a call site is seen. */
+static uint64_t sd_lib_cache[256];
+
+uint32_t sd_lib_index(void *caller)
+{
+    uint64_t addr = (uint64_t)(uintptr_t)caller & 0xFFFFFFFFFFFFull;
+    unsigned bucket = (unsigned)((addr >> 4) ^ (addr >> 12)) & 255u;
+    uint64_t e = __atomic_load_n(&sd_lib_cache[bucket], __ATOMIC_RELAXED);
+    if (SD_LIKELY((e >> 16) == addr && e))
+        return (uint32_t)(e & 0xFFFF);
+    struct sd_slot *s = sd_slot;
+    if (!s)
+        return 0;
+    Dl_info info;
+    char exe[SD_LIB_PATH_LEN];
+    const char *name = "?";
+    if (dladdr(caller, &info) && info.dli_fname && info.dli_fname[0]) {
+        name = info.dli_fname;
+        if (!strchr(name, '/')) { /* the main program shows up as argv[0] */
+            read_exe(exe, sizeof exe);
+            name = exe;
+        }
+    }
+    uint32_t n = __atomic_load_n(&s->nlibs, __ATOMIC_ACQUIRE);
+    uint32_t index = SD_MAX_LIBS - 1;
+    int found = 0;
+    for (uint32_t i = 0; i < n && i < SD_MAX_LIBS; i++)
+        if (__atomic_load_n(&s->libs[i].ready, __ATOMIC_ACQUIRE) &&
+            strncmp(s->libs[i].path, name, SD_LIB_PATH_LEN - 1) == 0) {
+            index = i;
+            found = 1;
+            break;
+        }
+    if (!found) {
+        uint32_t i = __atomic_fetch_add(&s->nlibs, 1, __ATOMIC_ACQ_REL);
+        if (i < SD_MAX_LIBS) {
+            snprintf(s->libs[i].path, SD_LIB_PATH_LEN, "%s", name);
+            __atomic_store_n(&s->libs[i].ready, 1, __ATOMIC_RELEASE);
+            index = i;
+        }
+    }
+    __atomic_store_n(&sd_lib_cache[bucket], (addr << 16) | index, __ATOMIC_RELAXED);
+    return index;
+}
+
+/* ---- allocation records ------------------------------------------------------ */
+
+#define SD_MAX_PROBE 64
+
+static inline uint32_t record_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (uint32_t)k & (SD_MAX_RECORDS - 1);
+}
+
+int sd_record_insert(uint64_t key, uint64_t size, int device, int api, uint32_t lib)
+{
+    struct sd_slot *s = sd_slot;
+    if (!s)
+        return 0;
+    uint32_t i = record_hash(key);
+    for (int probe = 0; probe < SD_MAX_PROBE; probe++, i = (i + 1) & (SD_MAX_RECORDS - 1)) {
+        struct sd_record *r = &s->records[i];
+        uint64_t cur = __atomic_load_n(&r->ptr, __ATOMIC_RELAXED);
+        while (cur == 0 || cur == SD_RECORD_TOMBSTONE) {
+            if (__atomic_compare_exchange_n(&r->ptr, &cur, key, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                r->size = size;
+                r->device = device;
+                r->api = (uint16_t)api;
+                r->lib = (uint16_t)lib;
+                return 1;
+            }
+        }
+    }
+    __atomic_fetch_add(&s->untracked, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+int sd_record_find(uint64_t key)
+{
+    struct sd_slot *s = sd_slot;
+    if (!s)
+        return -1;
+    uint32_t i = record_hash(key);
+    for (int probe = 0; probe < SD_MAX_PROBE; probe++, i = (i + 1) & (SD_MAX_RECORDS - 1)) {
+        uint64_t cur = __atomic_load_n(&s->records[i].ptr, __ATOMIC_ACQUIRE);
+        if (cur == key)
+            return (int)i;
+        if (cur == 0)
+            return -1;
+    }
+    return -1;
+}
+
+int sd_record_take(uint64_t key, uint64_t *size, int *device)
+{
+    int i = sd_record_find(key);
+    if (i < 0)
+        return 0;
+    struct sd_record *r = &sd_slot->records[i];
+    *size = r->size;
+    *device = r->device;
+    uint64_t expected = key;
+    return __atomic_compare_exchange_n(&r->ptr, &expected, SD_RECORD_TOMBSTONE, 0,
+                                       __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}

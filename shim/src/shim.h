@@ -1,0 +1,106 @@
+/* shim.h: what the shim's C files share.  Not installed; Python never sees it. */
+#ifndef SD_SHIM_H
+#define SD_SHIM_H
+
+#include "cuda_abi.h"
+#include "../include/seedance_shim.h"
+
+#define SD_EXPORT __attribute__((visibility("default")))
+#define SD_HIDDEN __attribute__((visibility("hidden")))
+#define SD_LIKELY(x) __builtin_expect(!!(x), 1)
+#define SD_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define SD_UNPAREN(...) __VA_ARGS__
+
+#define SD_HF_PTSZ 1
+#define SD_HF_RUNTIME 2
+
+#ifndef SD_VERSION_STRING
+#define SD_VERSION_STRING "0.1.0"
+#endif
+
+enum sd_hook_id {
+#define HOOK(ret, name, proc, since, flags, noreal, params, args) SD_HOOK_##name,
+#define DRIVER(name, proc, since) SD_HOOK_##name,
+#include "hooks.def"
+    SD_HOOK_COUNT
+};
+_Static_assert(SD_HOOK_COUNT <= SD_MAX_APIS, "raise SD_MAX_APIS (and SD_ABI_VERSION)");
+
+/* The exported wrappers (hooks.c); with SD_CHECK_WITH_CUDA_H these redeclarations are
+ * checked against cuda.h's own prototypes. */
+#define HOOK(ret, name, proc, since, flags, noreal, params, args) SD_EXPORT ret name params;
+#include "hooks.def"
+
+/* One implementation per hook, in the file of its area; `caller` is the return address
+ * of the application's call, for the calling-library attribution. */
+#define HOOK(ret, name, proc, since, flags, noreal, params, args) \
+    SD_HIDDEN ret sd_impl_##name(void *caller, SD_UNPAREN params);
+#include "hooks.def"
+
+struct sd_hook_info {
+    const char *name;      /* exported symbol */
+    const char *proc;      /* cuGetProcAddress symbol */
+    int since;             /* first cudaVersion that gets this entry point */
+    int flags;
+    int wrapped;           /* 0 for DRIVER entries */
+    void *wrapper;
+};
+SD_HIDDEN extern const struct sd_hook_info sd_hooks[SD_HOOK_COUNT];
+
+/* mode: the whole fast-path test is one load of sd_mode */
+enum { SD_MODE_UNINIT = 0, SD_MODE_ACTIVE = 1, SD_MODE_PASSTHROUGH = 2 };
+SD_HIDDEN extern int sd_mode;
+SD_HIDDEN extern int sd_events_on;   /* alloc/free events only when asked (--events) */
+SD_HIDDEN extern int sd_is_audit;    /* this copy was loaded by LD_AUDIT */
+SD_HIDDEN extern struct sd_slot *sd_slot;
+SD_HIDDEN extern struct sd_group *sd_group;
+SD_HIDDEN extern struct sd_header *sd_registry;
+SD_HIDDEN void sd_init(void);
+SD_HIDDEN void sd_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* real entry points: resolved lazily, then one relaxed load */
+SD_HIDDEN extern void *sd_real_fn[SD_HOOK_COUNT];
+SD_HIDDEN void *sd_resolve_real(int hook);
+static inline void *sd_real(int hook)
+{
+    void *fn = __atomic_load_n(&sd_real_fn[hook], __ATOMIC_ACQUIRE);
+    return SD_LIKELY(fn != NULL) ? fn : sd_resolve_real(hook);
+}
+SD_HIDDEN void sd_set_real(int hook, void *fn);
+#define SD_REAL(name) ((__typeof__(&name))sd_real(SD_HOOK_##name))
+SD_HIDDEN int sd_hook_by_name(const char *name);
+
+/* dlsym.c */
+SD_HIDDEN void *sd_real_dlsym(void *handle, const char *name);
+SD_HIDDEN void *sd_driver_handle(void);
+
+/* registry.c */
+SD_HIDDEN int sd_registry_attach(void);
+SD_HIDDEN void sd_registry_detach_at_exit(void);
+SD_HIDDEN void sd_event(uint32_t kind, int api, int device, int result, uint64_t ptr,
+                        uint64_t bytes, uint32_t lib, const char *text);
+SD_HIDDEN void sd_audit_event(uint32_t kind, uint32_t obj, uint32_t obj2, uint32_t flag,
+                              const char *text);
+SD_HIDDEN uint32_t sd_lib_index(void *caller);
+SD_HIDDEN int sd_record_insert(uint64_t key, uint64_t size, int device, int api, uint32_t lib);
+SD_HIDDEN int sd_record_take(uint64_t key, uint64_t *size, int *device);
+SD_HIDDEN int sd_record_find(uint64_t key);
+SD_HIDDEN uint64_t sd_now_ns(int clock);
+SD_HIDDEN uint64_t sd_parse_size(const char *s, int *ok);
+SD_HIDDEN void sd_registry_lock(void);
+SD_HIDDEN void sd_registry_unlock(void);
+
+/* device.c */
+SD_HIDDEN void sd_device_resolve(void);
+SD_HIDDEN int sd_device_visible(CUdevice dev);
+SD_HIDDEN int sd_logical_to_physical(int ordinal);
+SD_HIDDEN int sd_current_device(void);
+
+/* accounting helpers shared by memory.c and device.c */
+static inline void sd_count_call(int api)
+{
+    if (sd_slot)
+        __atomic_fetch_add(&sd_slot->api_calls[api], 1, __ATOMIC_RELAXED);
+}
+
+#endif
