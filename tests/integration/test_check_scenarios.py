@@ -267,3 +267,33 @@ def test_unresolved_needed_and_explain(tmp_path):
     proc = run_cli("check", "--explain", "libgone.so", tmp_path / "app")
     assert proc.returncode == 1
     assert f"{tmp_path}/sub/libgone.so" in proc.stdout and "not found" in proc.stdout
+
+
+# --- C++ ABI of an extension against the real torch wheel --------------------------------------
+
+def _torch_lib() -> Path | None:
+    from seedance.collect.torch_ext import find_torch
+    torch = find_torch()
+    lib = Path(torch.path) / "lib" if torch else None
+    return lib if lib and (lib / "libc10.so").exists() else None
+
+
+@needs_gcc
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+def test_extension_with_old_abi_against_torch(tmp_path):
+    torch_lib = _torch_lib()
+    if torch_lib is None:
+        pytest.skip("torch wheel not installed")
+    src = tmp_path / "ext.cpp"
+    src.write_text('#include <string>\nnamespace c10 { void set_name(const std::string&); }\n'
+                   'void call() { c10::set_name("x"); }\n')
+    for name, flag in (("old_abi.so", "0"), ("new_abi.so", "1")):
+        subprocess.run(["g++", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={flag}", str(src), "-o",
+                        str(tmp_path / name), f"-L{torch_lib}", "-Wl,--no-as-needed", "-lc10",
+                        f"-Wl,-rpath,{torch_lib}"], check=True, capture_output=True)
+    code, report = check(tmp_path)
+    assert rules(report) == ["cxx-abi-mismatch"]
+    finding = report["findings"][0]
+    assert finding["subject"] == {"path": str(tmp_path / "old_abi.so")}
+    assert (finding["evidence"]["ext_abi"], finding["evidence"]["torch_abi"]) == ("pre-cxx11", "cxx11")
+    assert code == 1

@@ -203,3 +203,20 @@ def test_table_shows_fix_and_summary(tmp_path):
     assert lines[1].startswith("ERROR L7") and "env-leak" in lines[1]
     assert lines[2].strip() == f"fix: seedance fix env-leak --scope {cfg} --inject LD_PRELOAD"
     assert lines[-1].startswith("seedance check: 1 finding (1 error)")
+
+
+def test_host_scope_finds_stale_torch_extension(tmp_path):
+    from seedance.collect.torch_ext import find_torch
+    if find_torch() is None or shutil.which("gcc") is None:
+        pytest.skip("needs the torch wheel and gcc")
+    build = tmp_path / "ext" / "kernels"
+    build.mkdir(parents=True)
+    (build / "build.ninja").write_text("cflags = -isystem /gone/site-packages/torch/include -fPIC\n")
+    src = tmp_path / "k.c"
+    src.write_text('extern void f(void) __asm__("_ZN3c1017gone_in_new_torchEv");\nvoid g(void) { f(); }\n')
+    subprocess.run(["gcc", "-shared", "-fPIC", str(src), "-o", str(build / "kernels.so")], check=True)
+    proc = run_cli("check", "--json", env={"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")})
+    report = json.loads(proc.stdout)
+    stale = [f for f in report["findings"] if f["rule"] == "torch-ext-stale"]
+    assert [f["subject"]["path"] for f in stale] == [str(build)]
+    assert "gone_in_new_torch" in " ".join(stale[0]["evidence"]["reasons"])
