@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 
@@ -121,11 +122,15 @@ def is_elf(path: str) -> bool:
 def read_elf(path: str, symbols: bool = False, fatbin: bool = False) -> ElfInfo:
     """Parse ``path``; ELFError for anything that is not a well-formed ELF object."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (a hang, not an answer).
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise ELFError(f"{path}: {(exc.strerror or 'cannot open').lower()}") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ELFError(f"{path}: not a regular file")
+        size = st.st_size
         if size < 16:
             raise ELFError(f"{path}: not an ELF file (too short)")
         try:

@@ -216,6 +216,8 @@ class Resolver:
             return "skip", "no such file or not readable"
         if _stat.S_ISDIR(st.st_mode):
             return "fatal", "is a directory (ld.so: cannot read file data)"
+        if not _stat.S_ISREG(st.st_mode):
+            return "fatal", "not a regular file"
         # open_verify() looks at e_ident and e_machine before anything else: a file of the
         # other class or machine is skipped even when the rest of it would not parse.
         header = self._header(path)
