@@ -1,6 +1,89 @@
-"""seedance bench: benchmark a plugin (latency/throughput)."""
-from ._notyet import register
+"""seedance bench: latency/throughput of a plugin through seedance.batching (alias seedance-bench)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  seedance bench --plugin audio-encoder --profile latency-throughput --warmup 3
+  seedance-bench --plugin=audio-encoder --profile=latency-throughput --warmup=3 --json
+  seedance bench --plugin ./build/legacy-audio-encoder --batch-policy adaptive --plot latency.png
+
+3 warm-up rounds, then 5 measured rounds, at a low and a high request rate.  Passes when
+P99 std/mean over the measured rounds < 8% and throughput drift (round 5 vs 1) < 2.5%;
+exit 1 otherwise.  The result of an installed plugin is kept beside it, where
+`seedance plugin verify` uses it as the batch-static trap's measured metric.
+"""
 
 
-def configure_parser(sub):
-    register(sub, "bench", "Benchmark a plugin (latency/throughput)", "the plugins issue")
+def configure_parser(sub) -> None:
+    parser = sub.add_parser("bench", help="benchmark a plugin (latency/throughput)",
+                            description="Benchmark a plugin's bench callable through seedance.batching.",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plugin", required=True, metavar="NAME",
+                        help="installed plugin (NAME or NAME-vVERSION) or a plugin directory")
+    parser.add_argument("--profile", default="latency-throughput", choices=("latency-throughput",))
+    parser.add_argument("--warmup", type=int, default=3, help="warm-up rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
+    parser.add_argument("--batch-policy", choices=("adaptive", "static"),
+                        help="override the manifest's batch_policy for this run")
+    parser.add_argument("--low-rate", type=float, default=100.0, metavar="RPS", help="low request rate (default 100/s)")
+    parser.add_argument("--high-rate", type=float, metavar="RPS",
+                        help="high request rate (default: a quarter of the measured full-batch capacity)")
+    parser.add_argument("--low-requests", type=int, default=100, metavar="N", help="requests per low-rate round")
+    parser.add_argument("--high-requests", type=int, default=1000, metavar="N", help="requests per high-rate round")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a PNG of latency over rounds")
+    parser.set_defaults(execute=execute)
+
+
+def execute(args) -> int:
+    from ..errors import BadInput
+    from ..plugins import archive
+    from ..plugins.bench import BenchConfig, plot, run_bench
+    from ..plugins.manifest import MANIFEST_NAME, load_manifest
+    from ..plugins.store import Store
+
+    if args.low_requests < 1 or args.high_requests < 1:
+        raise BadInput("bench: --low-requests and --high-requests must be >= 1")
+    store = Store()
+    installed = None
+    if Path(args.plugin).is_dir():
+        manifest = load_manifest(Path(args.plugin) / MANIFEST_NAME)
+    else:
+        name, version = archive.split_request(args.plugin)
+        installed = store.get(name, version)
+        manifest = installed.manifest
+    config = BenchConfig(warmup=args.warmup, rounds=args.rounds, low_rate=args.low_rate,
+                         high_rate=args.high_rate, low_requests=args.low_requests,
+                         high_requests=args.high_requests, policy=args.batch_policy)
+    result = run_bench(manifest, config)
+    result["plot"] = plot(result, args.plot) if args.plot else None
+    if installed is not None:
+        with store.locked():
+            store.write_bench(installed, result)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _render(result)
+    return 0 if result["pass"] else 1
+
+
+def _render(result: dict) -> None:
+    print(f"{result['plugin']} {result['version']}: {result['policy']} batching "
+          f"(max_batch_size {result['max_batch_size']}, max_wait_ms {result['max_wait_ms']}), "
+          f"{result['warmup']} warm-up + {result['rounds']} measured rounds")
+    for label, phase in result["rates"].items():
+        print(f"{label} load, {phase['rate_rps']:.0f} req/s x {phase['requests_per_round']} requests:")
+        print("  round    P50 ms    P99 ms   req/s   batch  idle-waits")
+        for entry in phase["rounds"]:
+            print(f"  {entry['round']:>5} {entry['p50_ms']:>9.3f} {entry['p99_ms']:>9.3f} "
+                  f"{entry['throughput_rps']:>7.1f} {entry['mean_batch_size']:>7.2f} {entry['idle_waits']:>11}")
+        verdict = "PASS" if phase["pass"] else "FAIL"
+        print(f"  {verdict}: P99 std/mean {phase['p99_cv'] * 100:.2f}% (< 8%), throughput drift "
+              f"{phase['throughput_drift'] * 100:.2f}% (< 2.5%)")
+    if result.get("plot"):
+        print(f"plot: {result['plot']}")
+    print("PASS" if result["pass"] else "FAIL")

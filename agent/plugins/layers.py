@@ -258,20 +258,16 @@ def _ldconfig_cache() -> dict:
 
 
 def provider_path(soname: str, lib_path: str, info) -> str | None:
-    """Where ld.so would find ``soname`` for this library.  Uses the check's resolver when it
-    is installed (seedance.resolve), else RUNPATH/RPATH, the ld.so cache and default dirs."""
-    try:
-        from ..resolve import resolve_needed  # type: ignore[attr-defined]
-    except ImportError:
-        resolve_needed = None
-    if resolve_needed is not None:
+    """Where ld.so would find ``soname`` for this library: the check's resolver
+    (seedance.resolve) when it imports, else RPATH/RUNPATH, the ld.so cache and default dirs."""
+    resolver = _check_resolver()
+    if resolver is not None:
         try:
-            resolved = resolve_needed(lib_path, soname)
-            path = getattr(resolved, "resolved_path", None) or (resolved if isinstance(resolved, str) else None)
-            if path:
-                return path
-        except Exception:
-            pass  # the check's resolver is young; the fallback below is what ld.so does for system libs
+            resolution = resolver.explain(soname, lib_path)
+            if resolution.path:
+                return resolution.path
+        except Exception:  # noqa: BLE001 - a young resolver must not break install
+            pass  # fall through to what ld.so does for system libraries
     origin = os.path.dirname(lib_path)
     for entry in (*info.rpath, *info.runpath):
         for part in str(entry).split(":"):
@@ -285,6 +281,16 @@ def provider_path(soname: str, lib_path: str, info) -> str | None:
         if os.path.exists(candidate):
             return candidate
     return None
+
+
+@lru_cache(maxsize=1)
+def _check_resolver():
+    """The check's ld.so-faithful resolver (seedance.resolve), when it is installed."""
+    try:
+        from ..resolve import Resolver
+        return Resolver()
+    except Exception:  # ImportError while it is being built, or any start-up failure
+        return None
 
 
 @lru_cache(maxsize=64)
