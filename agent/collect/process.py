@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..elf.reader import read_elf
 from ..errors import ELFError
 from ..model import Fact
-from . import cuda
+from . import config, cuda
 
 DELETED = " (deleted)"
 
@@ -164,6 +164,35 @@ def runtime_facts(view: ProcessView) -> list:
     return [Fact("cuda_runtimes", {"pid": view.pid, "path": view.exe or f"pid {view.pid}"},
                  {"majors": sorted(set(runtimes.values())), "paths": sorted(runtimes),
                   "via": "process"},
+                 source="collect.process")]
+
+
+def preload_facts(view: ProcessView) -> list:
+    """config_env facts for the LD_PRELOAD a process was started with (its environ).
+
+    Expansion already happened when it started, so only the paths are judged: a preload
+    that is missing, or that group/others can write (code injected into this process).
+    """
+    value = view.environ.get("LD_PRELOAD", "")
+    if not value.strip():
+        return []
+    missing, writable = [], []
+    for item in value.replace(":", " ").split():
+        if "/" not in item:
+            continue
+        path = view.host_path(item)
+        if not os.path.exists(path):
+            missing.append(item)
+            continue
+        why = config.writable_by_others(path)
+        if why:
+            writable.append(why)
+    problems = [f"preload {m} does not exist" for m in missing]
+    problems += [f"preload from an unsafe path: {w}" for w in writable]
+    return [Fact("config_env", {"pid": view.pid, "path": view.exe or f"/proc/{view.pid}"},
+                 {"key": "LD_PRELOAD", "value": value, "problem": "; ".join(problems), "line": None,
+                  "expands_early": False, "variables": [], "preload_missing": bool(missing),
+                  "preload_writable": bool(writable), "use": "preload"},
                  source="collect.process")]
 
 

@@ -282,6 +282,7 @@ class Scanner:
         self.stats["processes"] += 1
         self.facts.extend(process.mapped_lib_facts(view))
         self.facts.extend(process.runtime_facts(view))
+        self.facts.extend(process.preload_facts(view))
 
     def _config(self, path: str, explicit: bool) -> None:
         try:

@@ -77,3 +77,29 @@ def test_parse_maps_dedups_and_marks_deleted():
     maps = process.parse_maps(raw)
     assert [(m.path, m.inode, m.deleted) for m in maps] == [
         ("/usr/lib/libx.so.1", 42, False), ("/tmp/liby.so", 43, True)]
+
+
+def test_process_preloading_from_a_world_writable_dir(tmp_path):
+    if not os.path.exists(LIBZ):
+        pytest.skip("libz.so.1 not installed")
+    open_dir = tmp_path / "drop"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    lib = open_dir / "libinject.so"
+    shutil.copy(os.path.realpath(LIBZ), lib)
+    env = dict(os.environ, LD_PRELOAD=f"{lib} {tmp_path}/gone.so")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        facts = process.preload_facts(process.read_process(child.pid))
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)
+    assert len(facts) == 1
+    data = facts[0].data
+    assert (data["preload_missing"], data["preload_writable"]) == (True, True)
+    findings = load_rules().evaluate(facts)
+    assert [f.rule for f in findings] == ["env-leak"]
+    assert findings[0].subject["pid"] == child.pid
