@@ -127,11 +127,11 @@ def _no_subcommand(parser) -> int:
     return 2
 
 
-def _journal():
+def _journal(recover: bool = True):
     from ..fix.journal import Journal
 
     journal = Journal()
-    for note in journal.recover():
+    for note in journal.recover() if recover else ():
         print(f"seedance: recovered interrupted fix {note}", file=sys.stderr)
     return journal
 
@@ -365,10 +365,12 @@ def _torch_ext(args) -> int:
 # --- journal ---------------------------------------------------------------------------------------
 
 def _undo(args) -> int:
-    journal = _journal()
+    journal = _journal(recover=False)  # undo recovers itself: an interrupted fix is undone by it
     result = journal.undo(args.id)
     for path in result.restored:
         print(f"restored {path}")
+    for note in result.notes:
+        print(f"note: {note}")
     print(f"undone {result.id}: {len(result.restored)} path(s) restored")
     return 0
 

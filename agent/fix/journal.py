@@ -242,7 +242,11 @@ class Journal:
     # -- recovery --------------------------------------------------------------------------------
     def recover(self) -> list:
         """Roll back entries left open by a fixer that died; returns one note per entry."""
-        notes = []
+        return [f"{r.id}: {' '.join(r.notes)}" for r in self.recover_entries()]
+
+    def recover_entries(self) -> list:
+        """Like recover(), as UndoResults (the paths put back, and why)."""
+        results = []
         for entry_id in self.ids():
             entry = self.load(entry_id)
             if entry.manifest.get("status") not in (OPEN, UNDOING):
@@ -252,6 +256,8 @@ class Journal:
                 continue  # a live fixer holds it
             entry._lock_fd = lock_fd
             try:
+                touched = [r["path"] for r in entry.files
+                           if r.get("state") in ("written", "verified", "moving", "building", "backed-up")]
                 if entry.manifest["status"] == OPEN:
                     done = self._roll_back(entry)
                     entry.manifest["status"] = ROLLED_BACK
@@ -262,10 +268,10 @@ class Journal:
                     entry.manifest["note"] = "undo interrupted; completed on recovery"
                 entry.manifest["finished"] = _now()
                 entry.save()
-                notes.append(f"{entry_id}: {entry.manifest['note'].strip()}")
+                results.append(UndoResult(entry_id, touched, [entry.manifest["note"].strip()]))
             finally:
                 entry.release()
-        return notes
+        return results
 
     def _roll_back(self, entry: Entry) -> list:
         """Return every file of ``entry`` to its original state, newest change first."""
@@ -285,7 +291,12 @@ class Journal:
 
     # -- undo ------------------------------------------------------------------------------------
     def undo(self, entry_id: str | None = None) -> UndoResult:
-        self.recover()
+        recovered = {r.id: r for r in self.recover_entries()}
+        if entry_id in recovered:
+            return recovered[entry_id]  # the interrupted fix is rolled back: that is its undo
+        if entry_id is None and recovered and not any(
+                e.manifest.get("status") == COMMITTED and e.id > max(recovered) for e in self.entries()):
+            return recovered[max(recovered)]
         if entry_id is None:
             candidates = [e for e in self.entries() if e.manifest.get("status") == COMMITTED]
             if not candidates:
