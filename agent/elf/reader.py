@@ -438,6 +438,8 @@ class _Parser:
             versym = None
         unpack_sym = self.sym.unpack_from
         data = self.data
+        find = data.find
+        strtab, strend = self.strtab, self.strend
         out = []
         for index in range(1, count):
             fields = unpack_sym(data, symtab + index * entsize)
@@ -455,7 +457,13 @@ class _Parser:
                 hidden = bool(ver & 0x8000)
                 if (ver & 0x7FFF) > 1:
                     version = version_names.get(ver & 0x7FFF)
-            out.append(Symbol(name=string(name_off), defined=shndx != SHN_UNDEF,
+            # Inlined cstring(): this loop runs once per dynamic symbol of every object.
+            name_start = strtab + name_off
+            name_end = find(b"\0", name_start, strend) if name_start < strend else -1
+            if name_end < 0:
+                self.fail(f"symbol name at {name_off:#x} outside or unterminated in DT_STRTAB")
+            out.append(Symbol(name=data[name_start:name_end].decode("utf-8", "surrogateescape"),
+                              defined=shndx != SHN_UNDEF,
                               binding=BIND_NAMES.get(bind, str(bind)),
                               type=STT_NAMES.get(info & 0xF, str(info & 0xF)),
                               version=version, hidden=hidden))

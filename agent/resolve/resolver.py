@@ -534,33 +534,55 @@ class Resolver:
                                                defined, tuple(defs)))
         return checks
 
-    @staticmethod
-    def _undefined(objects: dict) -> list:
-        provided: dict = {}  # name -> set of versions; None for an unversioned default
-        for info in objects.values():
-            unversioned = not info.version_defs
-            for sym in info.symbols:
-                if not sym.defined or sym.binding == "LOCAL":
+    def _symbol_tables(self, path: str, info: ElfInfo) -> tuple:
+        """(definitions: name -> frozenset of tags, strong undefined [(name, version)]), cached.
+
+        Tags: a version name; '*' when the object has no version definitions (it then
+        satisfies any versioned reference); 'default' when some definition is not hidden
+        (an unversioned reference binds to it)."""
+        key = ("symtab", path, info.build_id, len(info.symbols))
+        cached = self._elf.get(key)
+        if cached is not None:
+            return cached
+        unversioned = not info.version_defs
+        defs: dict = {}
+        undefs = []
+        for sym in info.symbols:
+            if sym.defined:
+                if sym.binding == "LOCAL":
                     continue
-                versions = provided.setdefault(sym.name, set())
-                versions.add(sym.version)
+                tags = defs.setdefault(sym.name, set())
+                tags.add(sym.version)
                 if unversioned:
-                    versions.add("*")  # an unversioned object satisfies any version reference
+                    tags.add("*")
                 if not sym.hidden:
-                    versions.add("default")
+                    tags.add("default")
+            elif sym.binding == "GLOBAL":
+                undefs.append((sym.name, sym.version))
+        result = ({name: frozenset(tags) for name, tags in defs.items()}, tuple(undefs))
+        self._elf[key] = result
+        return result
+
+    def _undefined(self, objects: dict) -> list:
+        """Strong undefined symbols that no object of the closure defines (global scope)."""
+        tables = [self._symbol_tables(path, info) for path, info in objects.items()]
+        all_defs = [defs for defs, _u in tables]
         missing = []
-        for path, info in objects.items():
-            for sym in info.symbols:
-                if sym.defined or sym.binding != "GLOBAL":
-                    continue
-                versions = provided.get(sym.name)
-                if versions is None:
-                    missing.append((path, sym.name, sym.version))
-                elif sym.version is not None:
-                    if sym.version not in versions and "*" not in versions:
-                        missing.append((path, sym.name, sym.version))
-                elif "default" not in versions and None not in versions:
-                    missing.append((path, sym.name, sym.version))
+        for (path, _info), (_defs, undefs) in zip(objects.items(), tables):
+            for name, version in undefs:
+                ok = False
+                for defs in all_defs:
+                    tags = defs.get(name)
+                    if tags is None:
+                        continue
+                    if version is not None:
+                        ok = version in tags or "*" in tags
+                    else:
+                        ok = "default" in tags or None in tags
+                    if ok:
+                        break
+                if not ok:
+                    missing.append((path, name, version))
         return missing
 
 
