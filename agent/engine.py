@@ -133,7 +133,8 @@ def load_rules(directory: Path | str | None = None) -> RuleSet:
     rules: list[Rule] = []
     for path in files:
         try:
-            doc = yaml.safe_load(path.read_text())
+            # libyaml's loader when present: ~6x faster than the pure-Python one
+            doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""

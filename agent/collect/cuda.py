@@ -100,9 +100,30 @@ class GpuInfo:
                 "targets": [label for _n, _v, label, _s in self.targets]}
 
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def nvml_library_present() -> bool:
+    """Would dlopen("libnvidia-ml.so.1") find a file: LD_LIBRARY_PATH, ld.so.cache, defaults."""
+    from ..resolve.ldcache import LdCache
+
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    dirs += ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"]
+    if any(os.path.exists(os.path.join(d, NVML_LIBRARY)) for d in dirs):
+        return True
+    try:
+        return any(e.name == NVML_LIBRARY for e in LdCache.load().entries)
+    except Exception:
+        return True  # cannot tell: let pynvml try
+
+
 def probe_nvml() -> GpuInfo:
     """Driver version and device architectures from NVML; an empty GpuInfo without it."""
     info = GpuInfo()
+    if not nvml_library_present():
+        # importing pynvml alone costs ~80 ms; without the library it could only fail
+        info.nvml_error = "NVML library (libnvidia-ml.so.1) not found"
+        return info
     try:
         import pynvml  # nvidia-ml-py; loads libnvidia-ml.so.1 only when initialised
     except ImportError:
