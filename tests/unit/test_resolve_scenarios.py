@@ -291,3 +291,47 @@ def test_ld_library_path_is_ignored_when_secure(tmp_path):
     assert source_of(plain, "libsec.so").source == "ld_library_path"
     assert (run.returncode == 0) == (source_of(secure, "libsec.so").path is not None)
     assert source_of(secure, "libsec.so").source == "not-found"
+
+
+def _run_setuid_as_nobody(exe: Path, tmp_path: Path, env=None):
+    for path in [tmp_path, *[p for p in tmp_path.rglob("*")]]:
+        os.chmod(path, os.stat(path).st_mode | 0o755 if path.is_dir() else os.stat(path).st_mode | 0o644)
+    parent = tmp_path.parent
+    while parent != parent.parent:
+        os.chmod(parent, os.stat(parent).st_mode | 0o011)
+        parent = parent.parent
+    os.chmod(exe, 0o4755)
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", exe],
+                          env={**CLEAN, **(env or {})}, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("rpath", ["$ORIGIN/lib", "/nonexistent/$ORIGIN/../lib"])
+def test_origin_rules_when_secure(tmp_path, rpath):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a set-user-ID program as another user")
+    dep = lib(tmp_path / "lib", "liborig.so", "int o(void){return 0;}")
+    exe = prog(tmp_path / "app", "int o(void); int main(void){return o();}", needs=[dep], rpath=rpath)
+    run = _run_setuid_as_nobody(exe, tmp_path)
+    plain = Resolver().closure(str(exe))
+    secure = Resolver(secure=True).closure(str(exe))
+    if "/nonexistent/" not in rpath:
+        assert source_of(plain, "liborig.so").source == "rpath"
+    assert (run.returncode == 0) == (source_of(secure, "liborig.so").path is not None)
+
+
+def test_explain_reports_the_search(tmp_path):
+    found = lib(tmp_path / "d", "libe.so", "int e(void){return 0;}")
+    exe = prog(tmp_path / "app", "int e(void); int main(void){return e();}", needs=[found],
+               runpath=str(tmp_path / "d"))
+    resolver = Resolver()
+    res = resolver.explain("libe.so", str(exe))
+    assert res.source == "runpath" and res.path == f"{tmp_path}/d/libe.so"
+    assert res.tried[-1] == (res.path, "ok")
+    assert ("runpath", f"{tmp_path}/d/") in res.search_order
+    assert res.search_order[-1][0] == "default"
+    # a name the program does not need: the same search, from the program
+    other = resolver.explain("libnot-needed-anywhere.so", str(exe))
+    assert other.path is None and other.source == "not-found"
+    assert [s for s, _d in other.search_order][:2] == ["runpath", "ld.so.cache"]
+    libc = resolver.explain("libc.so.6", str(exe))
+    assert os.path.realpath(libc.path) in parity.run_ldd(exe)[1]
