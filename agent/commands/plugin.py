@@ -216,7 +216,7 @@ def execute_verify(args) -> int:
         for plugin in targets:
             force_arch = args.force_arch or plugin.record.get("force_arch")
             results.append(check_root(plugin.path, args.strict, force_arch, store=store, sources=sources,
-                                      check_deps=not plugin.record.get("no_deps", False), installed=True))
+                                      check_deps=True, installed=True))
     report = Report(command="plugin verify", host=host_summary())
     for result in results:
         report.add(result.findings)

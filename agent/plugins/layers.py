@@ -158,14 +158,14 @@ def check_root(root: Path, strict: bool, force_arch: str | None, *, store: Store
         picks = (active_picks(manifest, store, sources) if installed
                  else resolve_dependencies(manifest, store, sources))
     else:
-        picks = []
+        picks = [] if check_deps else None
     result.facts.extend(manifest_facts(manifest, gpu, strict, picks))
     ranges = ", ".join(f"{k} {v}" for k, v in [("seedance", manifest.seedance_version),
                                                   *sorted(manifest.depends.items())])
     result.notes["L7"] = (f"manifest valid; ranges {ranges}; affinity {manifest.device_affinity or 'unset'}; "
                           f"batch_policy {manifest.batch.policy or 'missing'}"
                           + ("" if check_deps or not manifest.depends else "; dependencies not checked (--no-deps)"))
-    for pick in picks:
+    for pick in picks or ():
         result.notes.setdefault("picks", []).append(pick.explanation)
 
     result.findings = load_rules().evaluate(result.facts, strict=strict)

@@ -24,9 +24,10 @@ def subject(manifest: Manifest) -> dict:
 
 def manifest_facts(manifest: Manifest, host: GpuHost, strict: bool, picks=None,
                    bench: dict | None = None) -> list:
-    """picks: the dependency picks to judge (active_picks for an installed plugin)."""
+    """picks: the dependency picks to judge (active_picks for an installed plugin); None when
+    dependencies were not resolved (--no-deps), so no range is called unresolved."""
     facts = [affinity_fact(manifest, host, strict)]
-    facts.extend(range_facts(manifest, picks or []))
+    facts.extend(range_facts(manifest, picks))
     facts.append(batch_fact(manifest, bench if bench is not None else bench_result(manifest.root)))
     ok, ours = seedance_compatible(manifest)
     facts.append(Fact("plugin_compat", subject(manifest),
@@ -53,6 +54,8 @@ def affinity_fact(manifest: Manifest, host: GpuHost, strict: bool) -> Fact:
 
 def range_facts(manifest: Manifest, picks) -> list:
     facts = []
+    checked = picks is not None
+    picks = picks or []
     ranges = [("seedance_version", manifest.seedance_version)]
     ranges += [(f"depends.{name}", text) for name, text in sorted(manifest.depends.items())]
     if manifest.torch_range:
@@ -73,6 +76,7 @@ def range_facts(manifest: Manifest, picks) -> list:
             "pick": (pick.version if pick else None) or "",
             "newest": (pick.newest if pick else None) or "",
             "fallback": fallback,
+            "deps_checked": checked,
             "explanation": pick.explanation if pick else "",
             "metric": FALLBACK_METRIC,
             "list_marker": ("(fallback) shown for " + f"{pick.name} {pick.version}") if fallback else
