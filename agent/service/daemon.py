@@ -322,6 +322,9 @@ class Agent:
 
     def _task_probes(self):
         events, lost, findings = self.probes.poll()
+        # A wrapped instance's leak is the registry GC's to report (exactly once, with the
+        # shim's exact records); the probes' handle-leak covers processes the shim did not wrap.
+        findings = [f for f in findings if not (f.rule == "handle-leak" and self._is_instance(f.subject.get("pid")))]
         if findings:
             new = self.state.add_findings("probes", findings)
             for finding in findings[:new]:
@@ -412,7 +415,7 @@ class Agent:
             return
         from .probes import AgentProbes
 
-        probes = AgentProbes(self.rules)
+        probes = AgentProbes(self.rules, log=self.log)
         reason = probes.unavailable_reason()
         if reason:
             self._probes_info = {"state": "unavailable", "reason": reason}
@@ -427,13 +430,22 @@ class Agent:
         if hasattr(self, "_due"):
             self._due["probes"] = time.monotonic()
 
+    def _is_instance(self, pid) -> bool:
+        if not isinstance(pid, int):
+            return False
+        if any(i["pid"] == pid for i in self._instances):
+            return True
+        if self.registry is not None and any(i.pid == pid for i in self.registry.scan()):
+            return True
+        return self.state is not None and self.state.has_pid(pid)
+
     def _detach_probes(self) -> None:
         if self.probes is not None:
-            self.probes.detach()
+            status = self.probes.detach()
             self.probes = None
             self._due.pop("probes", None) if hasattr(self, "_due") else None
             self._probes_info = {"state": "detached"}
-            self.log("probes-detached")
+            self.log("probes-detached", status=status)
 
     def _start_nvml(self) -> None:
         sampler = NvmlSampler()

@@ -1,39 +1,169 @@
-"""The trace probes (seedance.trace, issue 5) as the agent runs them: attach, poll, detach.
+"""The trace probes as the agent runs them: `seedance trace --json` host-wide, as a child.
 
-The probes need root, bcc and kernel headers; when any is missing the agent says why in
-one log line and runs without them (`--probes on` makes that an error instead).
+Why a child process and not TraceSession in a thread: bcc compiles the probes with LLVM,
+which leaves ~150 MB resident in whatever process did it, and TraceSession owns its own
+loop and signal handlers (main thread only).  A child keeps the agent small, lets the
+probes' own SIGTERM handling detach every uprobe, and a crash in it costs the agent
+nothing: the agent notices, logs it, and starts it again on the next poll.
+
+The probes need root (or CAP_BPF+CAP_PERFMON), bcc and kernel headers; seedance.trace.env
+says which is missing in one line, and the agent logs that instead of attaching.
 """
 from __future__ import annotations
 
-import os
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from ..model import Finding
+
+_FINDING_PREFIX = '{"event": "finding"'
+RESTART_BACKOFF_S = 30.0
 
 
 class AgentProbes:
-    def __init__(self, rules):
+    def __init__(self, rules=None, log=None):
         self.rules = rules
-        self.session = None
+        self.log = log or (lambda *a, **k: None)
+        self._proc: subprocess.Popen | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._events = 0
+        self._lost = 0
+        self._threads: list[threading.Thread] = []
+        self._started = 0.0
+        self._next_start = 0.0
+        self.restarts = 0
+        self.last_exit: int | None = None
 
+    # -- availability ----------------------------------------------------------------------
     def unavailable_reason(self) -> str:
-        if os.geteuid() != 0:
-            return "the eBPF probes need root"
+        """Asked in a child too: importing bcc maps libbcc (LLVM) into the asker for good."""
+        code = ("import sys\n"
+                "try:\n    from seedance.trace import env\n"
+                "except ImportError:\n    print('the trace probes (seedance.trace) are not installed'); sys.exit()\n"
+                "print(env.ebpf_problem() or '')\n")
         try:
-            import bcc  # noqa: F401
-        except ImportError:
-            return "bcc (python3-bpfcc) is not importable"
-        try:
-            import seedance.trace  # noqa: F401
-        except ImportError:
-            return "the trace probes (seedance.trace) are not installed"
-        return "the trace probes are not wired into the agent yet"
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return "checking for eBPF took longer than 60s"
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            return f"checking for eBPF failed: {last}"
+        return proc.stdout.strip()
 
+    # -- lifecycle -------------------------------------------------------------------------
     def attach(self) -> None:
-        raise NotImplementedError
+        command = [sys.executable, "-m", "seedance", "trace", "--json"]
+        self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, bufsize=1,
+                                      start_new_session=True)  # a Ctrl-C at the agent's tty is ours to relay
+        self._started = time.monotonic()
+        self._threads = [threading.Thread(target=self._read_stdout, args=(self._proc,), daemon=True),
+                         threading.Thread(target=self._read_stderr, args=(self._proc,), daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
-    def poll(self):
-        return 0, 0, []
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
 
     def describe(self) -> dict:
-        return {}
+        return {"pid": self.pid, "backend": "ebpf", "command": "seedance trace --json",
+                "restarts": self.restarts}
 
-    def detach(self) -> None:
-        self.session = None
+    def poll(self) -> tuple[int, int, list[Finding]]:
+        """(new events, lost events so far, new findings) since the last poll."""
+        findings = []
+        events = 0
+        while True:
+            try:
+                kind, value = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "events":
+                events += value
+            elif kind == "finding":
+                findings.append(value)
+            elif kind == "lost":
+                self._lost += value
+            elif kind == "notice":
+                self.log("probes-notice", "info", text=value)
+        if self._proc is not None and self._proc.poll() is not None:
+            self.last_exit = self._proc.returncode
+            self.log("probes-exited", "error", status=self.last_exit,
+                     message="the trace probes stopped; restarting them")
+            self._proc = None
+            self._next_start = time.monotonic() + RESTART_BACKOFF_S
+        if self._proc is None and self._next_start and time.monotonic() >= self._next_start:
+            self._next_start = 0.0
+            self.restarts += 1
+            self.attach()
+        return events, self._lost, findings
+
+    def detach(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM: `seedance trace` detaches every probe and exits; SIGKILL only if it hangs."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        return proc.returncode
+
+    # -- readers ---------------------------------------------------------------------------
+    def _read_stdout(self, proc) -> None:
+        batch = 0
+        last = time.monotonic()
+        for line in proc.stdout:
+            if line.startswith(_FINDING_PREFIX):
+                try:
+                    data = json.loads(line)
+                    self._queue.put(("finding", Finding(**{k: data[k] for k in (
+                        "rule", "severity", "trap", "layer", "subject", "message", "evidence", "fix")})))
+                except (ValueError, KeyError, TypeError):
+                    pass
+            else:
+                batch += 1
+            now = time.monotonic()
+            if batch and now - last >= 0.5:
+                self._queue.put(("events", batch))
+                batch, last = 0, now
+        if batch:
+            self._queue.put(("events", batch))
+
+    def _read_stderr(self, proc) -> None:
+        for line in proc.stderr:
+            text = line.rstrip()
+            if not text:
+                continue
+            if "lost " in text and "events (ring buffer full)" in text:
+                try:
+                    self._queue.put(("lost", int(text.split("lost ", 1)[1].split()[0])))
+                    continue
+                except ValueError:
+                    pass
+            self._queue.put(("notice", text.removeprefix("seedance trace: ")))
+
+
+def probe_child_rss(pid: int | None) -> int:
+    """Resident bytes of the probe child (the bench reports it beside the agent's own)."""
+    if not pid:
+        return 0
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

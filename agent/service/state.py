@@ -138,6 +138,10 @@ class StateStore:
             self._conn.execute("UPDATE instances SET reclaimed=? WHERE pid=? AND start_time=?",
                                (time.time(), pid, start_time))
 
+    def has_pid(self, pid: int) -> bool:
+        with self._lock:
+            return self._conn.execute("SELECT 1 FROM instances WHERE pid=? LIMIT 1", (pid,)).fetchone() is not None
+
     def leaks(self, limit: int = 50) -> list[LeakRecord]:
         with self._lock:
             rows = self._conn.execute(
