@@ -197,7 +197,7 @@ class Registry:
         pid = int(s.pid)
         out = []
         while tail < head:
-            e = s.ring[tail % n]
+            e = self.ffi.addressof(s.ring, tail % n)
             seq = int(e.seq)
             if seq == tail + 1:
                 raw = bytes(self.ffi.buffer(e))

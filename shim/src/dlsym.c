@@ -23,8 +23,17 @@ static pthread_once_t sd_dlsym_once = PTHREAD_ONCE_INIT;
 
 static void resolve_next_dlsym(void)
 {
-    /* glibc >= 2.34 has dlsym in libc.so.6 (GLIBC_2.34); older ones in libdl (GLIBC_2.2.5) */
+    /* glibc >= 2.34 has dlsym in libc.so.6 (GLIBC_2.34); older ones in libdl
+     * (GLIBC_2.2.5).  Looked up in libc's own handle first: RTLD_NEXT needs glibc to map
+     * our return address back to our object, which some hosts fail at ("RTLD_NEXT used
+     * in code not dynamically loaded"), and libc's scope starts with libc itself. */
     static const char *versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+    static const char *libs[] = {"libc.so.6", "libdl.so.2"};
+    for (size_t l = 0; l < sizeof libs / sizeof *libs && !sd_next_dlsym; l++) {
+        void *h = dlopen(libs[l], RTLD_LAZY | RTLD_NOLOAD);
+        for (size_t i = 0; h && i < sizeof versions / sizeof *versions && !sd_next_dlsym; i++)
+            sd_next_dlsym = (void *(*)(void *, const char *))dlvsym(h, "dlsym", versions[i]);
+    }
     for (size_t i = 0; i < sizeof versions / sizeof *versions && !sd_next_dlsym; i++)
         sd_next_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", versions[i]);
 }
@@ -56,13 +65,18 @@ SD_HIDDEN int sd_dlsym_hook_index(const char *name)
 
 SD_HIDDEN void *sd_dlsym_hooked(void *handle, const char *name, int hook)
 {
-    /* RTLD_DEFAULT (and the main program's handle) would find our own export first */
-    void *fn = sd_next_dlsym(handle == RTLD_DEFAULT ? RTLD_NEXT : handle, name);
-    if (fn == sd_hooks[hook].wrapper)
-        fn = sd_next_dlsym(RTLD_NEXT, name);
-    if (!fn)
-        return NULL; /* dlerror() is already set by the real dlsym */
-    sd_set_real(hook, fn);
+    void *fn = NULL;
+    if (handle != RTLD_DEFAULT && handle != RTLD_NEXT) {
+        fn = sd_next_dlsym(handle, name);
+        if (!fn)
+            return NULL; /* dlerror() is already set by the real dlsym */
+        if (fn != sd_hooks[hook].wrapper)
+            sd_set_real(hook, fn);
+    }
+    /* RTLD_DEFAULT (and the main program's handle) find our own export first: the real
+     * function is then the next definition, resolved the shim's way */
+    if (!sd_real(hook))
+        return fn == sd_hooks[hook].wrapper ? fn : NULL;
     return sd_hooks[hook].wrapper;
 }
 

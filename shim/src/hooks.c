@@ -9,6 +9,8 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "shim.h"
@@ -64,19 +66,58 @@ static int sd_is_shim_address(void *fn)
  * else the already-loaded driver (libcudart dlopens libcuda.so.1 RTLD_LOCAL, so
  * RTLD_NEXT cannot see it).  The shim never loads the driver itself: no driver, no
  * load, pass-through. */
+struct sd_loaded {
+    const char *pattern;
+    int n;
+    char names[8][256];
+};
+
+static int collect_loaded(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    struct sd_loaded *found = data;
+    if (info->dlpi_name && strstr(info->dlpi_name, found->pattern) && found->n < 8)
+        snprintf(found->names[found->n++], sizeof found->names[0], "%s", info->dlpi_name);
+    return 0;
+}
+
+/* `name` in an already-loaded library whose path contains `pattern` */
+static void *lookup_in_loaded(const char *pattern, const char *name)
+{
+    struct sd_loaded found = {pattern, 0, {{0}}};
+    dl_iterate_phdr(collect_loaded, &found); /* no dlopen inside: it holds the loader lock */
+    for (int i = 0; i < found.n; i++) {
+        void *h = dlopen(found.names[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (!h)
+            continue;
+        void *fn = sd_real_dlsym(h, name);
+        dlclose(h);
+        if (fn && !sd_is_shim_address(fn))
+            return fn;
+    }
+    return NULL;
+}
+
+/* Slow path, once per hook: the next definition after the shim in the global scope;
+ * else the already-loaded driver (libcudart dlopens libcuda.so.1 RTLD_LOCAL, so the
+ * global scope cannot see it) or runtime.  The shim never loads either itself: no
+ * driver, no load, pass-through. */
 void *sd_resolve_real(int hook)
 {
     const char *name = sd_hooks[hook].name;
+    int runtime = sd_hooks[hook].flags & SD_HF_RUNTIME;
     void *fn = sd_real_dlsym(RTLD_NEXT, name);
     if (fn && sd_is_shim_address(fn))
         fn = NULL;
-    if (!fn && !(sd_hooks[hook].flags & SD_HF_RUNTIME)) {
+    if (!fn && !runtime) {
         void *driver = sd_driver_handle();
         if (driver)
             fn = sd_real_dlsym(driver, name);
         if (fn && sd_is_shim_address(fn))
             fn = NULL;
     }
+    if (!fn)
+        fn = lookup_in_loaded(runtime ? "libcudart" : "libcuda", name);
     if (fn)
         sd_set_real(hook, fn);
     return __atomic_load_n(&sd_real_fn[hook], __ATOMIC_ACQUIRE);
