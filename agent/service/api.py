@@ -99,6 +99,13 @@ class StatusServer:
             self.refused += 1
             if self.on_refused:
                 self.on_refused(pid, uid)
+            # Read (and ignore) what it sent: closing with unread data would turn our answer
+            # into ECONNRESET on its side.
+            conn.settimeout(0.2)
+            try:
+                _read_line(conn)
+            except OSError:
+                pass
             _send(conn, {"error": f"refused: uid {uid} is not the agent's uid {os.getuid()}"})
             return
         request = _read_line(conn)
@@ -130,7 +137,10 @@ def request(path: Path, op: str = "status", timeout: float = 5.0, **fields) -> d
             raise NotAvailable(f"no agent running (stale status socket at {path})") from None
         except PermissionError:
             raise NotAvailable(f"{path}: permission denied (the agent belongs to another user)") from None
-        _send(sock, {"op": op, **fields})
+        try:
+            _send(sock, {"op": op, **fields})
+        except BrokenPipeError:
+            pass  # refused before we spoke: the refusal is already waiting to be read
         line = _read_line(sock, limit=64 << 20)
     except socket.timeout:
         raise NotAvailable(f"the agent at {path} did not answer within {timeout:g}s") from None

@@ -21,7 +21,10 @@ try:
     s.connect(sys.argv[1])
 except PermissionError:
     print(json.dumps({"connect": "EACCES"})); sys.exit(0)
-s.sendall(b'{"op": "status"}\\n')
+try:
+    s.sendall(b'{"op": "status"}\\n')
+except BrokenPipeError:
+    pass  # a refusal may close the connection before the request is sent; the answer is still there
 print(json.dumps({"connect": "ok", "reply": s.recv(65536).decode()}))
 """
 
