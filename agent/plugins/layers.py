@@ -91,6 +91,7 @@ def check_target(target: str, strict: bool, force_arch: str | None, *, store: St
         return check_root(path, strict, force_arch, store=store, sources=sources, check_deps=check_deps)
     name, version = archive.split_request(target)
     plugin = store.get(name, version)  # BadInput when not installed: one line, exit 2
+    force_arch = force_arch or plugin.record.get("force_arch")  # pinned at install time
     return check_root(plugin.path, strict, force_arch, store=store, sources=sources,
                       check_deps=check_deps, installed=True)
 
@@ -481,24 +482,29 @@ def framework_fact(manifest: Manifest) -> tuple:
 
 # -- the entry the check command calls ---------------------------------------------------------
 def main_for_check(args) -> int:
-    """`seedance check --plugin NAME [--strict] [--force-arch sm_86] [--report-json [FILE]]`.
+    """`seedance check --plugin NAME [--strict] [--arch sm_86] [--json | --report-json [FILE]]`.
 
-    The check command owns its parser; it calls this with its args namespace (attributes
-    read: plugin, strict, force_arch, report_json, quiet).  Prints the layer lines and
-    returns the exit code (0 clean, 1 findings, BadInput -> 2 at the CLI boundary)."""
+    The check command owns its parser and calls this with its args namespace.  Attributes
+    read (all optional but ``plugin``): plugin, strict, arch or force_arch, json,
+    report_json ('-' = stdout), targets/pid (must be empty).  Prints the layer lines (or the
+    JSON) and returns the exit code; bad input raises BadInput/UsageError (exit 2 at the CLI)."""
     import json
     import sys
 
+    from ..errors import UsageError
+
+    if getattr(args, "targets", None) or getattr(args, "pid", None):
+        raise UsageError("seedance check: --plugin takes no other targets")
     strict = bool(getattr(args, "strict", False))
-    report, lines = run_layers(args.plugin, strict, getattr(args, "force_arch", None))
-    report_json = getattr(args, "report_json", None)
+    force_arch = getattr(args, "force_arch", None) or getattr(args, "arch", None)
+    report, lines = run_layers(args.plugin, strict, force_arch)
+    report_json = "-" if getattr(args, "json", False) else getattr(args, "report_json", None)
     text = json.dumps(report.to_dict(), indent=2)
-    if report_json in ("-", True):
+    if report_json == "-":
         print(text)
-    else:
-        if report_json:
-            Path(report_json).write_text(text + "\n")
-        if not getattr(args, "quiet", False):
-            for line in lines:
-                print(line, file=sys.stdout)
+        return report.exit_code(strict)
+    if report_json:
+        Path(report_json).write_text(text + "\n")
+    for line in lines:
+        print(line, file=sys.stdout)
     return report.exit_code(strict)
