@@ -112,9 +112,11 @@ def ours(resolver, path: str) -> tuple:
         return "not-dynamic", set(), set(), set()
     if info.e_type not in (2, 3):
         return "not-dynamic", set(), set(), set()
-    if resolver.loader_for(info) is None:
+    # rtld.c: --verify fails without PT_DYNAMIC (ldd: "not a dynamic executable"); trace
+    # mode prints "statically linked" when the main object has no DT_NEEDED.
+    if resolver.loader_for(info) is None or not info.has_dynamic:
         return "not-dynamic", set(), set(), set()
-    if not info.has_dynamic or (not info.needed and not info.interpreter):
+    if not info.needed:
         return "static", set(), set(), set()
     closure = resolver.closure(path)
     paths, missing = set(), set()

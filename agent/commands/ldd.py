@@ -67,11 +67,12 @@ def execute(args) -> int:
         raise BadInput(f"{args.file}: is a directory")
     resolver = Resolver(env=env, secure=args.secure)
     info = resolver.read(args.file)
-    if info.e_type not in (2, 3) or resolver.loader_for(info) is None:
+    # As ld.so --verify decides for ldd: no PT_DYNAMIC (or no loader for the ABI) is "not a
+    # dynamic executable"; a dynamic object without DT_NEEDED is "statically linked"
+    # (static-pie, or a library that needs nothing).
+    if info.e_type not in (2, 3) or resolver.loader_for(info) is None or not info.has_dynamic:
         raise BadInput(f"{args.file}: not a dynamic executable")
-    if not info.has_dynamic or (not info.needed and not info.interpreter):
-        # What ldd prints for static executables and static-pie, and for a library that
-        # needs nothing.
+    if not info.needed:
         if args.json:
             print(json.dumps(_document(args.file, None, info), indent=2))
         else:

@@ -226,7 +226,9 @@ class _Parser:
 
         info = dict(path=self.path, elf_class=64 if self.is64 else 32, little_endian=end == "<",
                     machine=e_machine, osabi=osabi, e_type=e_type, interpreter=interpreter,
-                    build_id=build_id, has_sections=bool(sections), has_dynamic=dynamic is not None,
+                    build_id=build_id, has_sections=bool(sections),
+                    # an empty PT_DYNAMIC (separate debug files) is "no dynamic section" to ld.so
+                    has_dynamic=dynamic is not None and dynamic[1] > 0,
                     section_names=tuple(sections))
         if dynamic is not None:
             info.update(self._dynamic(*dynamic, sections, want_symbols))

@@ -37,6 +37,7 @@ from .ldcache import LdCache, cache_stamp
 
 ET_DYN, ET_EXEC = 3, 2
 EM_386, EM_X86_64 = 3, 62
+DF_1_PIE = 0x08000000
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,12 @@ class Resolver:
             return "fatal", str(exc).split(": ", 1)[-1]
         if info.e_type not in (ET_DYN, ET_EXEC):
             return "fatal", "only ET_DYN and ET_EXEC can be loaded"
+        if info.e_type == ET_EXEC:
+            return "fatal", "cannot dynamically load executable"
+        if not info.has_dynamic:
+            return "fatal", "object file has no dynamic section"
+        if info.flags_1 & DF_1_PIE:
+            return "fatal", "cannot dynamically load position-independent executable"
         return "ok", info
 
     def _path_list(self, entries, who: "_Loaded", abi: Abi, separators: str = ":") -> list:
