@@ -32,9 +32,12 @@ class FactDedup:
         return True
 
 
-def needed_facts(closure, dedup: FactDedup) -> list:
+def needed_facts(closure, dedup: FactDedup, skip_names=()) -> list:
+    """``skip_names``: objects the scan preloaded itself (not NEEDED entries of anyone)."""
     facts = []
     for res in closure.resolutions:
+        if res.name in skip_names and res.requester == closure.root:
+            continue
         if not dedup.first(dedup.needed, (res.requester, res.name)):
             continue
         facts.append(Fact("needed", {"path": res.requester},
@@ -121,6 +124,9 @@ def driver_facts(runtimes: dict, gpu, dedup: FactDedup) -> list:
         if fact is not None:
             facts.append(fact)
     return facts
+
+
+TORCH_LIB_PREFIXES = ("libc10", "libtorch", "libshm")
 
 
 def torch_libs(closure) -> list:

@@ -76,6 +76,8 @@ class Scanner:
         self.fatbin_seen: set = set()
         self.objects_seen: set = set()
         self.explicit: set = set()  # files named on the command line: unreadable -> exit 2
+        self.torch_preloads: dict = {}  # torch library -> its closure, loaded before extensions
+        self.torch_builds: list = []  # cached torch extension builds found in target dirs
 
     # --- entry point ------------------------------------------------------------------
     def run(self) -> Report:
@@ -113,6 +115,8 @@ class Scanner:
         self.facts.extend(closure_facts.runtime_mix_facts(self.dedup))
         if self.options.host_scope:
             self.facts.extend(torch_ext.torch_ext_facts())
+        elif self.torch_builds:
+            self.facts.extend(torch_ext.torch_ext_facts(builds=self.torch_builds))
         findings = rules.evaluate(self.facts, strict=self.options.strict)
         kinds = Counter(f.kind for f in self.facts)
         stats = {"files_scanned": self.stats["files"], "elf_objects": self.stats["elf"],
@@ -135,6 +139,7 @@ class Scanner:
                 raise BadInput(f"{target}: symbolic link loop") from None
             raise BadInput(describe_os_error(exc)) from None
         if stat.S_ISDIR(st.st_mode):
+            self.torch_builds.extend(torch_ext.builds_in(target))  # a torch extension cache?
             return self._walk(target), []
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
             raise BadInput(f"{target}: not a regular file or directory")
@@ -212,6 +217,9 @@ class Scanner:
                 self.stats["skipped"] += 1  # another machine's object (firmware, BPF): no loader
                 return
             result = self.resolver.closure(path, symbols=self.options.strict)
+            preload = self._torch_preload(path, result)
+            if preload:
+                result = self.resolver.closure(path, symbols=self.options.strict, preloaded=preload)
         except ELFError as exc:
             if path in self.explicit:
                 raise
@@ -231,7 +239,7 @@ class Scanner:
         self.stats["elf"] += 1
         self.objects_seen.update(result.objects)
         add = self.facts.extend
-        add(closure_facts.needed_facts(result, self.dedup))
+        add(closure_facts.needed_facts(result, self.dedup, skip_names=preload))
         add(closure_facts.version_facts(result, self.dedup))
         if self.options.strict:
             add(closure_facts.undefined_facts(result, self.dedup))
@@ -246,6 +254,49 @@ class Scanner:
         torch_paths = closure_facts.torch_libs(result)
         if torch_paths and path not in torch_paths:
             self._cxx_abi(path, result, torch_paths)
+
+    def _torch_preload(self, path: str, result) -> tuple:
+        """Torch's libraries, when a Python extension needs them and cannot find them itself.
+
+        Extensions link -lc10 -ltorch without a RUNPATH: they only load in a Python that
+        imported torch first, which put libtorch_python.so (and with it libtorch, libc10)
+        in the process.  ld.so then satisfies the NEEDED by SONAME.  We model exactly that
+        with the torch beside the extension (same site-packages), else the current one.
+        """
+        missing = {r.name for r in result.resolutions
+                   if r.path is None and r.name.startswith(closure_facts.TORCH_LIB_PREFIXES)}
+        if not missing:
+            return ()
+        torch_lib = self._torch_lib_near(path)
+        if torch_lib is None or not any(os.path.exists(os.path.join(torch_lib, n)) for n in missing):
+            return ()
+        for name in ("libtorch_python.so", "libtorch.so", "libc10.so"):
+            candidate = os.path.join(torch_lib, name)
+            if os.path.exists(candidate):
+                # `import torch` finished loading all of it before the extension: the whole
+                # closure is in the namespace, not just the one library (LD_PRELOAD semantics
+                # would search the extension's NEEDED before the preload's own dependencies)
+                if candidate not in self.torch_preloads:
+                    try:
+                        self.torch_preloads[candidate] = tuple(self.resolver.closure(candidate).objects)
+                    except (ELFError, OSError):
+                        self.torch_preloads[candidate] = ()
+                return self.torch_preloads[candidate]
+        return ()
+
+    def _torch_lib_near(self, path: str) -> str | None:
+        directory = os.path.dirname(os.path.abspath(path))
+        for _ in range(6):  # site-packages/pkg/sub/ext.so -> site-packages/torch/lib
+            candidate = os.path.join(directory, "torch", "lib")
+            if os.path.isdir(candidate):
+                return candidate
+            parent = os.path.dirname(directory)
+            if parent == directory:
+                break
+            directory = parent
+        if not hasattr(self, "_current_torch"):
+            self._current_torch = torch_ext.find_torch()
+        return os.path.join(self._current_torch.path, "lib") if self._current_torch else None
 
     def _fatbin(self, path: str) -> list:
         try:

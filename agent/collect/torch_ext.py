@@ -255,8 +255,22 @@ def _describe(values: dict) -> str:
     return " ".join(parts) or "unknown"
 
 
-def torch_ext_facts(roots=None) -> list:
-    builds = inventory(roots if roots is not None else cache_roots())
+def builds_in(directory: str) -> list:
+    """Builds when ``directory`` is a cache root, a pyXY_tag folder or one build directory."""
+    if os.path.isfile(os.path.join(directory, "build.ninja")):
+        name = os.path.basename(os.path.normpath(directory))
+        parent = os.path.basename(os.path.dirname(os.path.normpath(directory)))
+        return [_read_build(directory, name, parent if _TAG.match(parent) else None)]
+    base = os.path.basename(os.path.normpath(directory))
+    if _TAG.match(base):
+        return [b for b in (_read_build(os.path.join(directory, n), n, base) for n in _listdir(directory)
+                            if os.path.isdir(os.path.join(directory, n))) if b.ninja or b.library]
+    return [b for b in inventory([directory]) if b.ninja]
+
+
+def torch_ext_facts(roots=None, builds=None) -> list:
+    if builds is None:
+        builds = inventory(roots if roots is not None else cache_roots())
     if not builds:
         return []
     torch = find_torch()

@@ -297,3 +297,26 @@ def test_extension_with_old_abi_against_torch(tmp_path):
     assert finding["subject"] == {"path": str(tmp_path / "old_abi.so")}
     assert (finding["evidence"]["ext_abi"], finding["evidence"]["torch_abi"]) == ("pre-cxx11", "cxx11")
     assert code == 1
+
+
+@needs_gcc
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+def test_extension_linked_like_cpp_extension_resolves_through_imported_torch(tmp_path):
+    """-lc10 -ltorch without a RUNPATH, as torch.utils.cpp_extension links: loadable after
+    `import torch`, which is how Python loads it; a NEEDED torch does not provide still fails."""
+    torch_lib = _torch_lib()
+    if torch_lib is None:
+        pytest.skip("torch wheel not installed")
+    (tmp_path / "libextra.c").write_text("int extra(void) { return 1; }\n")
+    cc("-shared", "-fPIC", tmp_path / "libextra.c", "-o", tmp_path / "libextra.so", "-Wl,-soname,libextra.so")
+    src = tmp_path / "ext.cpp"
+    src.write_text('#include <string>\nnamespace c10 { void set_name(const std::string&); }\n'
+                   'extern "C" int extra(void);\nvoid call() { c10::set_name("x"); extra(); }\n')
+    ext = tmp_path / "pkg" / "_C.so"
+    ext.parent.mkdir()
+    subprocess.run(["g++", "-shared", "-fPIC", str(src), "-o", str(ext), f"-L{torch_lib}", f"-L{tmp_path}",
+                    "-Wl,--no-as-needed", "-lc10", "-ltorch", "-lextra"], check=True, capture_output=True)
+    code, report = check(ext)
+    assert [(f["rule"], f["evidence"]["name"]) for f in report["findings"]] == [("needed-unresolved", "libextra.so")]
+    proc = run_cli("check", "--explain", "libc10.so", ext)
+    assert proc.returncode == 1  # alone (no torch imported first) the loader does not find it

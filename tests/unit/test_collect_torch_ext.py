@@ -78,3 +78,13 @@ def test_torch_extensions_dir_layout_and_roots(tmp_path, torch):
     roots = torch_ext.cache_roots({"TORCH_EXTENSIONS_DIR": str(root)}, home="/home/u")
     assert roots == [str(root), "/home/u/.cache/seedance/torch-ext"]
     assert torch_ext.cache_roots({}, home="/home/u")[0] == "/home/u/.cache/torch_extensions"
+
+
+def test_cache_given_as_a_check_target(tmp_path, torch):
+    from seedance.collect.scan import CheckOptions, Scanner
+
+    root = tmp_path / "torch_extensions"
+    build = make_build(root, "py310_cu118", "kernels", torch.path, real_c10_symbol(torch), tmp_path)
+    for target in (root, root / "py310_cu118", build):
+        report = Scanner(CheckOptions(targets=[str(target)])).run()
+        assert [(f.rule, f.subject["path"]) for f in report.findings] == [("torch-ext-stale", str(build))]
