@@ -2,7 +2,7 @@
 
 Every gc-interval the registry of wrapped instances is read; an instance whose process is
 gone (pid plus start time, so a recycled pid is not mistaken for it) has its outstanding
-allocations turned into a `gpu_leak` fact, the rule engine makes the `handle-leak`
+allocations turned into `instance_leak` facts, the rule engine makes the `handle-leak`
 finding, the end and the finding are committed to SQLite, and only then is the registry
 slot reclaimed.  That order makes the report exactly-once across a kill -9: a restart
 finds the slot still there, sees in the database that its end was already recorded, and
@@ -233,6 +233,7 @@ class Agent:
         leaked = sum(a.size for a in allocations)
         findings = self._leak_findings(inst, allocations) if leaked else []
         first = self.state.instance_ended(inst.pid, inst.start_time, inst.slot, inst.exe, leaked, findings)
+        crash_point("after-record")
         if first:
             with self._lock:
                 self.counters["instances_ended"] += 1
@@ -253,10 +254,11 @@ class Agent:
 
     def _leak_findings(self, inst, allocations) -> list[Finding]:
         """The handle-leak findings, through the rule engine like every other finding."""
-        findings = self.rules.evaluate(leak_facts(inst, allocations))
+        facts = self.registry.leak_facts(inst) if hasattr(self.registry, "leak_facts") else leak_facts(inst, allocations)
+        findings = self.rules.evaluate(facts)
         if not findings:
             self.log("leak-no-rule", "warning", pid=inst.pid,
-                     message="no rule matched the gpu_leak fact; the leak is recorded without a finding")
+                     message="no rule matched the instance_leak fact; the leak is recorded without a finding")
         return findings
 
     def _task_sample(self):
@@ -507,28 +509,29 @@ class Agent:
                     f"{self.counters['slots_reclaimed']} slot(s) reclaimed; probes {self._probes_info.get('state')}")
 
 
+CRASH_ENV = "SEEDANCE_AGENT_CRASH_AT"
+
+
+def crash_point(step: str) -> None:
+    """Die here, without cleanup, when the restart tests ask for this step (kill -9 window)."""
+    if os.environ.get(CRASH_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def leak_facts(inst, allocations) -> list[Fact]:
-    """One gpu_leak fact per device an ended instance still held memory on."""
-    by_device: dict[int, list] = {}
+    """instance_leak facts (the shape seedance.runreport gives them) from plain allocations:
+    one per (device, calling library), for registries that are not the shim's own."""
+    grouped: dict[tuple, dict] = {}
     for alloc in allocations:
-        by_device.setdefault(alloc.device, []).append(alloc)
-    facts = []
-    for device, allocs in sorted(by_device.items()):
-        libraries: dict[str, int] = {}
-        apis: dict[str, int] = {}
-        for a in allocs:
-            libraries[a.library or "?"] = libraries.get(a.library or "?", 0) + a.size
-            apis[a.api or "?"] = apis.get(a.api or "?", 0) + 1
-        top_library = max(libraries.items(), key=lambda item: item[1])[0]
-        facts.append(Fact(
-            kind="gpu_leak",
-            subject={"pid": inst.pid, "path": inst.exe},
-            data={"bytes": sum(a.size for a in allocs), "device": device, "allocations": len(allocs),
-                  "library": top_library, "libraries": libraries, "apis": apis,
-                  "start_time": inst.start_time, "slot": inst.slot, "exe": inst.exe,
-                  "observed_by": "agent registry GC"},
-            source="agent.gc"))
-    return facts
+        entry = grouped.setdefault((alloc.device, alloc.library or "?"), {"bytes": 0, "allocations": 0, "apis": set()})
+        entry["bytes"] += alloc.size
+        entry["allocations"] += 1
+        entry["apis"].add(alloc.api)
+    return [Fact("instance_leak", {"pid": inst.pid, "exe": inst.exe},
+                 {"pid": inst.pid, "exe": inst.exe, "bytes": held["bytes"], "device": device, "library": library,
+                  "allocations": held["allocations"], "api": ",".join(sorted(held["apis"])), "exit": "killed"},
+                 source="agent.gc")
+            for (device, library), held in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
 
 
 def run_periodic_check(rules_dir: str | None) -> dict:

@@ -31,6 +31,7 @@ class InstanceSlot:
     allocated_bytes: int = 0
     remapped: bool = False
     devices: tuple = field(default_factory=tuple)
+    raw: object = field(default=None, compare=False, repr=False)  # the shim's Instance
 
     def to_dict(self) -> dict:
         return {"slot": self.slot, "pid": self.pid, "start_time": self.start_time, "command": self.exe,
@@ -38,9 +39,62 @@ class InstanceSlot:
                 "devices": list(self.devices)}
 
 
-def open_registry(env: Mapping[str, str]):
+class ShimRegistry:
+    """seedance.shim.Registry, seen the way the GC loop needs it."""
+
+    def __init__(self, registry):
+        self._registry = registry
+        self.path = registry.path
+
+    def scan(self) -> list[InstanceSlot]:
+        out = []
+        instances = self._registry.instances()
+        self._used = len(instances)
+        for inst in instances:
+            if inst.pid <= 0:
+                continue  # a slot caught mid-claim has no identity yet: next pass
+            out.append(InstanceSlot(
+                slot=inst.slot, pid=inst.pid, start_time=inst.start_time, exe=inst.exe, alive=inst.alive,
+                allocated_bytes=sum(inst.current.values()), remapped=inst.visible is not None,
+                devices=tuple(sorted(inst.current)) if inst.current else tuple(inst.visible or ()),
+                raw=inst))
+        return out
+
+    def outstanding(self, inst: InstanceSlot) -> list[Allocation]:
+        return [Allocation(size=a.size, device=a.device, api=a.api, library=a.library or "")
+                for a in self._registry.allocations(inst.slot)]
+
+    def leak_facts(self, inst: InstanceSlot) -> list:
+        """The same instance_leak facts `seedance run` makes (seedance.runreport), so the
+        handle-leak rule judges an instance identically whoever looks at it."""
+        from ..runreport import instance_facts, leaks_with_apis
+
+        facts = instance_facts([inst.raw], {inst.slot: leaks_with_apis(self._registry, inst.slot)}, {})
+        return [fact for fact in facts if fact.kind == "instance_leak"]
+
+    def reclaim(self, inst: InstanceSlot) -> bool:
+        current = self._registry.instance(inst.slot)
+        # Reclaim exactly the instance that was judged: the slot may have been reclaimed and
+        # claimed again (by `seedance run` or a second agent) since the scan.
+        if current is None or (current.pid, current.start_time) != (inst.pid, inst.start_time):
+            return False
+        return self._registry.reclaim(inst.slot)
+
+    def free_slots(self) -> int:
+        """Free slots as of the last scan (GC reads the table once per pass)."""
+        used = getattr(self, "_used", None)
+        if used is None:
+            used = len(self._registry.instances())
+        return self._registry.max_slots - used
+
+    def close(self) -> None:
+        self._registry.close()
+
+
+def open_registry(env: Mapping[str, str] | None = None) -> ShimRegistry:
+    """The shim's registry (created by the first wrapped program); NotAvailable until then."""
     try:
-        import seedance.shim  # noqa: F401
+        from seedance import shim
     except ImportError:
         raise NotAvailable("the shim's registry API (seedance.shim) is not installed") from None
-    raise NotAvailable("the shim's registry API is not wired into the agent yet")
+    return ShimRegistry(shim.Registry.open())
