@@ -41,6 +41,7 @@ class Group:
     limits: dict[int, int]
     used: dict[int, int]
     refused: dict[int, int]
+    peak: dict[int, int]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Instance:
     contexts: dict[int, int]
     api_calls: dict[str, int]
     libraries: list[str]
+    library_allocs: dict[str, int]    # allocations made per calling library
     untracked: int
     audit: bool
     started_ns: int
@@ -133,6 +135,14 @@ class Registry:
         return [self.ffi.string(s.libs[i].path).decode("utf-8", "replace") if s.libs[i].ready else "?"
                 for i in range(n)]
 
+    def library_allocs(self, index: int) -> dict[str, int]:
+        s = self._slot(index)
+        out: dict[str, int] = {}
+        for i, path in enumerate(self.libraries(index)):
+            if s.libs[i].allocs:
+                out[path] = out.get(path, 0) + int(s.libs[i].allocs)
+        return out
+
     def instance(self, index: int) -> Instance | None:
         s = self._slot(index)
         state = int(s.state)
@@ -149,7 +159,7 @@ class Registry:
             contexts=_nonzero(s.contexts, nd),
             api_calls={self.api_names[i]: int(s.api_calls[i]) for i in range(len(self.api_names))
                        if s.api_calls[i]},
-            libraries=self.libraries(index), untracked=int(s.untracked), audit=bool(s.flags & 1),
+            libraries=self.libraries(index), library_allocs=self.library_allocs(index), untracked=int(s.untracked), audit=bool(s.flags & 1),
             started_ns=int(s.started_ns), exited_ns=int(s.exited_ns), events_dropped=int(s.ring_dropped))
 
     def instances(self) -> list[Instance]:
@@ -223,7 +233,8 @@ class Registry:
             return None
         nd = self.max_devices
         return Group(index=index, key=int(g.key), owner_pid=int(g.owner_pid), members=int(g.members),
-                     limits=_nonzero(g.limit, nd), used=_nonzero(g.used, nd), refused=_nonzero(g.refused, nd))
+                     limits=_nonzero(g.limit, nd), used=_nonzero(g.used, nd), refused=_nonzero(g.refused, nd),
+                     peak=_nonzero(g.peak, nd))
 
     def find_group(self, key: int) -> Group | None:
         for i in range(self.lib.SD_MAX_GROUPS):

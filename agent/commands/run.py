@@ -1,6 +1,378 @@
-"""seedance run: wrap a command with the CUDA shim (affinity, quotas, per-instance handles)."""
-from ._notyet import register
+"""seedance run: wrap a command with the CUDA shim (affinity, quotas, per-instance handles).
+
+The program runs unchanged under LD_PRELOAD=libseedance_shim.so (and LD_AUDIT with
+--audit).  seedance itself never writes to the program's stdout: notes go to stderr,
+the report to --report-json FILE, events to --events FILE.  The exit code is the
+program's (128+N when killed by signal N).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..errors import BadInput, NotAvailable, UsageError
+
+EXAMPLES = """\
+examples:
+  seedance run --affinity gpu:1 -- python train.py          only physical GPU 1, seen as device 0
+  seedance run --affinity GPU-5eedface -- ./infer           by UUID prefix (MIG-... too)
+  seedance run --affinity auto --mem-limit 8G -- python serve.py
+  seedance run --mem-limit 8G,1:4G --report-json run.json -- ./bench
+  seedance run --events ev.jsonl --audit -- python -c 'import torch'
+  SEEDANCE_DISABLE=1 seedance run -- ./app                  shim loaded but bypassed
+"""
+
+SIZE_RE = re.compile(r"^(\d+)\s*([KMGTkmgt]?)(i?[Bb])?$")
 
 
 def configure_parser(sub):
-    register(sub, "run", "Wrap a command with the CUDA shim (affinity, quotas, per-instance handles)", "the transparent-wrapping issue")
+    parser = sub.add_parser(
+        "run", help="Wrap a command with the CUDA shim (affinity, quotas, per-instance handles)",
+        description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--affinity", metavar="DEV",
+                        help="devices the program may see: gpu:N, N, npuN, GPU-<uuid>, MIG-<uuid>, "
+                             "a comma list of those, or auto (least-loaded device)")
+    parser.add_argument("--mem-limit", metavar="SIZE",
+                        help="device memory quota: 8G for every device, 1:4G for device 1, or both (8G,1:4G)")
+    parser.add_argument("--events", metavar="FILE", help="write the shim's events as JSON lines")
+    parser.add_argument("--report-json", metavar="FILE", help="write the run report (seedance.report/v1); - for stdout after the program ends")
+    parser.add_argument("--audit", action="store_true",
+                        help="also load the shim as LD_AUDIT: record library searches, loads and CUDA bindings")
+    parser.add_argument("--follow-children", action="store_true",
+                        help="wrap the programs it starts too (default: they run unwrapped)")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    parser.set_defaults(execute=execute)
+    return parser
+
+
+def parse_size(text: str) -> int:
+    m = SIZE_RE.match(text.strip())
+    if not m:
+        raise UsageError(f"seedance run: --mem-limit: {text!r} is not a size (e.g. 8G, 512M)")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    value = int(m.group(1)) * mult
+    if value <= 0:
+        raise UsageError(f"seedance run: --mem-limit: {text!r} must be more than 0")
+    return value
+
+
+def parse_mem_limit(text: str) -> tuple[str, dict]:
+    """'8G,1:4G' -> ('8589934592,1:4294967296', {'default': ..., 'per_device': {...}})"""
+    default, per_device, parts = None, {}, []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        if ":" in item:
+            dev, size = item.split(":", 1)
+            if not dev.strip().isdigit() or int(dev) >= 16:
+                raise UsageError(f"seedance run: --mem-limit: {item!r}: the device must be 0..15")
+            per_device[int(dev)] = parse_size(size)
+            parts.append(f"{int(dev)}:{per_device[int(dev)]}")
+        else:
+            if default is not None:
+                raise UsageError("seedance run: --mem-limit: give one default size at most")
+            default = parse_size(item)
+            parts.insert(0, str(default))
+    if default is None and not per_device:
+        raise UsageError("seedance run: --mem-limit needs a size")
+    return ",".join(parts), {"default_bytes": default, "per_device_bytes": per_device}
+
+
+def check_preload_path(path: Path) -> None:
+    """Never preload a library that someone else could replace (file or any parent)."""
+    me = os.geteuid()
+    for p in [path, *path.parents]:
+        st = p.stat()
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise BadInput(f"refusing to preload {path}: {p} is group/world-writable, "
+                           f"so another user could replace what every wrapped program loads")
+        if st.st_uid not in (0, me):
+            raise BadInput(f"refusing to preload {path}: {p} belongs to uid {st.st_uid}")
+
+
+def setuid_note(exe: str | None) -> str:
+    if not exe:
+        return ""
+    try:
+        st = os.stat(exe)
+    except OSError:
+        return ""
+    if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+        return (f"{exe} is set-user/group-ID: glibc ignores LD_PRELOAD and LD_AUDIT for it "
+                f"(secure-execution mode), so it runs unwrapped")
+    return ""
+
+
+def resolve_affinity(spec: str) -> tuple[str, dict]:
+    """The SEEDANCE_AFFINITY value for the shim, and what the report says about it."""
+    info = {"requested": spec}
+    if spec == "auto":
+        value, why = pick_least_loaded()
+        info.update(resolved=value, how=why)
+        return value, info
+    items = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        low = item.lower()
+        if low.startswith("gpu:"):
+            item = item[4:]
+        elif low.startswith("npu") and item[3:].isdigit():
+            item = item[3:]
+        if item.isdigit():
+            uuid = nvml_uuid(int(item))
+            items.append(uuid or item)
+        elif low.startswith(("gpu-", "mig-")):
+            items.append(item)
+        else:
+            raise UsageError(f"seedance run: --affinity: {item!r} is not gpu:N, N, npuN, GPU-<uuid>, MIG-<uuid> or auto")
+    value = ",".join(items)
+    info.update(resolved=value, how="NVML index -> UUID" if value != spec and "GPU-" in value
+                else "CUDA ordinals (CUDA_DEVICE_ORDER=%s)" % os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST"))
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        info["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    return value, info
+
+
+def _nvml():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml, ""
+    except Exception as exc:  # pynvml missing, or no libnvidia-ml / no driver
+        return None, f"NVML unavailable ({' '.join(str(exc).split()) or type(exc).__name__})"
+
+
+def nvml_uuid(index: int) -> str | None:
+    """gpu:N means NVML/nvidia-smi index N; its UUID makes it independent of CUDA's order."""
+    nvml, _ = _nvml()
+    if not nvml:
+        return None
+    try:
+        uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+        return uuid.decode() if isinstance(uuid, bytes) else uuid
+    except Exception:
+        return None
+
+
+def pick_least_loaded() -> tuple[str, str]:
+    nvml, why = _nvml()
+    if nvml:
+        best = None
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            used = nvml.nvmlDeviceGetMemoryInfo(h).used
+            try:
+                util = nvml.nvmlDeviceGetUtilizationRates(h).gpu
+            except Exception:
+                util = 0
+            key = (util, used, i)
+            if best is None or key < best[0]:
+                uuid = nvml.nvmlDeviceGetUUID(h)
+                best = (key, uuid.decode() if isinstance(uuid, bytes) else uuid)
+        if best:
+            return best[1], f"NVML: least utilised, then least memory used (util {best[0][0]}%, {best[0][1]} bytes)"
+    count = driver_device_count()
+    if not count:
+        raise NotAvailable(f"seedance run: --affinity auto: {why}, and no CUDA driver answers either")
+    load = {d: 0 for d in range(count)}
+    try:
+        from ..shim import Registry
+        reg = Registry.open()
+        for inst in reg.instances():
+            if inst.alive and inst.state == "live":
+                for d, held in inst.current.items():
+                    if d in load:
+                        load[d] += held
+        reg.close()
+    except Exception:
+        pass
+    device = min(load, key=lambda d: (load[d], d))
+    return str(device), f"{why}; chose the device with the least memory held by live seedance instances ({load[device]} bytes of {count} devices)"
+
+
+def driver_device_count() -> int:
+    import ctypes
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_int(0)
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
+            return 0
+        return n.value
+    except OSError:
+        return 0
+
+
+class EventDrain:
+    """Drains the event rings of this run's instances into a JSONL file, off the hot path."""
+
+    def __init__(self, registry, group_key: int, path: str, interval: float = 0.05):
+        self.registry, self.group_key, self.interval = registry, group_key, interval
+        self.out = open(path, "w")
+        self.written = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def slots(self):
+        group = self.registry.find_group(self.group_key)
+        if not group:
+            return []
+        return [i.slot for i in self.registry.instances() if i.group == group.index]
+
+    def drain(self):
+        for slot in self.slots():
+            for event in self.registry.drain_events(slot):
+                self.out.write(json.dumps(event) + "\n")
+                self.written += 1
+        self.out.flush()
+
+    def loop(self):
+        while not self.stop.wait(self.interval):
+            try:
+                self.drain()
+            except Exception:
+                pass
+
+    def finish(self):
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        self.drain()
+        self.out.close()
+
+
+def execute(args) -> int:
+    from .. import shim
+    from ..engine import load_rules
+    from ..runreport import RunResult, build_report, leaks_with_apis
+    from ..shim.binding import expected_version
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("seedance run: give the command after --, e.g. seedance run -- python train.py")
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        raise BadInput(f"seedance run: {cmd[0]}: command not found")
+
+    library = shim.library_path()
+    shim.binding()  # refuses a library of another version, with the fix
+    check_preload_path(library)
+    env = dict(os.environ)
+    result = RunResult(argv=cmd, exit_code=0, signal=None, wrapped=True, shim=str(library),
+                       shim_version=expected_version(), audit=args.audit, follow_children=args.follow_children)
+    note = setuid_note(exe)
+    if note:
+        print(f"seedance: {note}", file=sys.stderr)
+        result.wrapped, result.why_unwrapped = False, note
+    if env.get("SEEDANCE_DISABLE") == "1":
+        result.wrapped, result.why_unwrapped = False, "SEEDANCE_DISABLE=1: the shim passes every call through"
+
+    group_key = secrets.randbits(63) | 1
+    env.update(SEEDANCE_GROUP=f"{group_key:x}", SEEDANCE_GROUP_OWNER=str(os.getpid()),
+               SEEDANCE_SHIM_VERSION=result.shim_version)
+    env["LD_PRELOAD"] = ":".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))
+    if args.audit:
+        env["LD_AUDIT"] = ":".join(filter(None, [str(library), env.get("LD_AUDIT", "")]))
+    if args.follow_children:
+        env["SEEDANCE_FOLLOW"] = "1"
+    if args.events:
+        env["SEEDANCE_EVENTS"] = "1"
+    if args.affinity:
+        env["SEEDANCE_AFFINITY"], result.affinity = resolve_affinity(args.affinity)
+    if args.mem_limit:
+        env["SEEDANCE_MEM_LIMIT"], result.mem_limit = parse_mem_limit(args.mem_limit)
+
+    registry = None
+    try:
+        registry = shim.Registry.open()
+    except NotAvailable:
+        pass
+    drain = None
+    if args.events:
+        if registry is None:
+            # the first wrapped process creates the registry: wait for it in the drain loop
+            drain = _LateDrain(group_key, args.events)
+        else:
+            drain = EventDrain(registry, group_key, args.events)
+        drain.thread.start()
+
+    started = time.monotonic()
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        raise BadInput(f"seedance run: {cmd[0]}: {exc.strerror or exc}") from None
+    forwarded = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        forwarded[sig] = signal.signal(sig, lambda s, f: child.send_signal(s))
+    try:
+        rc = child.wait()
+    finally:
+        for sig, old in forwarded.items():
+            signal.signal(sig, old)
+    result.wall_s = time.monotonic() - started
+    result.exit_code = rc if rc >= 0 else 128 - rc
+    result.signal = -rc if rc < 0 else None
+
+    if drain:
+        drain.finish()
+        result.events_file, result.events_written = args.events, drain.written
+        registry = registry or getattr(drain, "registry", None)
+    if registry is None:
+        try:
+            registry = shim.Registry.open()
+        except NotAvailable:
+            registry = None
+    instances, leaks, group = [], {}, None
+    if registry is not None:
+        result.registry = str(registry.path)
+        group = registry.find_group(group_key)
+        if group:
+            instances = [i for i in registry.instances() if i.group == group.index]
+            leaks = {i.slot: leaks_with_apis(registry, i.slot) for i in instances}
+    report = build_report(result, instances, leaks, group, load_rules())
+    for finding in report.sorted_findings():
+        if finding.rule == "handle-leak":
+            print(f"seedance: {finding.severity}: {finding.message}", file=sys.stderr)
+    if args.report_json:
+        text = json.dumps(report.to_dict(), indent=2) + "\n"
+        if args.report_json == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.report_json).write_text(text)
+    if registry is not None:
+        for inst in instances:
+            registry.reclaim(inst.slot)
+        if group:
+            registry.release_group(group.index)
+    return result.exit_code
+
+
+class _LateDrain(EventDrain):
+    """An EventDrain that opens the registry once the first wrapped process made it."""
+
+    def __init__(self, group_key: int, path: str):
+        self.registry = None
+        self.group_key, self.interval = group_key, 0.05
+        self.out = open(path, "w")
+        self.written = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def drain(self):
+        if self.registry is None:
+            from ..shim import Registry
+            try:
+                self.registry = Registry.open()
+            except NotAvailable:
+                return
+        super().drain()

@@ -68,6 +68,7 @@ struct sd_record {
 struct sd_lib {
     uint32_t ready;       /* set last: the path is complete */
     uint32_t pad;
+    uint64_t allocs;      /* allocations this library made */
     char path[SD_LIB_PATH_LEN];
 };
 
@@ -95,6 +96,7 @@ struct sd_group {
     uint64_t limit[SD_MAX_DEVICES];    /* bytes per physical device; 0 = no quota */
     uint64_t used[SD_MAX_DEVICES];     /* reserved before the real allocation */
     uint64_t refused[SD_MAX_DEVICES];  /* allocations refused by the quota */
+    uint64_t peak[SD_MAX_DEVICES];     /* highest reservation seen, all members together */
 };
 
 struct sd_slot {

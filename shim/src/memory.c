@@ -20,6 +20,14 @@
 /* the library that called cudaMalloc, for the driver call it makes underneath */
 static __thread void *sd_runtime_caller __attribute__((tls_model("initial-exec")));
 
+static inline void group_peak(struct sd_group *g, int dev, uint64_t now)
+{
+    uint64_t peak = __atomic_load_n(&g->peak[dev], __ATOMIC_RELAXED);
+    while (SD_UNLIKELY(now > peak) &&
+           !__atomic_compare_exchange_n(&g->peak[dev], &peak, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
 static inline int quota_reserve(int dev, uint64_t bytes)
 {
     struct sd_group *g = sd_group;
@@ -27,7 +35,7 @@ static inline int quota_reserve(int dev, uint64_t bytes)
         return 1;
     uint64_t limit = g->limit[dev];
     if (!limit) {
-        __atomic_fetch_add(&g->used[dev], bytes, __ATOMIC_RELAXED);
+        group_peak(g, dev, __atomic_add_fetch(&g->used[dev], bytes, __ATOMIC_RELAXED));
         return 1;
     }
     uint64_t used = __atomic_load_n(&g->used[dev], __ATOMIC_RELAXED);
@@ -36,6 +44,7 @@ static inline int quota_reserve(int dev, uint64_t bytes)
             return 0;
     } while (!__atomic_compare_exchange_n(&g->used[dev], &used, used + bytes, 1, __ATOMIC_ACQ_REL,
                                           __ATOMIC_RELAXED));
+    group_peak(g, dev, used + bytes);
     return 1;
 }
 
@@ -68,6 +77,8 @@ static inline void account_alloc(uint64_t key, uint64_t bytes, int dev, int api,
            !__atomic_compare_exchange_n(&s->peak[dev], &peak, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         ;
     __atomic_fetch_add(&s->api_calls[api], 1, __ATOMIC_RELAXED);
+    if (lib < SD_MAX_LIBS)
+        __atomic_fetch_add(&s->libs[lib].allocs, 1, __ATOMIC_RELAXED);
     sd_record_insert(key, bytes, dev, api, lib);
     if (sd_events_on)
         sd_event(SD_EV_ALLOC, api, dev, 0, key, bytes, lib, NULL);

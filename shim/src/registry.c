@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -661,7 +662,8 @@ uint32_t sd_lib_index(void *caller)
     const char *name = "?";
     if (dladdr(caller, &info) && info.dli_fname && info.dli_fname[0]) {
         name = info.dli_fname;
-        if (!strchr(name, '/')) { /* the main program shows up as argv[0] */
+        if (!strchr(name, '/') || strcmp(name, program_invocation_name) == 0) {
+            /* the main program shows up as argv[0] */
             read_exe(exe, sizeof exe);
             name = exe;
         }
