@@ -131,7 +131,8 @@ class Resolver:
         self._elf: dict = {}  # (dev, ino, mtime_ns, size, symbols) -> ElfInfo
         self._listing: dict = {}  # host dir -> frozenset of names, or None
         self._stat: dict = {}  # host path -> stat_result or None
-        self._closures: dict = {}  # root path -> (stamp, Closure, {path: _Loaded})
+        self._closures: dict = {}  # root path -> Closure
+        self._chains: dict = {}  # path -> (_Loaded, main _Loaded, Closure) where first loaded
 
     # --- file system, cached -------------------------------------------------------------
     def _host(self, path: str) -> str:
@@ -364,7 +365,7 @@ class Resolver:
         return None
 
     def _map(self, name: str, requester: _Loaded, namespace: list, main: _Loaded, abi: Abi,
-             secure_preload: bool = False):
+             preload: bool = False):
         """(_Loaded or None, Resolution, is_new) for NEEDED ``name`` of ``requester``."""
         for obj in namespace:
             if name in obj.names or (obj.info is not None and obj.info.soname == name):
@@ -396,15 +397,18 @@ class Resolver:
 
         if found is not None and found[0] == "fatal":
             found = None
-        if found is not None and secure_preload:
+        if found is not None and preload and self.secure:
             st = self._stat_of(found[0])
             if st is None or not st.st_mode & _stat.S_ISUID:
                 tried = tried + ((found[0], "secure preload requires a set-user-ID file"),)
                 found = None
         if found is None:
+            res = Resolution(name, requester.path, None, "not-found", tried, order, None)
+            if preload:
+                return None, res, False  # rtld.c do_preload: a missing preload is ignored
             fake = _Loaded(None, None, [name], requester, None, None)
             namespace.append(fake)
-            return fake, Resolution(name, requester.path, None, "not-found", tried, order, None), True
+            return fake, res, True
 
         path, info, source = found
         st = self._stat_of(path)
@@ -452,7 +456,7 @@ class Resolver:
         for name in list(preload_names) + list(preloaded):
             if self.secure and "/" in name:
                 continue  # rtld.c dso_name_valid_for_suid
-            obj, res, new = self._map(name, main, namespace, main, abi, secure_preload=self.secure)
+            obj, res, new = self._map(name, main, namespace, main, abi, preload=True)
             resolutions.append(res)
             if new or (obj is rtld and not obj.listed):
                 obj.listed = True
@@ -495,19 +499,32 @@ class Resolver:
                          interpreter=rtld.path if rtld is not None else None, abi=abi.name,
                          load_names=load_names, load_order=load_order)
         self._closures[path] = result
+        for obj in queue:
+            if obj is not main and obj.path is not None:
+                self._chains.setdefault(obj.path, (obj, main, result))
         return result
 
     def explain(self, name: str, requester: str) -> Resolution:
-        """The search for ``name`` as a NEEDED of ``requester`` (treated as the main program,
-        so its own RPATH chain applies); the closure's answer when it really NEEDs it."""
-        known = self._closures.get(requester) or self.closure(requester)
-        for res in known.resolutions:
+        """The search for ``name`` as a NEEDED of ``requester``.
+
+        When ``requester`` was loaded as a dependency in a closure computed earlier by this
+        Resolver, its loader chain from that closure applies (RPATH inheritance); otherwise
+        ``requester`` is treated as the main program.  When it really NEEDs ``name``, the
+        closure's own Resolution is returned (it may be 'loaded')."""
+        known = self._chains.get(requester) if requester not in self._closures else None
+        if known is None:
+            closure = self._closures.get(requester) or self.closure(requester)
+            obj = main = None
+        else:
+            obj, main, closure = known
+        for res in closure.resolutions:
             if res.requester == requester and res.name == name:
                 return res
-        info = self.read(requester)
-        abi = self.abi_for(info)
-        main = _Loaded(requester, info, [requester], None, _origin_of(requester), None, is_main=True)
-        _obj, res, _new = self._map(name, main, [], main, abi)
+        if obj is None:
+            info = self.read(requester)
+            main = obj = _Loaded(requester, info, [requester], None, _origin_of(requester), None,
+                                 is_main=True)
+        _obj, res, _new = self._map(name, obj, [], main, self.abi_for(obj.info))
         return res
 
     def _rtld(self, interpreter: str, abi: Abi):

@@ -121,3 +121,12 @@ def test_cli_missing_file_and_directory(tmp_path):
     for target in (tmp_path / "nope", tmp_path):
         proc = run_cli("ldd", target)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("preload", ["/usr/lib/x86_64-linux-gnu/libz.so.1", "libz.so.1 libcap.so.2",
+                                     "libnot-there.so:libz.so.1"])
+def test_cli_preload_matches_ldd(preload):
+    expected = parity.run_ldd("/usr/bin/true", env={"LD_PRELOAD": preload})
+    proc = run_cli("ldd", "--env", f"LD_PRELOAD={preload}", "/usr/bin/true")
+    assert proc.returncode == 0, proc.stderr
+    assert parity.compare(expected, parity.parse_ldd(proc.stdout)) is None

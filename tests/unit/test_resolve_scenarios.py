@@ -335,3 +335,25 @@ def test_explain_reports_the_search(tmp_path):
     assert [s for s, _d in other.search_order][:2] == ["runpath", "ld.so.cache"]
     libc = resolver.explain("libc.so.6", str(exe))
     assert os.path.realpath(libc.path) in parity.run_ldd(exe)[1]
+
+
+def test_explain_uses_the_loader_chain_of_an_earlier_closure(tmp_path):
+    d1, d2, d3 = tmp_path / "d1", tmp_path / "d2", tmp_path / "d3"
+    deep = lib(d3, "libdeep.so", "int deep(void){return 3;}")
+    leaf = lib(d2, "libleaf.so", "int leaf(void){return 0;}")
+    mid = lib(d1, "libmid.so", "int leaf(void); int mid(void){return leaf();}", needs=[leaf],
+              rpath=f"{d2}:{d3}")
+    exe = prog(tmp_path / "app", "int mid(void); int main(void){return mid();}", needs=[mid],
+               rpath=str(d1))
+    resolver = Resolver()
+    resolver.closure(str(exe))
+    leaf_path = source_of(resolver.closure(str(exe)), "libleaf.so").path
+    # libleaf has no RPATH of its own: libdeep is found through libmid's, inherited
+    via_chain = resolver.explain("libdeep.so", leaf_path)
+    assert via_chain.source == "rpath" and via_chain.path == str(deep)
+    # on its own, libleaf would not find it
+    alone = Resolver().explain("libdeep.so", leaf_path)
+    assert alone.path is None
+    # and real ld.so agrees once libleaf really needs it through that chain
+    lib(d2, "libleaf.so", "int deep(void); int leaf(void){return deep()-3;}", needs=[deep])
+    assert str(deep) in parity.run_ldd(exe)[1]
