@@ -368,7 +368,9 @@ class Resolver:
              preload: bool = False):
         """(_Loaded or None, Resolution, is_new) for NEEDED ``name`` of ``requester``."""
         for obj in namespace:
-            if name in obj.names or (obj.info is not None and obj.info.soname == name):
+            # _dl_name_match_p: the path it was opened as, any name it was requested under,
+            # or (checked lazily by _dl_map_object) its DT_SONAME.
+            if name in obj.names or name == obj.path or (obj.info is not None and obj.info.soname == name):
                 if obj.path is None:
                     res = Resolution(name, requester.path, None, "not-found",
                                      ((name, "already not found for an earlier requester"),), (), None)

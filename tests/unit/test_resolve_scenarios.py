@@ -357,3 +357,31 @@ def test_explain_uses_the_loader_chain_of_an_earlier_closure(tmp_path):
     # and real ld.so agrees once libleaf really needs it through that chain
     lib(d2, "libleaf.so", "int deep(void); int leaf(void){return deep()-3;}", needs=[deep])
     assert str(deep) in parity.run_ldd(exe)[1]
+
+
+def test_root_resolves_inside_another_tree(tmp_path):
+    """root= answers for a container/chroot tree; the oracle is ld.so run inside a real chroot."""
+    if os.geteuid() != 0 or shutil.which("chroot") is None:
+        pytest.skip("needs root and chroot")
+    root = tmp_path / "root"
+    host = Resolver().closure("/usr/bin/true")
+    for path in list(host.objects) + ["/lib64/ld-linux-x86-64.so.2"]:
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(path), target)
+    extra = lib(root / "opt" / "lib", "libextra.so", "int x(void){return 0;}")
+    exe = prog(root / "usr" / "bin" / "app", "int x(void); int main(void){return x();}",
+               needs=[extra], rpath="/opt/lib")
+    listing = subprocess.run([shutil.which("chroot"), str(root), "/lib64/ld-linux-x86-64.so.2", "--list", "/usr/bin/app"],
+                             capture_output=True, text=True, env=CLEAN)
+    assert listing.returncode == 0, listing.stderr
+    expected = set()
+    for line in listing.stdout.splitlines():
+        target = line.strip().rsplit(" (0x", 1)[0].split("=>")[-1].strip()
+        if target.startswith("/"):
+            expected.add(target)
+    closure = Resolver(root=str(root), cache_path="/etc/ld.so.cache").closure("/usr/bin/app")
+    ours_paths = {p for p in closure.objects if p != "/usr/bin/app"}
+    assert ours_paths == expected
+    assert source_of(closure, "libextra.so").path == "/opt/lib/libextra.so"
+    assert exe.exists()
