@@ -61,12 +61,21 @@ def tree_hash(root: Path) -> str:
     return digest.hexdigest()
 
 
+def validate_report(report):
+    """The shipped seedance.report/v1 contract, when the check helper's schema is present."""
+    schema_path = ROOT / "agent" / "schemas" / "report.schema.json"
+    if schema_path.exists():
+        import jsonschema
+        jsonschema.validate(report, json.loads(schema_path.read_text()))
+
+
 def test_legacy_verify_lists_exactly_the_three_traps(cli, env, built):
     assert cli("plugin", "install", built / "legacy-audio-encoder", env=env).returncode == 0
     proc = cli("plugin", "verify", "--strict", "--report-json", env=env)
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     assert report["schema"] == "seedance.report/v1"
+    validate_report(report)
     assert sorted(f["rule"] for f in report["waste_traps"]) == sorted(WASTE_TRAPS)
     assert {f["trap"] for f in report["waste_traps"]} == set(WASTE_TRAPS)
     for finding in report["findings"]:
@@ -99,6 +108,7 @@ def test_notes_workflow_uninstall_legacy_install_compliant(cli, env, built, tmp_
     proc = cli("plugin", "verify", "audio-encoder", "--strict", "--report-json", out, env=env)
     assert proc.returncode == 0, proc.stdout
     report = json.loads(out.read_text())
+    validate_report(report)
     assert report["waste_traps"] == [] and report["findings"] == []
     layers = report["plugins"][0]["layers"]
     assert [line.split(":")[0] for line in layers[:7]] == [f"INFO L{n}" for n in range(1, 8)]
