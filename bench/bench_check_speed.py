@@ -70,6 +70,12 @@ def main() -> int:
 
     check_s, check_rc = timed([str(SEEDANCE), "check", "--no-progress", "--json", args.directory], args.repeat)
     print(f"seedance check      {check_s:8.2f} s   (exit {check_rc})")
+    import json
+    report = json.loads(subprocess.run([str(SEEDANCE), "check", "--no-progress", "--json", args.directory],
+                                       capture_output=True, text=True).stdout)
+    kinds = report["stats"]["facts_by_kind"]
+    print(f"  checked {report['stats']['elf_objects']} roots, {report['stats']['closure_objects']} objects in"
+          f" closures; facts: {kinds} (version_need = every verneed checked against its verdef)")
     results = {}
     for tool in ("ldd", "libtree"):
         if shutil.which(tool) is None:
