@@ -146,12 +146,29 @@ def compare(left: tuple, right: tuple) -> str | None:
     return "; ".join(parts) or None
 
 
+def speed(files: list, ours_s: float) -> None:
+    """Serial peer loops, as a shell `for f in ...; do ldd "$f"; done` would run them."""
+    import shutil
+    for peer in ("ldd", "libtree"):
+        exe = shutil.which(peer)
+        if exe is None:
+            print(f"{peer}: not installed")
+            continue
+        start = time.perf_counter()
+        for path in files:
+            subprocess.run([exe, path], capture_output=True, env=CLEAN_ENV, timeout=60)
+        took = time.perf_counter() - start
+        print(f"{peer} loop (serial): {took:.2f}s  ratio {peer}/seedance: {took / ours_s:.1f}x")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", help="trees or files (default: the issue's trees)")
     parser.add_argument("--limit", type=int, default=0, help="compare only the first N files")
     parser.add_argument("--jobs", type=int, default=2, help="parallel ldd processes")
     parser.add_argument("--show", type=int, default=20, help="differences to print")
+    parser.add_argument("--speed", action="store_true",
+                        help="also time serial `ldd` and `libtree` loops over the same files")
     args = parser.parse_args(argv)
 
     from seedance.resolve import Resolver
@@ -185,6 +202,8 @@ def main(argv=None) -> int:
     for path, why in differences[:args.show]:
         print(f"DIFF {path}: {why}")
     print(f"seedance: {ours_s:.2f}s  ldd ({args.jobs} jobs): {ldd_s:.2f}s")
+    if args.speed:
+        speed(files, ours_s)
     print(f"files compared: {len(files)}  differences: {len(differences)}")
     return 0 if not differences else 1
 
