@@ -118,6 +118,8 @@ def driver_facts(runtimes: dict, gpu, dedup: FactDedup) -> list:
         return []
     facts = []
     for path, (major, requester) in runtimes.items():
+        if requester == path:
+            continue  # the runtime checked as a root: an installed runtime fails no one by itself
         if not dedup.first(dedup.drivers, (requester, path)):
             continue
         fact = cuda.driver_fact(requester, path, major, gpu.driver_version, gpu.driver_source)

@@ -76,3 +76,10 @@ def test_no_driver_known_means_no_driver_fact(cu12_user):
         pytest.skip("this host has NVML")
     assert "cuda_driver" not in report.stats["facts_by_kind"]
     assert report.stats["facts_by_kind"]["cuda_runtimes"] == 1
+
+
+def test_runtime_on_its_own_is_not_judged_against_the_driver(cu12_user):
+    _lib, runtime = cu12_user
+    report = scan(runtime, driver_version="470.256.02")
+    assert report.findings == []
+    assert "cuda_driver" not in report.stats["facts_by_kind"]
