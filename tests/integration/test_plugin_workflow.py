@@ -233,3 +233,22 @@ def test_unknown_name_and_uninstall_errors(cli, env):
     assert proc.returncode == 2 and "no plugin by that name" in proc.stderr
     proc = cli("plugin", "uninstall", "no-such-plugin", env=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_concurrent_installs_serialise_on_the_lock(env, built):
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "seedance"
+    full_env = {**os.environ, **env}
+    procs = [subprocess.Popen([str(exe), "plugin", "install", name], env=full_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for name in ("audio-encoder-v2.0.5", "speech-pipeline-v1.1.0")]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    # the shared dependency was installed exactly once, by whichever got the lock first
+    joined = "".join(out for out, _err in outputs)
+    assert joined.count("installed dependency dsp-kernels 2.0.4") == 1
+    root = store_root(env)
+    assert sorted(p.name for p in (root / "dsp-kernels").iterdir()) == ["2.0.4"]
+    assert not [p for p in root.iterdir() if p.name.startswith((".staging", ".trash"))]
