@@ -267,10 +267,9 @@ class Resolver:
                     out.append(piece)
         return out
 
-    def _search_dirs(self, name, directories, source, abi, tried, order):
+    def _search_dirs(self, name, directories, source, abi, tried):
         """open_path over one list; (path, info, source) or None; ('fatal', why) stops."""
         for directory in directories:
-            order.append((source, directory))
             for subdir in self._subdirs:
                 if self._dir_names(self._host_dirname(directory + subdir)) is None:
                     continue  # ld.so marks a missing hwcaps directory nonexistent silently
@@ -342,7 +341,7 @@ class Resolver:
         found = None
         for source, dirs in plan:
             if dirs is not None:
-                found = self._search_dirs(name, dirs, source, abi, tried, [])
+                found = self._search_dirs(name, dirs, source, abi, tried)
             else:
                 found = self._search_cache(name, requester.info.nodeflib, abi, tried)
             if found is not None:
