@@ -157,6 +157,14 @@ def request(path: Path, op: str = "status", timeout: float = 5.0, **fields) -> d
     return reply
 
 
+def agent_running(path: Path, timeout: float = 1.0) -> bool:
+    """Whether an agent answers on path: `seedance run` can leave reclaiming to it."""
+    try:
+        return bool(request(path, "ping", timeout=timeout).get("pong"))
+    except NotAvailable:
+        return False
+
+
 def _remove_stale(path: Path) -> None:
     """Remove a socket left by a killed agent; refuse to start beside a live one."""
     try:

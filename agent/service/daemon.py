@@ -233,7 +233,6 @@ class Agent:
         leaked = sum(a.size for a in allocations)
         findings = self._leak_findings(inst, allocations) if leaked else []
         first = self.state.instance_ended(inst.pid, inst.start_time, inst.slot, inst.exe, leaked, findings)
-        crash_point("after-record")
         if first:
             with self._lock:
                 self.counters["instances_ended"] += 1
@@ -247,6 +246,8 @@ class Agent:
                          findings=[f.to_dict() for f in findings])
             else:
                 self.log("instance-ended", "debug", pid=inst.pid, slot=inst.slot, exe=inst.exe)
+        # The kill -9 window the restart test exercises: reported and committed, not reclaimed.
+        crash_point("before-reclaim")
         if self.registry.reclaim(inst):
             self.state.instance_reclaimed(inst.pid, inst.start_time)
             with self._lock:
