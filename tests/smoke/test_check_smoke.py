@@ -220,3 +220,34 @@ def test_host_scope_finds_stale_torch_extension(tmp_path):
     stale = [f for f in report["findings"] if f["rule"] == "torch-ext-stale"]
     assert [f["subject"]["path"] for f in stale] == [str(build)]
     assert "gone_in_new_torch" in " ".join(stale[0]["evidence"]["reasons"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists(LIBZ),
+                    reason="needs root (to drop to nobody with setpriv) and libz")
+def test_unreadable_files_and_dirs_as_another_user():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:  # pytest's tmp root is 0700
+        _unreadable_as_nobody(Path(top))
+
+
+def _unreadable_as_nobody(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    shutil.copy(LIBZ, tree / "ok.so")
+    shutil.copy(LIBZ, tree / "secret.so")
+    os.chmod(tree / "secret.so", 0)
+    (tree / "closed").mkdir()
+    os.chmod(tree / "closed", 0)
+    for path in (tmp_path, tree, tree / "ok.so"):
+        os.chmod(path, 0o755)
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(BIN / "seedance"), "check",
+              "--no-progress"]
+    proc = subprocess.run(nobody + ["--json", str(tree)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert sorted(e["path"] for e in report["stats"]["errors"]) == [str(tree / "closed"), str(tree / "secret.so")]
+    assert all("permission denied" in e["error"] for e in report["stats"]["errors"])
+    proc = subprocess.run(nobody + [str(tree / "secret.so")], capture_output=True, text=True, timeout=60)
+    assert one_line_error(proc).endswith("secret.so: permission denied")
