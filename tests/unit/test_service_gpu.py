@@ -58,10 +58,13 @@ def test_processes_that_chose_a_device_or_are_unreadable_are_not_judged():
 def test_process_affinity_reads_the_real_environment():
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
-    chosen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                              env={**env, "CUDA_VISIBLE_DEVICES": "1"})
+    code = "import time; print('ready', flush=True); time.sleep(30)"
+    plain = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    chosen = subprocess.Popen([sys.executable, "-c", code], env={**env, "CUDA_VISIBLE_DEVICES": "1"},
+                              stdout=subprocess.PIPE, text=True)
     try:
+        # until exec, /proc/PID/environ is still the parent's: wait for the child to speak
+        assert plain.stdout.readline() == "ready\n" and chosen.stdout.readline() == "ready\n"
         assert process_affinity(plain.pid) is False
         assert process_affinity(chosen.pid) is True
         assert process_affinity(plain.pid, shim_remapped={plain.pid}) is True
