@@ -313,8 +313,11 @@ class Journal:
         entry._lock_fd = lock_fd
         try:
             # judge every file before touching any, so a refusal leaves everything as it was
+            created = {r["path"] for r in entry.files
+                       if r["action"] in ("create", "create-dir") and r.get("state") == "written"}
             for record in entry.files:
-                if record.get("state") == "written":
+                if record.get("state") == "written" and not (
+                        record["action"] == "move" and record["path"] in created):
                     problem = _undo_problem(entry, record)
                     if problem:
                         raise BadInput(problem)
