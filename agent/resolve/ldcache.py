@@ -38,6 +38,7 @@ ABI_FLAGS = {"x86_64": FLAG_ELF_LIBC6 | FLAG_X8664_LIB64, "i386": FLAG_ELF_LIBC6
 # bits then index the extension's list of subdirectory names.
 HWCAP_EXTENSION = 1 << 62
 HWCAP_TLS = 1 << 63
+ISA_LEVEL_MASK = (1 << 10) - 1
 HWCAP_PLATFORM_MASK = ((1 << 4) - 1) << 48  # x86: _DL_FIRST_PLATFORM 48, 4 platforms
 X86_PLATFORMS = ("i586", "i686", "haswell", "xeon_phi")
 
@@ -49,6 +50,12 @@ class CacheEntry:
     flags: int
     hwcap: int
     hwcaps_subdir: str | None  # for glibc-hwcaps entries
+
+
+def is_hwcaps_extension(hwcap: int) -> bool:
+    """dl_cache_hwcap_extension(): only bit 62 set above the low 32 bits, ignoring the ISA
+    level bits (32..41) that ldconfig stores next to it."""
+    return ((hwcap >> 32) & ~ISA_LEVEL_MASK) == (HWCAP_EXTENSION >> 32)
 
 
 def libcmp(left: str, right: str) -> int:
@@ -141,7 +148,7 @@ class LdCache:
                 break
             if entry.flags != want_flags:
                 continue
-            named = bool(entry.hwcap & HWCAP_EXTENSION)
+            named = is_hwcaps_extension(entry.hwcap)
             if named and entry.hwcaps_subdir not in priorities:
                 continue  # not usable on this CPU (isa-level / priority 0)
             if not named and best is not None:
@@ -209,7 +216,7 @@ def _parse_new(data: bytes, base: int) -> list:
         e_flags, key, value, _osv, hwcap = NEW_ENTRY.unpack_from(data, base + NEW_HEADER.size
                                                                  + index * NEW_ENTRY.size)
         subdir = None
-        if hwcap & HWCAP_EXTENSION:
+        if is_hwcaps_extension(hwcap):
             idx = hwcap & 0xFFFFFFFF
             subdir = subdirs[idx] if idx < len(subdirs) else None
         entries.append(CacheEntry(_string(data, base, key), _string(data, base, value),
