@@ -1,4 +1,5 @@
-"""What this host's GPUs look like, from NVML when it loads and the kernel module otherwise.
+"""What this host's GPUs look like: NVML when it loads in this process, else the running
+seedance agent's samples (its status socket), plus the kernel module's own version.
 
 Everything here is observation only, and each value says where it came from, so a finding
 can say "not observed: NVML unavailable (...)" instead of guessing.  pynvml is imported
@@ -26,11 +27,16 @@ class GpuHost:
     module_source: str
     devices: tuple = ()  # of dict(index, name, cc, arch, utilisation)
     utilisation_error: str = ""
+    agent_source: str = ""  # the status socket the devices came from, when NVML failed here
     extra: dict = field(default_factory=dict)
 
     @property
     def device_source(self) -> str:
-        return "NVML" if self.nvml_ok else f"NVML unavailable ({self.nvml_error})"
+        if self.nvml_ok:
+            return "NVML"
+        if self.agent_source:
+            return f"seedance agent ({self.agent_source}); NVML unavailable here ({self.nvml_error})"
+        return f"NVML unavailable ({self.nvml_error})"
 
 
 def kernel_module_version() -> tuple:
@@ -50,6 +56,40 @@ def kernel_module_version() -> tuple:
 
 @lru_cache(maxsize=1)
 def probe() -> GpuHost:
+    observed = _probe_nvml()
+    if observed.nvml_ok:
+        return observed
+    return _from_agent(observed)
+
+
+def _from_agent(observed: GpuHost) -> GpuHost:
+    """The agent samples NVML every few seconds; when NVML does not load here (a container
+    without the driver's libraries), its view is still live data."""
+    try:
+        from ..errors import SeedanceError
+        from ..service import api, config
+    except ImportError:
+        return observed
+    path = config.socket_path()
+    if not path.exists():
+        return observed
+    try:
+        status = api.request(path, "status", timeout=1.0)
+    except (SeedanceError, OSError):
+        return observed
+    devices = []
+    for dev in status.get("devices") or []:
+        util = dev.get("utilization")
+        devices.append({"index": dev.get("index"), "name": dev.get("name", ""), "cc": None, "arch": None,
+                        "utilisation": None if util is None else round(float(util) * 100, 1)})
+    if not devices:
+        return observed
+    return GpuHost(False, observed.nvml_error, len(devices), observed.driver_version, observed.cuda_driver_major,
+                   observed.module_version, observed.module_source, tuple(devices),
+                   agent_source=str(path))
+
+
+def _probe_nvml() -> GpuHost:
     module_version, module_source = kernel_module_version()
     try:
         import pynvml
@@ -99,7 +139,7 @@ def affinity_metric(host: GpuHost) -> dict:
     """The notes' observable for affinity-unset: GPU0 utilisation < 15% while another
     accelerator's idle time > 80%."""
     metric = "GPU0 utilisation < 15% while another accelerator's idle time > 80%"
-    if not host.nvml_ok:
+    if not host.devices:
         return {"metric": metric, "observed": False,
                 "value": f"not observed: {host.device_source}"}
     utils = {d["index"]: d["utilisation"] for d in host.devices}
@@ -108,6 +148,6 @@ def affinity_metric(host: GpuHost) -> dict:
         return {"metric": metric, "observed": False, "value": f"not observed: {why}",
                 "utilisation": utils}
     others_idle = max(100 - v for k, v in utils.items() if k != 0)
-    return {"metric": metric, "observed": True, "utilisation": utils,
+    return {"metric": metric, "observed": True, "source": host.device_source, "utilisation": utils,
             "gpu0_utilisation": utils.get(0), "max_other_idle": others_idle,
             "value": "met" if (utils.get(0, 100) < 15 and others_idle > 80) else "not met now"}
