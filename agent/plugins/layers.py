@@ -166,7 +166,7 @@ def check_root(root: Path, strict: bool, force_arch: str | None, *, store: Store
     result.notes["L7"] = (f"manifest valid; ranges {ranges}; affinity {manifest.device_affinity or 'unset'}; "
                           f"batch_policy {manifest.batch.policy or 'missing'}"
                           + ("" if check_deps or not manifest.depends else "; dependencies not checked (--no-deps)"))
-    for pick in picks or ():
+    for pick in [p for p in picks or () if p.version]:  # unresolved ones are L7 errors
         result.notes.setdefault("picks", []).append(pick.explanation)
 
     result.findings = load_rules().evaluate(result.facts, strict=strict)
