@@ -79,6 +79,12 @@ def _site_dirs() -> list:
     return list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))
 
 
+def config_dirs() -> list:
+    """Where seedance and plugin YAML configs live: the user's, the system's, the plugin store."""
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return [config_dir(), "/etc/seedance", os.path.join(data, "seedance", "plugins")]
+
+
 def config_dir(home: str | None = None) -> str:
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home or os.path.expanduser("~"), ".config")
     return os.path.join(base, "seedance")

@@ -204,7 +204,10 @@ class Scanner:
             roots.extend(self._walk(directory))
         for pid in process.all_pids():
             self._process(pid, explicit=False)
-        configs = config_collect.config_files(host.config_dir()) if os.path.isdir(host.config_dir()) else []
+        configs = []
+        for directory in host.config_dirs():
+            if os.path.isdir(directory):
+                configs.extend(config_collect.config_files(directory))
         return roots, configs
 
     # --- collectors -----------------------------------------------------------------------

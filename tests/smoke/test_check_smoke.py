@@ -251,3 +251,12 @@ def _unreadable_as_nobody(tmp_path):
     assert all("permission denied" in e["error"] for e in report["stats"]["errors"])
     proc = subprocess.run(nobody + [str(tree / "secret.so")], capture_output=True, text=True, timeout=60)
     assert one_line_error(proc).endswith("secret.so: permission denied")
+
+
+def test_host_scope_reads_plugin_store_configs(tmp_path):
+    manifest = tmp_path / "seedance" / "plugins" / "enc" / "2.0.5" / "manifest.yaml"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("name: enc\nenv:\n  LD_PRELOAD: ${HOME}/libenc-shim.so\n")
+    proc = run_cli("check", "--json", env={"XDG_DATA_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    leaks = [f for f in json.loads(proc.stdout)["findings"] if f["rule"] == "env-leak"]
+    assert [f["subject"]["path"] for f in leaks] == [str(manifest)]
