@@ -65,6 +65,16 @@ def range_facts(manifest: Manifest, picks) -> list:
         pick: Pick | None = by_name.get(field_name.split(".", 1)[1]) if field_name.startswith("depends.") else None
         fallback = bool(pick and pick.fallback)
         bounded = has_upper_bound(text)
+        if fallback:
+            marker = f"(fallback) shown for {pick.name} {pick.version}"
+        elif pick is not None and not bounded:
+            marker = ("not shown: the pick is the newest known version today; an unbounded range "
+                      "gives no guarantee for tomorrow's releases")
+        elif not bounded:
+            marker = (f"not shown: `plugin list` marks dependency picks; {field_name} has no upper "
+                      f"bound, so any future release is accepted")
+        else:
+            marker = "not shown"
         reasons = [] if bounded else ["has no upper bound"]
         if fallback:
             reasons.append(f"picked {pick.name} {pick.version}, older than the newest {pick.newest} (fallback)")
@@ -79,9 +89,10 @@ def range_facts(manifest: Manifest, picks) -> list:
             "deps_checked": checked,
             "explanation": pick.explanation if pick else "",
             "metric": FALLBACK_METRIC,
-            "list_marker": ("(fallback) shown for " + f"{pick.name} {pick.version}") if fallback else
-                           "not shown: the pick is the newest known version today; an unbounded range "
-                           "gives no guarantee for tomorrow's releases",
+            "list_marker": marker,
+            # `plugin list` is computed here from the same picks, so this metric is always observed
+            "metric_value": marker,
+            "metric_observed": True,
             "line": manifest.line_of(field_name) or 0,
         }, SOURCE))
     return facts
