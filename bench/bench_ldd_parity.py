@@ -55,11 +55,12 @@ def elf_files(trees) -> list:
 
 
 def parse_ldd(text: str) -> tuple:
-    """ldd output -> (kind, set of realpaths, set of not-found names, version errors).
+    """ldd output -> (kind, set of realpaths, set of not-found names, version errors, order).
 
-    kind: 'dynamic', 'static' (statically linked) or 'not-dynamic'.
+    kind: 'dynamic', 'static' (statically linked) or 'not-dynamic'.  order: the listed
+    objects, realpaths or not-found names, in the order printed (kernel vdso left out).
     """
-    paths, missing, version_errors = set(), set(), set()
+    paths, missing, version_errors, order = set(), set(), set(), []
     kind = "dynamic"
     for raw in text.splitlines():
         line = raw.strip()
@@ -79,16 +80,19 @@ def parse_ldd(text: str) -> tuple:
             rest = rest.strip()
             if rest.startswith("not found"):
                 missing.add(name.strip())
+                order.append(name.strip())
                 continue
             target = rest.rsplit(" (0x", 1)[0].strip()
             if target:
                 paths.add(os.path.realpath(target))
+                order.append(os.path.realpath(target))
             continue
         target = line.rsplit(" (0x", 1)[0].strip()
         if target.startswith("/"):
             paths.add(os.path.realpath(target))
+            order.append(os.path.realpath(target))
         # else: linux-vdso.so.1 and similar kernel-provided objects
-    return kind, paths, missing, version_errors
+    return kind, paths, missing, version_errors, order
 
 
 def run_ldd(path: str, env: dict | None = None) -> tuple:
@@ -98,7 +102,7 @@ def run_ldd(path: str, env: dict | None = None) -> tuple:
         proc = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=60,
                               env=full_env, errors="surrogateescape")
     except subprocess.TimeoutExpired:
-        return "timeout", set(), set(), set()
+        return "timeout", set(), set(), set(), []
     return parse_ldd(proc.stdout + "\n" + proc.stderr)
 
 
@@ -109,25 +113,27 @@ def ours(resolver, path: str) -> tuple:
     try:
         info = resolver.read(path)
     except SeedanceError:
-        return "not-dynamic", set(), set(), set()
+        return "not-dynamic", set(), set(), set(), []
     if info.e_type not in (2, 3):
-        return "not-dynamic", set(), set(), set()
+        return "not-dynamic", set(), set(), set(), []
     # rtld.c: --verify fails without PT_DYNAMIC (ldd: "not a dynamic executable"); trace
     # mode prints "statically linked" when the main object has no DT_NEEDED.
     if resolver.loader_for(info) is None or not info.has_dynamic:
-        return "not-dynamic", set(), set(), set()
+        return "not-dynamic", set(), set(), set(), []
     if not info.needed:
-        return "static", set(), set(), set()
+        return "static", set(), set(), set(), []
     closure = resolver.closure(path)
-    paths, missing = set(), set()
+    paths, missing, order = set(), set(), []
     for name, lib_path, _res in closure.load_order:
         if lib_path is None:
             missing.add(name)
+            order.append(name)
         else:
             paths.add(os.path.realpath(lib_path))
+            order.append(os.path.realpath(lib_path))
     version_errors = {c.version for c in closure.version_checks
                       if not c.defined and not c.weak and c.provider is not None}
-    return "dynamic", paths, missing, version_errors
+    return "dynamic", paths, missing, version_errors, order
 
 
 def compare(left: tuple, right: tuple) -> str | None:
@@ -191,10 +197,15 @@ def main(argv=None) -> int:
     ldd_s = time.perf_counter() - start
 
     differences = []
+    order_differences = 0
     for path in files:
         why = compare(theirs[path], mine[path])
         if why:
             differences.append((path, why))
+        elif theirs[path][4] != mine[path][4]:
+            order_differences += 1
+            if order_differences <= args.show:
+                print(f"ORDER {path}: ldd {theirs[path][4]} seedance {mine[path][4]}")
     kinds: dict = {}
     for result in theirs.values():
         kinds[result[0]] = kinds.get(result[0], 0) + 1
@@ -204,6 +215,7 @@ def main(argv=None) -> int:
     print(f"seedance: {ours_s:.2f}s  ldd ({args.jobs} jobs): {ldd_s:.2f}s")
     if args.speed:
         speed(files, ours_s)
+    print(f"same set, different listing order: {order_differences}")
     print(f"files compared: {len(files)}  differences: {len(differences)}")
     return 0 if not differences else 1
 

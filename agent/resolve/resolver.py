@@ -367,13 +367,11 @@ class Resolver:
              preload: bool = False):
         """(_Loaded or None, Resolution, is_new) for NEEDED ``name`` of ``requester``."""
         for obj in namespace:
+            if obj.path is None:
+                continue  # _dl_map_object skips l_faked maps: each requester searches again
             # _dl_name_match_p: the path it was opened as, any name it was requested under,
             # or (checked lazily by _dl_map_object) its DT_SONAME.
             if name in obj.names or name == obj.path or (obj.info is not None and obj.info.soname == name):
-                if obj.path is None:
-                    res = Resolution(name, requester.path, None, "not-found",
-                                     ((name, "already not found for an earlier requester"),), (), None)
-                    return obj, res, False
                 if name not in obj.names:
                     obj.names.append(name)
                 res = Resolution(name, requester.path, obj.path, "loaded", ((obj.path, "ok"),), (),
@@ -480,6 +478,15 @@ class Resolver:
                     target.first = res
                     queue.append(target)
 
+        if rtld is not None and rtld.listed:
+            # rtld.c: the interpreter is put back into the chain right after the object that
+            # precedes it in the search list, which leaves out not-found placeholders; so it
+            # is listed before placeholders that were mapped just before it.
+            at = queue.index(rtld)
+            queue.pop(at)
+            while at > 0 and queue[at - 1].path is None:
+                at -= 1
+            queue.insert(at, rtld)
         objects: dict = {}
         load_names: dict = {}
         load_order: list = []

@@ -60,6 +60,8 @@ def test_sample_matches_ldd():
         why = parity.compare(expected, got)
         if why:
             differences.append(f"{path}: {why}")
+        elif expected[4] != got[4]:
+            differences.append(f"{path}: listing order: ldd {expected[4]} seedance {got[4]}")
     assert differences == []
 
 
