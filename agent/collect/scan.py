@@ -125,9 +125,21 @@ class Scanner:
                  "processes_vanished": self.stats["vanished"], "configs": self.stats["configs"],
                  "facts": len(self.facts), "facts_by_kind": dict(sorted(kinds.items())),
                  "errors": self.errors, "duration_s": round(time.monotonic() - started, 3)}
-        report = Report(command="check", host=host.host_facts(self.gpu), stats=stats)
+        report = Report(command="check", host=host.host_facts(self.gpu), stats=stats,
+                        extra={"scope": self._scope()})
         report.add(findings)
         return report
+
+    def _scope(self) -> dict:
+        """What this check covered, so a report says what it did not look at."""
+        scope = {"host": self.options.host_scope, "targets": list(self.options.targets),
+                 "pids": list(self.options.pids), "strict": self.options.strict,
+                 "gpu_targets": [label for _n, _v, label, _s in self.gpu.targets],
+                 "driver_version": self.gpu.driver_version}
+        if self.options.host_scope:
+            scope.update(ld_so_cache="/etc/ld.so.cache", cuda_dirs=host.cuda_library_dirs(),
+                         config_dirs=host.config_dirs(), torch_ext_roots=torch_ext.cache_roots())
+        return scope
 
     # --- targets ------------------------------------------------------------------------
     def _expand(self, target: str) -> tuple:
