@@ -67,7 +67,7 @@ def table(report: Report, width: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(report: Report, strict: bool = False) -> str:
+def summary(report: Report) -> str:
     counts: dict = {}
     for finding in report.findings:
         counts[finding.severity] = counts.get(finding.severity, 0) + 1
