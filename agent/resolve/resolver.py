@@ -269,8 +269,11 @@ class Resolver:
 
     def _search_dirs(self, name, directories, source, abi, tried):
         """open_path over one list; (path, info, source) or None; ('fatal', why) stops."""
+        # The hwcaps subdirectories are those of the x86-64 ld.so on this CPU; an i386 ld.so
+        # has its own legacy set (i686, sse2, ...) that is not modelled: none are searched.
+        subdirs = self._subdirs if abi.name == "x86_64" else ()
         for directory in directories:
-            for subdir in self._subdirs:
+            for subdir in subdirs:
                 if self._dir_names(self._host_dirname(directory + subdir)) is None:
                     continue  # ld.so marks a missing hwcaps directory nonexistent silently
                 candidate = directory + subdir + name
