@@ -62,6 +62,8 @@ def execute(args) -> int:
 
     env = _parse_env(args.env)
     if not os.path.exists(args.file):
+        if os.path.lexists(args.file):
+            raise BadInput(f"{args.file}: dangling symbolic link or symbolic link loop")
         raise BadInput(f"{args.file}: no such file or directory")
     if os.path.isdir(args.file):
         raise BadInput(f"{args.file}: is a directory")

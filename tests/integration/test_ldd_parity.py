@@ -132,3 +132,13 @@ def test_cli_preload_matches_ldd(preload):
     proc = run_cli("ldd", "--env", f"LD_PRELOAD={preload}", "/usr/bin/true")
     assert proc.returncode == 0, proc.stderr
     assert parity.compare(expected, parity.parse_ldd(proc.stdout)) is None
+
+
+def test_cli_symlink_loop_and_fifo(tmp_path):
+    loop = tmp_path / "loop.so"
+    os.symlink(loop.name, loop)
+    fifo = tmp_path / "fifo.so"
+    os.mkfifo(fifo)
+    for target in (loop, fifo):
+        proc = run_cli("ldd", target, timeout=30)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

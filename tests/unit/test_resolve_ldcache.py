@@ -153,3 +153,28 @@ def test_truncated_system_cache_raises_bad_input_only():
 def test_missing_cache_is_empty(tmp_path):
     cache = LdCache.load(str(tmp_path / "none"))
     assert cache.format == "missing" and cache.lookup("libc.so.6") is None
+
+
+def test_fuzzed_caches_raise_only_bad_input():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    data = Path("/etc/ld.so.cache").read_bytes()[:8192]
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(st.lists(st.tuples(st.integers(0, len(data) - 1), st.integers(0, 255)), max_size=30),
+           st.integers(16, len(data)))
+    def fuzz(flips, cut):
+        blob = bytearray(data[:cut])
+        for where, value in flips:
+            if where < len(blob):
+                blob[where] = value
+        try:
+            entries, _fmt = parse(bytes(blob))
+        except BadInput:
+            return
+        cache = LdCache(entries, "new", "fuzz")
+        for entry in entries[:20]:
+            cache.lookup(entry.name, "x86_64", {"x86-64-v2": 1})
+
+    fuzz()
