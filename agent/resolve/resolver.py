@@ -441,6 +441,9 @@ class Resolver:
         return abi
 
     def closure(self, path: str, symbols: bool = False, preloaded: tuple = ()) -> Closure:
+        """Everything ld.so would load for ``path`` as the main program (ELFError if it is
+        not a loadable ELF object); ``symbols`` also reads dynamic symbols for
+        Closure.undefined; ``preloaded`` names are loaded first, like LD_PRELOAD."""
         info = self.read(path, symbols=symbols)
         abi = self.abi_for(info)
         st = self._stat_of(path)
@@ -464,8 +467,6 @@ class Resolver:
                 obj.listed = True
                 obj.first = res
                 queue.append(obj)
-        if rtld is not None:
-            rtld.listed = False
 
         index = 0
         while index < len(queue):
@@ -509,10 +510,18 @@ class Resolver:
                          version_checks=version_checks, undefined=undefined,
                          interpreter=rtld.path if rtld is not None else None, abi=abi.name,
                          load_names=load_names, load_order=load_order)
+        # Kept for explain(): recent roots whole, and for every object seen its loader chain
+        # with its own resolutions (bounded: a scan of thousands of roots must not hold
+        # every closure).
         self._closures[path] = result
+        while len(self._closures) > 64:
+            self._closures.pop(next(iter(self._closures)))
+        by_requester: dict = {}
+        for res in resolutions:
+            by_requester.setdefault(res.requester, []).append(res)
         for obj in queue:
-            if obj is not main and obj.path is not None:
-                self._chains.setdefault(obj.path, (obj, main, result))
+            if obj is not main and obj.path is not None and obj.path not in self._chains:
+                self._chains[obj.path] = (obj, main, tuple(by_requester.get(obj.path, ())))
         return result
 
     def explain(self, name: str, requester: str) -> Resolution:
@@ -525,11 +534,12 @@ class Resolver:
         known = self._chains.get(requester) if requester not in self._closures else None
         if known is None:
             closure = self._closures.get(requester) or self.closure(requester)
+            own = [res for res in closure.resolutions if res.requester == requester]
             obj = main = None
         else:
-            obj, main, closure = known
-        for res in closure.resolutions:
-            if res.requester == requester and res.name == name:
+            obj, main, own = known
+        for res in own:
+            if res.name == name:
                 return res
         if obj is None:
             info = self.read(requester)
