@@ -130,7 +130,10 @@ def test_fallback_marker_and_upgrades_remove_it(cli, env, built):
     assert cli("plugin", "install", "speech-pipeline-v1.1.0", env=env).returncode == 0
     listing = cli("plugin", "list", env=env).stdout
     assert "(fallback)" not in listing
-    assert "dsp-kernels           2.0.4" in listing or "2.0.4" in listing
+    rows = json.loads(cli("plugin", "list", "--json", env=env).stdout)["plugins"]
+    picked = {(r["name"], r["version"]): r["picked_by"] for r in rows}
+    assert picked[("dsp-kernels", "2.0.4")] == ["speech-pipeline 1.1.0 (>=1.0,<3)"]
+    assert picked[("dsp-kernels", "1.1.0")] == []
 
 
 def test_upgrading_the_dependency_removes_the_marker(cli, env, built, tmp_path):
