@@ -242,9 +242,24 @@ def load_manifest(path: str | Path, text: str | None = None) -> Manifest:
     return from_document(doc, where)
 
 
+def _range_text(node) -> str:
+    """A range written as a bare YAML number keeps its spelling: `seedance_version: 2.10`
+    is 2.10, not the float 2.1 (ruamel records the width and the dot's position)."""
+    width, dot = getattr(node, "_width", None), getattr(node, "_prec", None)
+    if isinstance(node, float) and width and dot is not None and width - dot - 1 >= 0:
+        return f"{float(node):.{width - dot - 1}f}"
+    return str(node)
+
+
 def from_document(doc, where: str) -> Manifest:
     data = plain(doc)
     lines = line_map(doc)
+    # Ranges as the user spelled them (see _range_text), not as floats.
+    data["seedance_version"] = _range_text(doc["seedance_version"])
+    for name in data.get("depends", {}):
+        data["depends"][name] = _range_text(doc["depends"][name])
+    if "torch" in data.get("framework", {}):
+        data["framework"]["torch"] = _range_text(doc["framework"]["torch"])
     for key in ["seedance_version", *[f"depends.{d}" for d in data.get("depends", {})],
                 *(["framework.torch"] if "torch" in data.get("framework", {}) else [])]:
         value = data

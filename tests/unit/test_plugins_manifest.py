@@ -131,3 +131,11 @@ def test_override_adds_batch_policy_mapping_when_missing():
 def test_bad_override_is_rejected_with_field():
     with pytest.raises(BadInput, match="device_affinity"):
         mf.apply_overrides(COMPLIANT, "m.yaml", affinity="gpu-two")
+
+
+def test_bare_float_range_keeps_its_spelling():
+    text = COMPLIANT.replace('seedance_version: ">=0.1,<1"', "seedance_version: 0.10")
+    text = text.replace('  dsp-kernels: ">=1.0,<3"', "  dsp-kernels: 1.50")
+    manifest = mf.load_manifest("m.yaml", text=text)
+    assert manifest.seedance_version == "0.10"
+    assert manifest.depends == {"dsp-kernels": "1.50"}
