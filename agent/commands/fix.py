@@ -197,9 +197,9 @@ def _cuda_mismatch(args) -> int:
     failed = []
     with journal.begin("fix cuda-mismatch", _argv(), [f.message for f in plan.findings]) as entry:
         for action in runnable:
-            data = relinker.new_bytes(action)
+            edit = relinker.edit(action)
             try:
-                entry.replace_file(action.path, data, verify=lambda temp, a=action: relinker.verify(a, temp),
+                entry.replace_file(action.path, edit.fill, verify=lambda temp, a=action: relinker.verify(a, temp),
                                    summary="; ".join(action.changes))
                 print(f"relinked {action.path} ({action.strategy}, verified: re-parsed, resolved, dlopen ok)")
             except VerifyFailed as exc:

@@ -55,9 +55,12 @@ def temp_path_for(target: str, tag: str = "") -> str:
     return os.path.join(directory, f".{base}{TEMP_TAG}{('-' + tag) if tag else ''}")
 
 
-def write_temp(data: bytes, temp: str, mode: int = 0o644, owner: tuple | None = None,
-               crash: bool = False) -> str:
+def write_temp(data, temp: str, mode: int = 0o644, owner: tuple | None = None,
+               crash: bool = False, sync: bool = True) -> str:
     """Write ``data`` to ``temp`` with ``mode`` and ``owner`` (uid, gid) set, then fsync it.
+
+    ``data`` is bytes, or a callable ``fill(fd)`` that writes the content itself (a patched
+    kernel-side copy of a large library).
 
     Mode and owner are set before the rename so the target never appears, even for an
     instant, with looser permissions than it had.  ``crash`` arms the injection points:
@@ -67,10 +70,13 @@ def write_temp(data: bytes, temp: str, mode: int = 0o644, owner: tuple | None = 
         os.unlink(temp)  # a leftover of a crashed run; recovery would remove it too
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        if callable(data):
+            data(fd)
+        else:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
         if crash:
             crash_point("after-temp-write")
         if owner is not None and (os.geteuid() == 0 or owner[0] == os.geteuid()):
@@ -79,7 +85,8 @@ def write_temp(data: bytes, temp: str, mode: int = 0o644, owner: tuple | None = 
             except PermissionError:
                 pass  # not root and not in the owner's group: the mode is still copied
         os.fchmod(fd, stat.S_IMODE(mode))
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         _unlink_quietly(temp)
@@ -90,19 +97,24 @@ def write_temp(data: bytes, temp: str, mode: int = 0o644, owner: tuple | None = 
     return temp
 
 
-def replace(temp: str, target: str, crash: bool = False) -> None:
+def replace(temp: str, target: str, crash: bool = False, sync: bool = True) -> None:
     """Atomically put ``temp`` at ``target`` and make the rename durable."""
     os.rename(temp, target)
     if crash:
         crash_point("after-rename")
-    fsync_dir(os.path.dirname(os.path.abspath(target)) or ".")
+    if sync:
+        fsync_dir(os.path.dirname(os.path.abspath(target)) or ".")
 
 
-def atomic_write(target: str, data: bytes, mode: int = 0o644, owner: tuple | None = None) -> None:
-    """Write ``data`` to ``target`` durably (temp + fsync + rename + dir fsync)."""
+def atomic_write(target: str, data, mode: int = 0o644, owner: tuple | None = None, sync: bool = True) -> None:
+    """Write ``data`` (bytes or fill(fd)) to ``target``: temp + fsync + rename + dir fsync.
+
+    sync=False exists only for the benchmark's like-for-like comparison with patchelf,
+    which does not fsync; fixers always sync.
+    """
     temp = temp_path_for(target)
-    write_temp(data, temp, mode=mode, owner=owner)
-    replace(temp, target)
+    write_temp(data, temp, mode=mode, owner=owner, sync=sync)
+    replace(temp, target, sync=sync)
 
 
 def _unlink_quietly(path: str) -> None:

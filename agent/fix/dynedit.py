@@ -19,6 +19,7 @@ existing identical string is reused, or the caller falls back to LIEF.
 """
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -90,6 +91,8 @@ class DynLayout:
         else:
             (phoff, shoff) = self._u("II", 0x1C)
             (phentsize, phnum, shentsize, shnum) = self._u("HHHH", 0x2A)
+        self.shoff = shoff
+        self.all_headers = []  # (p_type, p_offset, p_filesz) of every program header
         self.loads = []
         self.load_headers = []  # (header file offset, p_flags, p_offset, p_vaddr, p_filesz, p_memsz)
         dyn = None
@@ -99,6 +102,7 @@ class DynLayout:
                 p_type, p_flags, p_offset, p_vaddr, _pa, p_filesz, p_memsz, _al = self._u("IIQQQQQQ", off)
             else:
                 p_type, p_offset, p_vaddr, _pa, p_filesz, p_memsz, p_flags, _al = self._u("IIIIIIII", off)
+            self.all_headers.append((p_type, p_offset, p_filesz))
             if p_type == 1:
                 self.loads.append((p_vaddr, p_offset, p_filesz))
                 self.load_headers.append((off, p_flags, p_offset, p_vaddr, p_filesz, p_memsz))
@@ -179,12 +183,12 @@ class DynLayout:
             for i in range(min(shnum, 65536)):
                 off = shoff + i * shentsize
                 if self.is64:
-                    _name, sh_type, _fl, sh_addr, sh_offset, sh_size, _l, _i, _a, sh_entsize = \
+                    _name, sh_type, _fl, sh_addr, sh_offset, sh_size, _l, _i, sh_align, sh_entsize = \
                         self._u("IIQQQQIIQQ", off)
                 else:
-                    _name, sh_type, _fl, sh_addr, sh_offset, sh_size, _l, _i, _a, sh_entsize = \
+                    _name, sh_type, _fl, sh_addr, sh_offset, sh_size, _l, _i, sh_align, sh_entsize = \
                         self._u("IIIIIIIIII", off)
-                self.sections.append((off, sh_type, sh_offset, sh_addr, sh_size))
+                self.sections.append((off, sh_type, sh_offset, sh_addr, sh_size, sh_align))
                 if sh_type == SHT_DYNSYM and sh_entsize and count is None:
                     count = sh_size // sh_entsize
         if count is None and DT_HASH in self.tags:
@@ -396,6 +400,90 @@ def plan_relocated(layout: DynLayout, needed_renames: dict, version_renames: dic
     return None
 
 
+def plan_appended(layout: DynLayout, needed_renames: dict, version_renames: dict | None = None) -> tuple | None:
+    """The growing path, kept smaller than patchelf's: extend the last (RW) PT_LOAD.
+
+    When no segment has slack, the new .dynstr (a copy plus the new names) goes right after
+    the last loaded byte: the last PT_LOAD's .bss range is written out as zeros (it is
+    zero-initialised memory either way), the table follows, and the segment is extended
+    over both.  Only the non-loaded tail (.comment, .symtab, the section header table)
+    moves, so no program header has to be added, unlike patchelf, which makes room for a
+    new PT_LOAD.  Returns (new bytes, changes) or None when the layout is not the usual one.
+    """
+    wanted = _wanted(layout, needed_renames, version_renames or {})
+    if not wanted:
+        return None
+    loads = sorted(layout.load_headers, key=lambda h: h[3])
+    if not loads:
+        return None
+    hdr_off, _flags, p_offset, p_vaddr, p_filesz, p_memsz = loads[-1]
+    insert = p_offset + p_filesz
+    if any(h[2] + h[4] > insert for h in layout.load_headers):
+        return None  # another segment's bytes lie after the last one's: not the usual layout
+    if any(p_type != 1 and filesz and off + filesz > insert for p_type, off, filesz in layout.all_headers):
+        return None
+    if any(s[1] != 8 and s[2] < insert < s[2] + s[4] for s in layout.sections):
+        return None  # a section straddles the insertion point
+    section = next((s for s in layout.sections if s[1] == 3 and s[2] == layout.strtab_off), None)
+    table = bytearray(layout.data[layout.strtab_off:layout.strtab_off + layout.strtab_size])
+    if not table.endswith(b"\0"):
+        table += b"\0"
+    new_offsets = {}
+    for _, new in wanted:
+        if new not in new_offsets:
+            pos = _find_string(bytes(table), new)
+            if pos is None:
+                pos = len(table)
+                table += new + b"\0"
+            new_offsets[new] = pos
+    bss = p_memsz - p_filesz
+    shifted = [s for s in layout.sections if s[1] != 8 and s[2] >= insert and s[4]]
+    align = max([s[5] for s in shifted] + [8 if layout.is64 else 4, 1])
+    grow = bss + len(table)
+    delta = (grow + align - 1) // align * align
+    table_off = insert + bss
+    table_vaddr = p_vaddr + p_memsz
+    data = bytearray(layout.data[:insert]) + bytes(bss) + table + bytes(delta - grow) + layout.data[insert:]
+    word = "Q" if layout.is64 else "I"
+    end = layout.end
+
+    def put(offset: int, fmt: str, *values) -> None:
+        struct.pack_into(end + fmt, data, offset, *values)
+
+    new_size = p_memsz + len(table)
+    put(hdr_off + (32 if layout.is64 else 16), word * 2, new_size, new_size)
+    for off, tag, _val in layout.dynamic:
+        if tag == DT_STRTAB:
+            put(off + layout.word, word, table_vaddr)
+        elif tag == DT_STRSZ:
+            put(off + layout.word, word, len(table))
+    if layout.shoff and layout.shoff >= insert:
+        put(0x28 if layout.is64 else 0x20, word, layout.shoff + delta)
+    shdr_shift = delta if layout.shoff and layout.shoff >= insert else 0
+    for sh in shifted:
+        put(sh[0] + shdr_shift + (24 if layout.is64 else 16), word, sh[2] + delta)
+    if section is not None:
+        put(section[0] + shdr_shift + (16 if layout.is64 else 12), word * 3, table_vaddr, table_off, len(table))
+    changes = []
+    for ref, new in wanted:
+        put(ref.field_off, {4: "I", 8: "Q"}[ref.size], new_offsets[new])
+        changes.append(f"{ref.role}: {layout.string(ref.value)} -> {new.decode()}")
+        if ref.hash_off is not None:
+            put(ref.hash_off, "I", elf_hash(new))
+    return bytes(data), changes
+
+
+def _wanted(layout: DynLayout, needed_renames: dict, version_renames: dict) -> list:
+    wanted = []
+    for ref in layout.refs:
+        text = layout.string(ref.value) if ref.role in ("needed", "vn_file", "vna_name") else None
+        if ref.role in ("needed", "vn_file") and text in needed_renames:
+            wanted.append((ref, needed_renames[text].encode()))
+        elif ref.role == "vna_name" and ref.owner in needed_renames and text in version_renames:
+            wanted.append((ref, version_renames[text].encode()))
+    return wanted
+
+
 def _find_string(table: bytes, new: bytes) -> int | None:
     """Offset of ``new`` as a NUL-terminated string (a whole string or a shared tail)."""
     needle = new + b"\0"
@@ -410,6 +498,83 @@ def apply_patches(data: bytes, patches: list) -> bytes:
     return bytes(out)
 
 
+@dataclass
+class FileEdit:
+    """The planned edit of one file: byte patches over a copy, or LIEF's rebuilt bytes."""
+    path: str
+    strategy: str
+    changes: list
+    size_before: int
+    patches: list | None = None
+    data: bytes | None = None
+
+    @property
+    def growth(self) -> int:
+        return (len(self.data) if self.data is not None else self.size_before) - self.size_before
+
+    def fill(self, fd: int) -> None:
+        """Write the edited file into ``fd``: a kernel-side copy of the original plus the
+        patches (pwrite), so a 30 MB library is never copied through Python."""
+        if self.data is not None:
+            view = memoryview(self.data)
+            while view:
+                view = view[os.write(fd, view):]
+            return
+        src = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            offset, size = 0, self.size_before
+            while offset < size:
+                copied = os.copy_file_range(src, fd, size - offset, offset, offset) \
+                    if hasattr(os, "copy_file_range") else 0
+                if copied <= 0:
+                    os.lseek(src, offset, os.SEEK_SET)
+                    chunk = os.read(src, min(1 << 20, size - offset))
+                    if not chunk:
+                        break
+                    copied = os.pwrite(fd, chunk, offset)
+                offset += copied
+        finally:
+            os.close(src)
+        for patch in self.patches:
+            os.pwrite(fd, patch.data, patch.offset)
+
+
+def plan_file(path: str, needed_renames: dict, version_renames: dict | None = None,
+              allow_lief: bool = True) -> FileEdit:
+    """Plan the rename for the file at ``path`` from a read-only mapping of it."""
+    import mmap
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ELFError(f"{path}: {(exc.strerror or 'cannot open').lower()}") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 64:
+            raise ELFError(f"{path}: not an ELF file (too short)")
+        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    layout = None
+    try:
+        layout = DynLayout(mapped, path)
+        plan = plan_rename(layout, needed_renames, version_renames)
+        if plan is None:
+            plan = plan_relocated(layout, needed_renames, version_renames)
+        if plan is not None:
+            return FileEdit(path, plan.strategy, plan.changes, size, patches=plan.patches)
+        appended = plan_appended(layout, needed_renames, version_renames)
+        if appended is not None:
+            return FileEdit(path, "appended", appended[1], size, data=appended[0])
+        if not allow_lief:
+            raise ELFError(f"{path}: the new names do not fit in .dynstr and LIEF is not allowed")
+        data, strategy, changes = _rename_with_lief(bytes(mapped), needed_renames, version_renames or {}, path)
+        return FileEdit(path, strategy, changes, size, data=data)
+    finally:
+        del layout
+        mapped.close()
+
+
 def rename_needed_bytes(data: bytes, needed_renames: dict, version_renames: dict | None = None,
                         path: str = "<bytes>", allow_lief: bool = True) -> tuple:
     """Return (new bytes, strategy, changes).  Zero growth in place; LIEF only when needed."""
@@ -419,6 +584,9 @@ def rename_needed_bytes(data: bytes, needed_renames: dict, version_renames: dict
         plan = plan_relocated(layout, needed_renames, version_renames)
     if plan is not None:
         return apply_patches(data, plan.patches), plan.strategy, plan.changes
+    appended = plan_appended(layout, needed_renames, version_renames)
+    if appended is not None:
+        return appended[0], "appended", appended[1]
     if not allow_lief:
         raise ELFError(f"{path}: the new names do not fit in .dynstr and LIEF is not allowed")
     return _rename_with_lief(data, needed_renames, version_renames or {}, path)

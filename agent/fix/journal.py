@@ -82,8 +82,10 @@ class Entry:
         return record
 
     # -- the three kinds of change ----------------------------------------------------------------
-    def replace_file(self, path: str, new_data: bytes, verify=None, summary: str = "") -> dict:
+    def replace_file(self, path: str, new_data, verify=None, summary: str = "") -> dict:
         """Back up ``path``, write ``new_data`` beside it, verify the temp, rename it over.
+
+        ``new_data`` is bytes or a callable fill(fd) (see atomic.write_temp).
 
         ``verify(temp_path)`` raises (any SeedanceError) to refuse; then the target is not
         touched, the temp is removed and VerifyFailed carries the reason.
@@ -113,7 +115,8 @@ class Entry:
             record["error"] = str(exc)
             self.save()
             raise VerifyFailed(f"{path}: verification failed, not rewritten: {exc}") from None
-        record.update(sha256_after=sha256_bytes(new_data), state="verified")
+        after = sha256_file(temp) if callable(new_data) else sha256_bytes(new_data)
+        record.update(sha256_after=after, state="verified")
         self.save()
         crash_point("after-verify")
         atomic.replace(temp, path, crash=True)

@@ -318,25 +318,18 @@ class Relinker:
         return ""
 
     # --- apply ---------------------------------------------------------------------------------
-    def preview(self, action: RelinkAction) -> list:
-        """Compute the edit in memory; fill strategy/growth; return the dynamic-entry diff."""
-        with open(action.path, "rb") as handle:
-            data = handle.read()
-        new, strategy, changes = dynedit.rename_needed_bytes(data, action.renames, action.version_renames,
-                                                             path=action.path)
-        action.strategy, action.growth, action.changes = strategy, len(new) - len(data), changes
-        with tempfile.NamedTemporaryFile(prefix="seedance-preview-", suffix=".so") as handle:
-            handle.write(new)
-            handle.flush()
-            return dynamic_diff(read_elf(action.path), read_elf(handle.name))
+    def edit(self, action: RelinkAction) -> dynedit.FileEdit:
+        """Plan the byte edit (in place when it fits, LIEF otherwise); fills strategy/growth."""
+        edit = dynedit.plan_file(action.path, action.renames, action.version_renames)
+        action.strategy, action.growth, action.changes = edit.strategy, edit.growth, edit.changes
+        return edit
 
-    def new_bytes(self, action: RelinkAction) -> bytes:
-        with open(action.path, "rb") as handle:
-            data = handle.read()
-        new, strategy, changes = dynedit.rename_needed_bytes(data, action.renames, action.version_renames,
-                                                             path=action.path)
-        action.strategy, action.growth, action.changes = strategy, len(new) - len(data), changes
-        return new
+    def preview(self, action: RelinkAction) -> list:
+        """The dynamic-entry diff of the edit, from a scratch copy outside the target's directory."""
+        edit = self.edit(action)
+        with tempfile.NamedTemporaryFile(prefix="seedance-preview-", suffix=".so") as handle:
+            edit.fill(handle.fileno())
+            return dynamic_diff(read_elf(action.path), read_elf(handle.name))
 
     def verify(self, action: RelinkAction, temp: str) -> None:
         """Re-parse, check the intended edit, resolve again, dlopen in a child process."""

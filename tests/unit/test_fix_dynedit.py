@@ -198,3 +198,32 @@ def test_any_new_name_gives_a_valid_file_that_never_grows_when_it_fits(libs, nam
 def test_bad_input_is_an_elf_error(blob):
     with pytest.raises(ELFError):
         dynedit.rename_needed_bytes(blob, {"a": "b"})
+
+
+def test_no_slack_appends_to_the_last_segment_and_stays_smaller_than_patchelf(tmp_path):
+    """libcurl's segments have no room for its 10 KB .dynstr: extend the RW segment instead."""
+    src = Path("/usr/lib/x86_64-linux-gnu/libcurl.so.4")
+    if not src.exists() or not shutil.which("patchelf"):
+        pytest.skip("needs libcurl4 and patchelf")
+    edit = dynedit.plan_file(str(src), {"libz.so.1": "libz.so.1.2.13"})
+    assert edit.strategy == "appended"
+    peer = tmp_path / "patchelf.so"
+    shutil.copy(src, peer)
+    subprocess.run(["patchelf", "--replace-needed", "libz.so.1", "libz.so.1.2.13", str(peer)], check=True)
+    assert 0 < edit.growth <= peer.stat().st_size - src.stat().st_size
+    out = tmp_path / "libcurl.so.4"
+    out.write_bytes(edit.data)
+    assert "libz.so.1.2.13" in read_elf(str(out)).needed and "libz.so.1" not in read_elf(str(out)).needed
+    zdir = tmp_path / "z"
+    zdir.mkdir()
+    shutil.copy("/usr/lib/x86_64-linux-gnu/libz.so.1", zdir / "libz.so.1.2.13")
+    proc = subprocess.run([sys.executable, "-c", "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], os.RTLD_NOW)", str(out)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "LD_LIBRARY_PATH": str(zdir)})
+    assert proc.returncode == 0, proc.stderr
+    stripped = tmp_path / "stripped.so"
+    shutil.copy(out, stripped)
+    subprocess.run(["strip", str(stripped)], check=True)
+    assert "libz.so.1.2.13" in read_elf(str(stripped)).needed
+    # a second run finds the name in place and changes nothing
+    again = dynedit.plan_file(str(out), {"libz.so.1": "libz.so.1.2.13"})
+    assert again.strategy == "none" and again.growth == 0
