@@ -215,6 +215,9 @@ int sd_cuCtxCreate_v2_return(struct pt_regs *ctx) { return sd_ctx_return(ctx, 1)
 /* cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *, int n, unsigned flags, CUdevice dev) */
 int sd_cuCtxCreate_v3(struct pt_regs *ctx) { return sd_ctx_enter(ctx, PT_REGS_PARM1(ctx), (s32)PT_REGS_PARM5(ctx)); }
 int sd_cuCtxCreate_v3_return(struct pt_regs *ctx) { return sd_ctx_return(ctx, 1); }
+/* cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *, unsigned flags, CUdevice dev): CUDA 13's cuCtxCreate */
+int sd_cuCtxCreate_v4(struct pt_regs *ctx) { return sd_ctx_enter(ctx, PT_REGS_PARM1(ctx), (s32)PT_REGS_PARM4(ctx)); }
+int sd_cuCtxCreate_v4_return(struct pt_regs *ctx) { return sd_ctx_return(ctx, 1); }
 /* cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev): not made current */
 int sd_cuDevicePrimaryCtxRetain(struct pt_regs *ctx) { return sd_ctx_enter(ctx, PT_REGS_PARM1(ctx), (s32)PT_REGS_PARM2(ctx)); }
 int sd_cuDevicePrimaryCtxRetain_return(struct pt_regs *ctx) { return sd_ctx_return(ctx, 0); }

@@ -23,7 +23,7 @@ _LOCAL_INCLUDE = re.compile(r'^#include\s+"([\w.]+)"\s*$', re.M)
 DRIVER_PROBES = (
     ("cuMemAlloc_v2", True), ("cuMemAllocAsync", True), ("cuMemAllocManaged", True),
     ("cuMemAllocFromPoolAsync", True), ("cuMemFree_v2", True), ("cuMemFreeAsync", True),
-    ("cuCtxCreate_v2", True), ("cuCtxCreate_v3", True), ("cuDevicePrimaryCtxRetain", True),
+    ("cuCtxCreate_v2", True), ("cuCtxCreate_v3", True), ("cuCtxCreate_v4", True), ("cuDevicePrimaryCtxRetain", True),
     ("cuCtxSetCurrent", False), ("cuCtxPushCurrent_v2", False),
 )
 RUNTIME_PROBES = (

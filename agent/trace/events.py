@@ -59,6 +59,10 @@ class TraceEvent:
                     f"device={_device(d.get('device'))} from {os.path.basename(d.get('library') or '?')}")
         if self.kind == "cuda_free":
             return f"{head} {d.get('api')} {d.get('ptr')}"
+        if self.kind == "search":
+            return f"{head} {d.get('name')} [{d.get('source')}] for {d.get('requester') or '?'}"
+        if self.kind == "bind":
+            return f"{head} {d.get('symbol')}: {d.get('from') or '?'} -> {d.get('to') or '?'}"
         return f"{head} " + " ".join(f"{k}={v}" for k, v in d.items())
 
 

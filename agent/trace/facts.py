@@ -7,7 +7,8 @@ resolved live is reported whether or not its SONAME matches; the rule decides.
 
 Per process this keeps what the loader has mapped (from link-map events), the CUDA
 runtimes among them, and every device allocation not yet freed.  At exit, what is left
-becomes a ``gpu_alloc_leak`` fact per (device, allocating library).
+becomes an ``instance_leak`` fact per (device, allocating library): the fact kind and
+data keys `seedance run` produces from the shim's registry, judged by handle-leak.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ..model import Fact
 from .events import TraceEvent
 
 SOURCE = "trace"
-LEAK_KIND = "gpu_alloc_leak"
+LEAK_KIND = "instance_leak"  # rules/runtime.yaml handle-leak, same data keys as seedance.runreport
 _VERSION_MISSING = re.compile(r"^version `(?P<version>[^']+)' not found \(required by (?P<requester>.+)\)$")
 _UNDEFINED = re.compile(r"^undefined symbol: (?P<symbol>[^,\s]+)(?:, version (?P<version>\S+))?$")
 
@@ -324,7 +325,8 @@ class LiveFacts:
     # --- CUDA memory -----------------------------------------------------------------
     def _on_cuda_alloc(self, event: TraceEvent) -> list:
         proc = self.process(event.pid)
-        library = proc.library_at(event.data.get("caller", 0)) or proc.exe or "?"
+        library = (event.data.get("library")  # the shim names it (LD_AUDIT fallback)
+                   or proc.library_at(event.data.get("caller", 0)) or proc.exe or "?")
         event.data["library"] = library
         proc.allocations[event.data["ptr"]] = _Allocation(
             bytes=int(event.data.get("bytes", 0)), device=int(event.data.get("device", -1)),
@@ -345,10 +347,13 @@ class LiveFacts:
             group["apis"].add(alloc.api)
         facts = []
         for (device, library), group in sorted(groups.items(), key=lambda item: str(item[0])):
-            facts.append(Fact(LEAK_KIND, {"pid": proc.pid, "path": proc.exe or f"pid {proc.pid}"},
-                              {"bytes": group["bytes"], "device": device if device >= 0 else "unknown",
+            exe = proc.exe or f"pid {proc.pid}"
+            facts.append(Fact(LEAK_KIND, {"pid": proc.pid, "path": exe},
+                              {"pid": proc.pid, "exe": exe, "bytes": group["bytes"],
+                               "device": device,  # -1: the thread had no known current context
                                "library": library, "allocations": group["count"],
-                               "apis": sorted(group["apis"]), "when": when, "via": "trace"},
+                               "api": ",".join(sorted(group["apis"])),
+                               "exit": "exited" if when == "exit" else when, "via": "trace"},
                               source=SOURCE))
         return facts
 
