@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from ..errors import NotAvailable, UsageError
+from ..errors import UsageError
 
 EPILOG = """\
 examples:
@@ -44,7 +44,7 @@ def configure_parser(sub):
                         help="show how the loader would search for library NAME needed by FILE")
     parser.add_argument("--rules", metavar="DIR", help="load rules from DIR instead of the built-in rules")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
-    parser.add_argument("--plugin", metavar="NAME", help="check an installed plugin (not yet available)")
+    parser.add_argument("--plugin", metavar="NAME", help="seven-layer check of an installed plugin (L1 kernel/driver .. L7 manifest)")
     parser.set_defaults(execute=execute)
     return parser
 
@@ -57,7 +57,8 @@ def _pid(text: str) -> int:
 
 def execute(args) -> int:
     if args.plugin:
-        raise NotAvailable("seedance check --plugin: not yet available (planned in the plugins issue)")
+        from ..plugins.layers import main_for_check
+        return main_for_check(args)
     if args.explain:
         if args.targets or args.pid:
             raise UsageError("seedance check: --explain takes no other targets")
