@@ -88,7 +88,7 @@ def test_explicit_bad_file_is_one_line_exit_2(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["/no/such/file"], "no such file"),
     (["--pid", "999999999"], "no such process"),
-    (["--plugin", "enc"], "not yet available"),
+    (["--plugin", "no-such-plugin"], "not installed"),
     (["--arch", "sm_x", "/bin/sh"], "--arch"),
     (["--driver-version", "abc", "/bin/sh"], "--driver-version"),
     (["--pid", "abc"], "not a process id"),
