@@ -202,3 +202,21 @@ def test_fix_help_has_examples():
                  ("fix", "torch-ext", "--help"), ("fix", "undo", "--help"), ("fix", "history", "--help")):
         proc = run_cli(*args)
         assert proc.returncode == 0 and "examples:" in proc.stdout, args
+
+
+def test_needed_that_resolves_to_a_lying_soname_is_relinked(tmp_path, env):
+    """A file named libcudart.so.12 that is really the 11.x runtime sits on the RUNPATH."""
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    shutil.copy(CU12 / "libcudart.so.11.0", rt / "libcudart.so.12")
+    lib = gcc(tmp_path / "liblie.so", "int cudaGetDeviceCount(int*);\nint f(void){int n; return cudaGetDeviceCount(&n);}\n",
+              f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{rt}")
+    original = sha(lib)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", lib, env=env)
+    assert fix.returncode == 0, fix.stdout + fix.stderr
+    assert "needed-soname-mismatch" in fix.stdout and "symbol-version-missing" in fix.stdout
+    assert "check again: 2 of 2 finding(s) gone, 0 remaining" in fix.stdout
+    loaded = subprocess.run([sys.executable, "-c", MAPPED, str(lib)], capture_output=True, text=True)
+    assert [os.path.basename(p) for p in loaded.stdout.split()] == ["libcudart.so.13"], loaded.stderr
+    assert run_cli("fix", "undo", env=env).returncode == 0
+    assert sha(lib) == original
