@@ -297,6 +297,9 @@ def _bench(args, work: Path, sdtest: Path, env: dict) -> int:
         "bare_python_rss_mb": round(bare_python_rss() / 2**20, 1),
         "idle_cpu_agent_pct_of_core": round(idle_agent, 3),
         "idle_cpu_probe_child_pct_of_core": round(idle_probes, 3),
+        # the probes trace the whole host: how busy it was while "idle" (other work on it)
+        "host_probe_events_per_s_during_idle": round(
+            (final["counters"]["probe_events"] - status["counters"]["probe_events"]) / wall, 1),
         "killed_reported_exactly_once_by_agent": f"{killed_once}/{n_killed}",
         "leaky_reported_exactly_once_run_or_agent": f"{leaky_once}/{n_leaky}",
         "leaky_reported_by_agent": leaky_by_agent,
@@ -316,7 +319,8 @@ def _bench(args, work: Path, sdtest: Path, env: dict) -> int:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     print(f"       agent RSS peak {figures['agent_rss_peak_mb']} MB (probe child {figures['probe_child_rss_peak_mb']} MB, "
           f"together {figures['agent_plus_probes_rss_peak_mb']} MB; a bare python3 is {figures['bare_python_rss_mb']} MB)")
-    print(f"       idle CPU: agent {idle_agent:.3f}% of a core, probe child {idle_probes:.3f}%")
+    print(f"       idle CPU: agent {idle_agent:.3f}% of a core, probe child {idle_probes:.3f}% "
+          f"(host events traced meanwhile: {figures['host_probe_events_per_s_during_idle']}/s)")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0 if all(targets.values()) else 1

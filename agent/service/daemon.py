@@ -329,8 +329,7 @@ class Agent:
         # shim's exact records); the probes' handle-leak covers processes the shim did not wrap.
         findings = [f for f in findings if not (f.rule == "handle-leak" and self._is_instance(f.subject.get("pid")))]
         if findings:
-            new = self.state.add_findings("probes", findings)
-            for finding in findings[:new]:
+            for finding in self.state.add_findings("probes", findings):
                 self.log("finding", "warning", origin="probes", finding=finding.to_dict())
         with self._lock:
             self.counters["probe_events"] += events

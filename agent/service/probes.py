@@ -12,6 +12,7 @@ says which is missing in one line, and the agent logs that instead of attaching.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import time
 
 from ..model import Finding
 
-_FINDING_PREFIX = '{"event": "finding"'
+_FINDING_BYTES = b'{"event": "finding"'
 RESTART_BACKOFF_S = 30.0
 
 
@@ -59,7 +60,7 @@ class AgentProbes:
     def attach(self) -> None:
         command = [sys.executable, "-m", "seedance", "trace", "--json"]
         self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, bufsize=1,
+                                      stderr=subprocess.PIPE, bufsize=0,
                                       start_new_session=True)  # a Ctrl-C at the agent's tty is ours to relay
         self._started = time.monotonic()
         self._threads = [threading.Thread(target=self._read_stdout, args=(self._proc,), daemon=True),
@@ -87,7 +88,8 @@ class AgentProbes:
             if kind == "events":
                 events += value
             elif kind == "finding":
-                findings.append(value)
+                if value is not None:
+                    findings.append(value)
             elif kind == "lost":
                 self._lost += value
             elif kind == "notice":
@@ -122,28 +124,33 @@ class AgentProbes:
 
     # -- readers ---------------------------------------------------------------------------
     def _read_stdout(self, proc) -> None:
-        batch = 0
-        last = time.monotonic()
-        for line in proc.stdout:
-            if line.startswith(_FINDING_PREFIX):
-                try:
-                    data = json.loads(line)
-                    self._queue.put(("finding", Finding(**{k: data[k] for k in (
-                        "rule", "severity", "trap", "layer", "subject", "message", "evidence", "fix")})))
-                except (ValueError, KeyError, TypeError):
-                    pass
-            else:
-                batch += 1
-            now = time.monotonic()
-            if batch and now - last >= 0.5:
-                self._queue.put(("events", batch))
-                batch, last = 0, now
-        if batch:
-            self._queue.put(("events", batch))
+        # Host-wide tracing streams every dlopen, mapped object, exec and exit on the host:
+        # read in large blocks and only count newlines, parsing just the finding lines, so
+        # the agent's share of a busy host's event stream stays small.
+        fd = proc.stdout.fileno()
+        rest = b""
+        while True:
+            try:
+                block = os.read(fd, 1 << 16)
+            except OSError:
+                break
+            if not block:
+                break
+            data = rest + block
+            cut = data.rfind(b"\n") + 1
+            complete, rest = data[:cut], data[cut:]
+            lines = complete.count(b"\n")
+            if _FINDING_BYTES in complete:
+                for line in complete.split(b"\n"):
+                    if line.startswith(_FINDING_BYTES):
+                        lines -= 1
+                        self._queue.put(("finding", _finding(line)))
+            if lines:
+                self._queue.put(("events", lines))
 
     def _read_stderr(self, proc) -> None:
-        for line in proc.stderr:
-            text = line.rstrip()
+        for raw in proc.stderr:
+            text = raw.decode("utf-8", "replace").rstrip()
             if not text:
                 continue
             if "lost " in text and "events (ring buffer full)" in text:
@@ -153,6 +160,15 @@ class AgentProbes:
                 except ValueError:
                     pass
             self._queue.put(("notice", text.removeprefix("seedance trace: ")))
+
+
+def _finding(line: bytes) -> Finding | None:
+    try:
+        data = json.loads(line)
+        return Finding(**{k: data[k] for k in ("rule", "severity", "trap", "layer", "subject", "message",
+                                                "evidence", "fix")})
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def probe_child_rss(pid: int | None) -> int:

@@ -171,13 +171,14 @@ class StateStore:
             for finding in findings:
                 self._upsert_finding(finding, origin, now)
 
-    def add_findings(self, origin: str, findings: list[Finding]) -> int:
-        """Record findings that accumulate (probes); returns how many were new."""
+    def add_findings(self, origin: str, findings: list[Finding]) -> list[Finding]:
+        """Record findings that accumulate (probes); returns the ones not seen before."""
         now = time.time()
-        new = 0
+        new = []
         with self._lock, self._conn:
             for finding in findings:
-                new += self._upsert_finding(finding, origin, now)
+                if self._upsert_finding(finding, origin, now):
+                    new.append(finding)
         return new
 
     def _upsert_finding(self, finding: Finding, origin: str, now: float) -> int:

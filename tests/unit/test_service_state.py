@@ -46,7 +46,9 @@ def test_replace_findings_deactivates_old_ones(tmp_path):
     store.replace_findings("scan", [b])
     assert [f["subject"]["pid"] for f in store.findings()] == [2]
     assert len(store.findings(active_only=False)) == 2
-    assert store.add_findings("probes", [a]) == 0  # same key as an existing finding
+    assert store.add_findings("probes", [a]) == []  # same key as an existing finding
+    c = leak(3)
+    assert store.add_findings("probes", [a, c]) == [c]
     store.close()
 
 
