@@ -58,13 +58,16 @@ def _run_flags(parser, defaults_for_unit: bool = False):
     parser.add_argument("--otlp-endpoint", metavar="URL", help="export metrics over OTLP/HTTP to this collector")
     parser.add_argument("--no-scan", dest="scan", action="store_false", default=None,
                         help="no periodic checks")
+    parser.add_argument("--scan-path", dest="scan_paths", action="append", metavar="PATH",
+                        help="check these paths periodically instead of the whole host (repeatable)")
     parser.add_argument("--rules", dest="rules_dir", metavar="DIR", help="rules directory (default: built in)")
 
 
 def _flags(args) -> dict:
     return {"gc_interval": args.gc_interval, "scan_interval": args.scan_interval,
             "sample_interval": args.sample_interval, "metrics": args.metrics, "probes": args.probes,
-            "otlp_endpoint": args.otlp_endpoint, "scan": args.scan, "rules_dir": args.rules_dir}
+            "otlp_endpoint": args.otlp_endpoint, "scan": args.scan, "rules_dir": args.rules_dir,
+            "scan_paths": [os.path.abspath(p) for p in args.scan_paths] if args.scan_paths else None}
 
 
 def _unit_args(args) -> list[str]:
@@ -81,6 +84,8 @@ def _unit_args(args) -> list[str]:
             words += [flag, value]
     if args.scan is False:
         words.append("--no-scan")
+    for path in args.scan_paths or ():
+        words += ["--scan-path", os.path.abspath(path)]
     return words
 
 

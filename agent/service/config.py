@@ -99,6 +99,7 @@ class AgentConfig:
     otlp_endpoint: str | None = None
     handle_mode: str = "shared"
     scan: bool = True
+    scan_paths: tuple = ()              # empty: the whole host, as `seedance check` does
     rules_dir: str | None = None
     source: dict = field(default_factory=dict, compare=False)  # key -> "file"|"flag"|"env"
 
@@ -106,11 +107,12 @@ class AgentConfig:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         for key in ("gc_interval", "scan_interval", "sample_interval"):
             out[key] = format_duration(out[key])
+        out["scan_paths"] = list(out["scan_paths"])
         return out
 
 
 _FILE_KEYS = {"gc_interval", "scan_interval", "sample_interval", "metrics", "probes",
-              "otlp_endpoint", "handle_mode", "scan", "rules_dir"}
+              "otlp_endpoint", "handle_mode", "scan", "scan_paths", "rules_dir"}
 
 
 def read_config_file(path: Path) -> dict:
@@ -168,6 +170,13 @@ def build_config(file_values: Mapping, flags: Mapping, env: Mapping[str, str] = 
         raise UsageError(f"handle_mode: {merged['handle_mode']!r} is not one of {', '.join(HANDLE_MODES)}")
     if "scan" in merged:
         merged["scan"] = bool(merged["scan"])
+    if "scan_paths" in merged:
+        paths = merged["scan_paths"]
+        if isinstance(paths, str):
+            paths = [paths]
+        if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
+            raise UsageError("scan_paths: expected a list of paths")
+        merged["scan_paths"] = tuple(paths)
     if merged.get("metrics") in ("", "off", False):
         merged["metrics"] = None
     return replace(AgentConfig(), **merged, source=source)

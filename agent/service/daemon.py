@@ -296,7 +296,8 @@ class Agent:
             # never inflate the agent's RSS, and a crash in it cannot take the agent down.
             self._scan_pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1)
-        self._scan_future = self._scan_pool.submit(run_periodic_check, self.config.rules_dir)
+        self._scan_future = self._scan_pool.submit(run_periodic_check, self.config.rules_dir,
+                                                   list(self.config.scan_paths))
         self._scan_started = time.time()
         with self._lock:
             self._scan_info = {**self._scan_info, "state": "running", "started": self._scan_started}
@@ -534,15 +535,15 @@ def leak_facts(inst, allocations) -> list[Fact]:
             for (device, library), held in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
 
 
-def run_periodic_check(rules_dir: str | None) -> dict:
-    """Runs in a spawned child: the check's Python API over the host, as a report dict."""
+def run_periodic_check(rules_dir: str | None, paths: list | None = None) -> dict:
+    """Runs in a spawned child: the check's Python API (the host, or paths), as a report dict."""
     try:
         os.nice(10)  # a periodic check must never compete with the GPU jobs it watches
     except OSError:
         pass
     from ..collect.scan import CheckOptions, run_check
 
-    return run_check(CheckOptions(rules_dir=rules_dir)).to_dict()
+    return run_check(CheckOptions(targets=list(paths or []), rules_dir=rules_dir)).to_dict()
 
 
 def _drain(fd: int) -> None:

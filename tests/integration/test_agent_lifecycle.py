@@ -219,3 +219,37 @@ def test_fix_handle_leak_reconfigures_the_running_agent(agent):
     agent.wait_for(lambda m: m.get("READY") == "1", "READY=1 after reload")
     config = agent.status()["agent"]["config"]
     assert (config["handle_mode"], config["gc_interval"]) == ("per-instance", "1s")
+
+
+def test_periodic_check_keeps_the_latest_report(agent_root):
+    # a program whose NEEDED library is gone: the check's needed-unresolved finding
+    target = agent_root / "scan"
+    target.mkdir()
+    (target / "l.c").write_text("int f(void){return 1;}\n")
+    (target / "m.c").write_text("int f(void); int main(void){return f();}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", target / "libgone.so", target / "l.c"], check=True)
+    subprocess.run(["cc", "-o", target / "app", target / "m.c", f"-L{target}", "-lgone"], check=True)
+    (target / "libgone.so").unlink()
+    running = RunningAgent(agent_root, watchdog_usec=0)
+    running.args = [a for a in running.args if a != "--no-scan"] + ["--scan-interval", "1s", "--scan-path", str(target)]
+    running.start()
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            status = running.status()
+            if status["counters"]["scans"] >= 2:
+                break
+            time.sleep(0.5)
+        assert status["counters"]["scans"] >= 2, status["scan"]
+        scan = [f for f in status["findings"] if f["origin"] == "scan"]
+        assert [f["rule"] for f in scan] == ["needed-unresolved"]
+        assert scan[0]["subject"]["path"] == str(target / "app")
+        assert scan[0]["seen"] >= 2  # the same finding, refreshed by each check, not duplicated
+        # fixed on disk: the next check's report replaces the old one and the finding goes
+        (target / "app").unlink()
+        scans = status["counters"]["scans"]
+        while time.monotonic() < deadline and running.status()["counters"]["scans"] < scans + 2:
+            time.sleep(0.5)
+        assert [f for f in running.status()["findings"] if f["origin"] == "scan"] == []
+    finally:
+        running.close()
