@@ -352,7 +352,6 @@ def plan_relocated(layout: DynLayout, needed_renames: dict, version_renames: dic
                 table += new + b"\0"
             new_offsets[new] = pos
     section = next((s for s in layout.sections if s[1] == 3 and s[2] == layout.strtab_off), None)
-    strtab_vaddr = layout.tags[DT_STRTAB]
     loads = sorted(layout.load_headers, key=lambda h: h[2])
     occupied = [(s[2], s[2] + s[4]) for s in layout.sections if s[1] != 8 and s[4]]  # not NOBITS
     for i, (hdr_off, flags, p_offset, p_vaddr, p_filesz, p_memsz) in enumerate(loads):
@@ -395,7 +394,6 @@ def plan_relocated(layout: DynLayout, needed_renames: dict, version_renames: dic
             changes.append(f"{ref.role}: {layout.string(ref.value)} -> {new.decode()}")
             if ref.hash_off is not None:
                 patches.append(Patch(ref.hash_off, struct.pack(layout.end + "I", elf_hash(new))))
-        del strtab_vaddr
         return EditPlan(patches, changes, "moved-dynstr")
     return None
 

@@ -104,8 +104,8 @@ def test_env_leak_with_drop_in_killed_at_each_step(step, tmp_path):
         config_dir = tmp_path / "config" / "seedance"
         config_dir.mkdir(parents=True)
         config = config_dir / "plugins.yaml"
-        config.write_text(f"# plugins\nenv:\n  LD_PRELOAD: ${{SHIMDIR}}/libshim.so  # the shim\n"
-                          f"  LD_LIBRARY_PATH: $HOME/lib\norder: [b, a]\n")
+        config.write_text("# plugins\nenv:\n  LD_PRELOAD: ${SHIMDIR}/libshim.so  # the shim\n"
+                          "  LD_LIBRARY_PATH: $HOME/lib\norder: [b, a]\n")
         original = sha(config)
         env = {"XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path / "config"),
                "SHIMDIR": str(home)}

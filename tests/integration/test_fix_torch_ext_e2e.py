@@ -8,7 +8,6 @@ the torch installed now.  That rebuild is the one real extension compile of the 
 """
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -4,7 +4,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 
