@@ -130,6 +130,10 @@ class TraceSession:
 
             self._bpf["events"].open_ring_buffer(callback)
             self._start_targets()
+            what = (f"pid {' '.join(map(str, self.pids))}" if self.pids else
+                    f"pid {self._child} ({self.command[0]})" if self.command else "every process")
+            self.on_notice(f"{len(self._bpf.uprobe_fds)} probes attached "
+                           f"(compiled in {self.summary.compile_s:.1f}s); tracing {what}")
             self._loop(on_event, started)
         finally:
             self._teardown()
