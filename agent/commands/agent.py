@@ -105,7 +105,8 @@ def execute_install(args) -> int:
     watchdog = parse_duration(args.watchdog, "--watchdog")
     if watchdog < 2:
         raise UsageError("--watchdog: must be at least 2s (the agent pings at half of it)")
-    text = unit.render_unit(_unit_args(args), watchdog_sec=int(round(watchdog)))
+    text = unit.render_unit(_unit_args(args), watchdog_sec=int(round(watchdog)),
+                            allow_probes=os.geteuid() == 0 and args.probes != "off")
     if args.print_only:
         sys.stdout.write(text)
         return 0

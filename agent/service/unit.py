@@ -63,10 +63,15 @@ def _systemd_quote(word: str, executable: bool = False) -> str:
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_unit(agent_args: list[str], watchdog_sec: int = 30, command: list[str] | None = None) -> str:
+def render_unit(agent_args: list[str], watchdog_sec: int = 30, command: list[str] | None = None,
+                allow_probes: bool = False) -> str:
     words = [*(command or agent_command()), "agent", "run", *agent_args]
     exec_start = " ".join(_systemd_quote(w, executable=(i == 0)) for i, w in enumerate(words))
     hardening = "\n".join(f"{key}={value}" for key, value in HARDENING)
+    if allow_probes:
+        # root's own user manager can run the eBPF probes: @system-service lacks the two
+        # system calls bcc needs to load programs and attach uprobes.
+        hardening += "\nSystemCallFilter=bpf perf_event_open"
     return f"""\
 # Written by `seedance agent install --user`; re-run it to regenerate.
 [Unit]

@@ -25,6 +25,14 @@ def test_generated_unit_verifies(tmp_path):
 
 
 @needs_systemd
+def test_unit_that_allows_the_probes_verifies(tmp_path):
+    text = unit.render_unit(["--probes", "on"], allow_probes=True)
+    assert "SystemCallFilter=bpf perf_event_open" in text.splitlines()
+    result = unit.verify_unit(_write(tmp_path, text))
+    assert result.ok, result.output
+
+
+@needs_systemd
 @pytest.mark.parametrize("breakage", [("Restart=on-failure", "Restart=sometimes"),
                                       ("Type=notify", "Type=notify\nProtectFlux=yes"),
                                       ("ExecStart=", "ExecStart=/nonexistent/seedance-agent ")])
