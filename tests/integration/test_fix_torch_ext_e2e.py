@@ -4,7 +4,7 @@ The stale build is what an upgrade leaves behind: a cached build of `tiny_ext` w
 build.ninja compiled against another torch (a torch tree whose version.py says 2.1.0).  The
 fixer moves it into the journal and rebuilds tiny_ext with torch.utils.cpp_extension for
 the torch installed now.  That rebuild is the one real extension compile of the suite
-(~30-60 s); it runs once, in a module-scoped fixture, and the tests read its outcome.
+(~30-60 s); it runs once, in a session-scoped fixture under tmp, and the tests read its outcome.
 """
 import hashlib
 import json
@@ -67,7 +67,7 @@ def make_stale(root: Path, name: str, source: Path, old_torch: Path) -> Path:
     return build
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rebuilt(tmp_path_factory):
     d = tmp_path_factory.mktemp("torchext")
     source = d / "src" / "tiny.cpp"
