@@ -41,7 +41,8 @@ def configure_parser(sub):
                               description="Relink libraries whose CUDA-family NEEDED entries do not resolve, "
                                           "resolve to a file whose SONAME lies, or mix runtime majors.",
                               epilog="examples:\n  seedance fix cuda-mismatch --auto-relink ./build --dry-run\n"
-                                     "  seedance fix cuda-mismatch --auto-relink --runtime 12 lib/libk.so\n",
+                                     "  seedance fix cuda-mismatch --auto-relink --runtime 12 lib/libk.so\n"
+                                     "  seedance fix cuda-mismatch --auto-relink --pid 4242 ./build\n",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     relink.add_argument("paths", nargs="*", metavar="PATH",
                         help="files or directories (default: /usr/lib, $CONDA_PREFIX/lib, ./build, site-packages)")
@@ -49,6 +50,8 @@ def configure_parser(sub):
                         help="rewrite NEEDED/.gnu.version_r entries (the only fix this command makes)")
     relink.add_argument("--runtime", choices=("11", "12", "13", "auto"), default="auto",
                         help="CUDA major to retarget to (default: the one the closure really uses)")
+    relink.add_argument("--pid", type=int, metavar="PID",
+                        help="with --runtime auto: align with the runtime this running process maps")
     relink.add_argument("--dry-run", action="store_true", help="print the dynamic-entry diff, write nothing")
     relink.add_argument("--verbose", "-v", action="store_true", help="show findings, strategy and verification")
     relink.set_defaults(execute=_cuda_mismatch)
@@ -151,8 +154,12 @@ def _cuda_mismatch(args) -> int:
     roots = args.paths or relink.default_roots()
     if not roots:
         raise BadInput("no roots to scan: none of /usr/lib, $CONDA_PREFIX/lib, ./build, site-packages exists")
+    runtime = args.runtime
+    if args.pid is not None and runtime == "auto":
+        runtime = str(relink.process_major(args.pid))
+        print(f"pid {args.pid} uses the CUDA {runtime} runtime: aligning with it")
     journal = None if args.dry_run else _journal()
-    relinker = relink.Relinker(roots, runtime=args.runtime)
+    relinker = relink.Relinker(roots, runtime=runtime)
     report = relinker.check()
     plan = relinker.plan(report)
     if not plan.findings:
@@ -208,7 +215,7 @@ def _cuda_mismatch(args) -> int:
     written = [r for r in entry.files if r["state"] == "written"]
     if written:
         print(f"journal {entry.id}: {len(written)} file(s); undo with: seedance fix undo {entry.id}")
-    return _recheck_relink(relink, roots, args.runtime, plan, refused or failed or plan.skipped)
+    return _recheck_relink(relink, roots, runtime, plan, refused or failed or plan.skipped)
 
 
 def _recheck_relink(relink, roots, runtime, plan, incomplete) -> int:

@@ -53,6 +53,23 @@ def default_roots(environ=None, cwd=None) -> list:
     return [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
 
 
+def process_major(pid: int) -> int:
+    """The CUDA runtime major a running process really uses (the libcudart it maps)."""
+    from ..collect import process
+
+    try:
+        view = process.read_process(pid)
+    except process.ProcessGone:
+        raise BadInput(f"pid {pid}: no such process (it may have exited)") from None
+    facts = process.runtime_facts(view)
+    majors = sorted({m for fact in facts for m in fact.data["majors"]})
+    if not majors:
+        raise BadInput(f"pid {pid}: maps no libcudart, so it names no runtime to align with; use --runtime")
+    if len(majors) > 1:
+        raise BadInput(f"pid {pid}: maps CUDA runtime majors {majors} at once; pick one with --runtime")
+    return majors[0]
+
+
 def cuda_major_of(path: str, info=None) -> int | None:
     """CUDA major of a CUDA-family library: what it declares first, then its neighbours."""
     from ..collect import cuda

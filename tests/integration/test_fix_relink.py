@@ -220,3 +220,22 @@ def test_needed_that_resolves_to_a_lying_soname_is_relinked(tmp_path, env):
     assert [os.path.basename(p) for p in loaded.stdout.split()] == ["libcudart.so.13"], loaded.stderr
     assert run_cli("fix", "undo", env=env).returncode == 0
     assert sha(lib) == original
+
+
+def test_pid_aligns_with_the_runtime_a_running_process_maps(tmp_path, env):
+    libs = build_mixed(tmp_path)
+    # a process that really runs the CUDA 12 runtime
+    child = subprocess.Popen([sys.executable, "-c", "import ctypes, sys, time; ctypes.CDLL(sys.argv[1]);"
+                              "print('up', flush=True); time.sleep(60)", str(CU12 / "libcudart.so.12")],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--pid", child.pid, "--dry-run", libs["app"],
+                      env={**env, "LD_LIBRARY_PATH": str(CU12)})
+    finally:
+        child.kill()
+        child.wait()
+    assert f"pid {child.pid} uses the CUDA 12 runtime" in fix.stdout
+    assert f"{libs['app']}: -> CUDA 12" in fix.stdout, fix.stdout
+    gone = run_cli("fix", "cuda-mismatch", "--auto-relink", "--pid", child.pid, libs["app"], env=env)
+    assert gone.returncode == 2 and "no such process" in gone.stderr
