@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -31,6 +32,7 @@ from . import atomic
 from .atomic import crash_point, sha256_bytes, sha256_file
 
 SCHEMA = "seedance.journal/v1"
+_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
 OPEN, COMMITTED, ROLLED_BACK, UNDOING, UNDONE = "open", "committed", "rolled-back", "undoing", "undone"
 
 
@@ -227,9 +229,11 @@ class Journal:
         if not self.root.is_dir():
             return []
         return sorted(name for name in os.listdir(self.root)
-                      if (self.root / name / "manifest.json").is_file())
+                      if _ID.fullmatch(name) and (self.root / name / "manifest.json").is_file())
 
     def load(self, entry_id: str) -> Entry:
+        if not _ID.fullmatch(entry_id or ""):
+            raise BadInput(f"{entry_id!r} is not a journal entry id (see: seedance fix history)")
         path = self.root / entry_id / "manifest.json"
         try:
             manifest = json.loads(path.read_text())

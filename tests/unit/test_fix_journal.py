@@ -129,3 +129,9 @@ def test_recovery_skips_an_entry_a_live_fixer_holds(journal, tmp_path):
 def test_undo_with_nothing_committed(journal):
     with pytest.raises(BadInput, match="nothing to undo"):
         journal.undo()
+
+
+def test_ids_are_validated_before_any_path_is_built(journal):
+    for bad in ("../../etc", "x", "20260101-000000-zzzzzz"):
+        with pytest.raises(BadInput, match="not a journal entry id"):
+            journal.load(bad)
