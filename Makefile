@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.seedance-installed
-SITE = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # the CPU torch wheel lies on disk on these machines; pip finds it there first
 WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
@@ -45,7 +44,9 @@ $(STAMP): setup.py requirements-test.txt | system-deps
 	$(BIN)/pip install -q $(PIP_FIND) -r requirements-test.txt
 	$(BIN)/pip install -q $(PIP_FIND) -e .
 	@# bcc is pure Python over libbcc (ctypes): expose only Debian's bcc package to the venv.
-	@if [ -d /usr/lib/python3/dist-packages/bcc ]; then ln -sfn /usr/lib/python3/dist-packages/bcc $(SITE)/bcc; fi
+	@# (site-packages is asked of the venv here, inside the recipe: it may not exist at parse time)
+	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	if [ -d /usr/lib/python3/dist-packages/bcc ] && [ -d "$$site" ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
 	touch $(STAMP)
 
 # Findings (exit 1) are the job's result, not a make failure; exit 2 (bad input) still fails.
