@@ -10,6 +10,11 @@
  * the same thread is not reported, so each allocation is counted once, at the API the
  * program called.
  *
+ * What is still allocated is kept in the kernel, in live_allocs (pid, pointer -> bytes,
+ * device, caller, api): the hot path is a map update, the accounting survives a full ring
+ * buffer, and at exit Python reads what the process still held.  Per-call events go to
+ * the ring buffer only when streamed (SD_CUDA_EVENTS=1), without waking the reader.
+ *
  * Device: a driver allocation lands on the device of the thread's current context
  * (cuCtxCreate/cuDevicePrimaryCtxRetain tell which device a context belongs to,
  * cuCtxSetCurrent/cuCtxPushCurrent which context is current); a runtime allocation on
@@ -31,6 +36,27 @@ BPF_TABLE("lru_hash", u64, s32, ctx_device, 16384);
 BPF_TABLE("lru_hash", u32, u64, thread_ctx, 16384);
 BPF_TABLE("lru_hash", u32, s32, thread_rt_device, 16384);
 BPF_TABLE("lru_hash", u32, struct sd_alloc_call, ctx_inflight, 16384);
+
+#ifndef SD_CUDA_EVENTS
+#define SD_CUDA_EVENTS 1
+#endif
+
+struct sd_alloc_key {
+	u32 tgid;
+	u32 pad;
+	u64 ptr;
+};
+
+struct sd_alloc_value {
+	u64 bytes;
+	u64 caller;
+	s32 device;
+	u32 api;
+};
+
+/* not LRU: an evicted entry would be a leak never reported; a full map is counted */
+BPF_F_TABLE("hash", struct sd_alloc_key, struct sd_alloc_value, live_allocs, 262144, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(untracked_allocs, u64, 1);
 
 static __always_inline int sd_in_runtime(u32 tid)
 {
@@ -95,6 +121,16 @@ static __always_inline int sd_alloc_return(struct pt_regs *ctx, int runtime)
 	if (status == 0) {
 		u64 ptr = 0;
 		bpf_probe_read_user(&ptr, sizeof(ptr), (void *)call->out);
+		struct sd_alloc_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .ptr = ptr};
+		struct sd_alloc_value value = {.bytes = call->bytes, .caller = call->caller,
+					       .device = call->device, .api = call->api};
+		if (live_allocs.update(&key, &value) != 0) {
+			int zero = 0;
+			u64 *count = untracked_allocs.lookup(&zero);
+			if (count)
+				(*count)++;
+		}
+#if SD_CUDA_EVENTS
 		struct sd_event *e = sd_reserve(SD_EV_CUDA_ALLOC);
 		if (e) {
 			e->api = call->api;
@@ -102,8 +138,9 @@ static __always_inline int sd_alloc_return(struct pt_regs *ctx, int runtime)
 			e->bytes = call->bytes;
 			e->caller = call->caller;
 			e->device = call->device;
-			events.ringbuf_submit(e, 0);
+			events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		}
+#endif
 	}
 	alloc_inflight.delete(&tid);
 	return 0;
@@ -147,13 +184,17 @@ static __always_inline int sd_free_return(struct pt_regs *ctx, int runtime)
 	if (!call)
 		return 0;
 	if ((s32)PT_REGS_RC(ctx) == 0 && call->out) {
+		struct sd_alloc_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .ptr = call->out};
+		live_allocs.delete(&key);
+#if SD_CUDA_EVENTS
 		struct sd_event *e = sd_reserve(SD_EV_CUDA_FREE);
 		if (e) {
 			e->api = call->api;
 			e->ptr = call->out;
 			e->caller = call->caller;
-			events.ringbuf_submit(e, 0);
+			events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		}
+#endif
 	}
 	alloc_inflight.delete(&tid);
 	return 0;

@@ -126,9 +126,10 @@ def program_text() -> str:
     return "\n".join(parts)
 
 
-def cflags(host: HostLoader, filter_pids: bool, ringbuf_pages: int = 256) -> list:
+def cflags(host: HostLoader, filter_pids: bool, ringbuf_pages: int = 256, cuda_events: bool = True) -> list:
     flags = [
         f"-DSD_FILTER_PIDS={1 if filter_pids else 0}",
+        f"-DSD_CUDA_EVENTS={1 if cuda_events else 0}",
         f"-DSD_RINGBUF_PAGES={ringbuf_pages}",
         f"-DSD_LDSO_DEBUG_STATE_OFF={host.debug_state_offset:#x}ULL",
         f"-DSD_LDSO_R_DEBUG_OFF={host.r_debug_offset:#x}ULL",
@@ -147,12 +148,12 @@ def _exit_has_group_dead() -> bool:
     return False
 
 
-def compile_program(host: HostLoader, filter_pids: bool):
+def compile_program(host: HostLoader, filter_pids: bool, cuda_events: bool = True):
     """The compiled BPF module (bcc.BPF); its tracepoints attach as it loads."""
     from bcc import BPF
 
     try:
-        return BPF(text=program_text(), cflags=cflags(host, filter_pids))
+        return BPF(text=program_text(), cflags=cflags(host, filter_pids, cuda_events=cuda_events))
     except Exception as exc:  # bcc raises bare Exception on compile/load failure
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         raise ProbeError(f"bcc could not compile or load the probes: {first}") from None
@@ -222,6 +223,25 @@ def attach_cuda(bpf, path: str, kind: str) -> list:
             continue
         attached.append(symbol)
     return attached
+
+
+def held_allocations(bpf, pid: int, api_names: dict) -> list:
+    """What ``pid`` still holds, from the kernel's live_allocs map; the entries are removed
+    (the process is gone, and its pid may be reused)."""
+    table = bpf["live_allocs"]
+    held, keys = [], []
+    for key, value in table.items():
+        if key.tgid != pid:
+            continue
+        keys.append(key)
+        held.append({"ptr": hex(key.ptr), "bytes": int(value.bytes), "device": int(value.device),
+                     "caller": int(value.caller), "api": api_names.get(value.api, str(value.api))})
+    for key in keys:
+        try:
+            del table[key]
+        except KeyError:
+            pass
+    return held
 
 
 def detach_cuda(bpf, path: str, kind: str, symbols: list) -> None:

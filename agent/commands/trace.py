@@ -163,7 +163,7 @@ def _trace(args, command: list, backend: str) -> int:
         from ..trace.session import TraceSession
 
         session = TraceSession(pids=args.pid, command=command, duration=args.duration,
-                               on_notice=out.notice, files=live.files,
+                               on_notice=out.notice, files=live.files, cuda_events=not args.quiet,
                                on_tick=lambda: judge(mapped_lib_facts(live.live_pids())))
         for pid in args.pid:
             live.seed(pid)

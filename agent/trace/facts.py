@@ -194,7 +194,7 @@ class LiveFacts:
     # --- lifecycle -------------------------------------------------------------------
     def _on_exec(self, event: TraceEvent) -> list:
         old = self.processes.pop(event.pid, None)
-        facts = self._leak_facts(old, "exec") if old else []
+        facts = self._leak_facts(old, "exec", event.data.get("held")) if old else []
         try:  # the kernel's absolute path, not the (maybe relative) name given to execve
             exe = os.readlink(f"/proc/{event.pid}/exe").removesuffix(" (deleted)")
         except OSError:
@@ -204,7 +204,7 @@ class LiveFacts:
 
     def _on_exit(self, event: TraceEvent) -> list:
         proc = self.processes.pop(event.pid, None)
-        return self._leak_facts(proc, "exit") if proc else []
+        return self._leak_facts(proc, "exit", event.data.get("held")) if proc else []
 
     # --- the link map ----------------------------------------------------------------
     def _on_object(self, event: TraceEvent) -> list:
@@ -338,9 +338,17 @@ class LiveFacts:
         proc.allocations.pop(event.data.get("ptr"), None)
         return []
 
-    def _leak_facts(self, proc: _Process, when: str) -> list:
+    def _leak_facts(self, proc: _Process, when: str, held=None) -> list:
+        """``held``: the kernel's account of what is still allocated (eBPF), which wins over
+        the one kept from alloc/free events (lost events, or not streamed)."""
+        if held is not None:
+            allocations = [_Allocation(bytes=h["bytes"], device=h["device"], api=h["api"],
+                                       library=proc.library_at(h["caller"]) or proc.exe or "?")
+                           for h in held]
+        else:
+            allocations = list(proc.allocations.values())
         groups: dict = {}
-        for alloc in proc.allocations.values():
+        for alloc in allocations:
             group = groups.setdefault((alloc.device, alloc.library), {"bytes": 0, "count": 0, "apis": set()})
             group["bytes"] += alloc.bytes
             group["count"] += 1

@@ -66,13 +66,14 @@ class TraceSession:
     """``run(on_event)`` traces until the target ends, the duration passes or a signal."""
 
     def __init__(self, pids=(), command=None, duration=None, on_notice=None, files=None,
-                 on_tick=None):
+                 on_tick=None, cuda_events=True):
         self.pids = [int(p) for p in pids]
         self.command = list(command or [])
         self.duration = duration
         self.on_notice = on_notice or (lambda text: None)
         self.on_tick = on_tick  # called about every RESCAN_S with the live pids we know of
         self.files = files or FileInfoCache()
+        self.cuda_events = cuda_events  # stream each allocation, or only account for them
         self.summary = TraceSummary()
         self._bpf = None
         self._stop_reason = ""
@@ -104,7 +105,8 @@ class TraceSession:
         started = time.monotonic()
         try:
             host = loader.find_host_loader()
-            self._bpf = loader.compile_program(host, filter_pids=bool(self.pids or self.command))
+            self._bpf = loader.compile_program(host, filter_pids=bool(self.pids or self.command),
+                                              cuda_events=self.cuda_events)
         except loader.ProbeError as exc:
             raise EbpfUnavailable(str(exc)) from None
         self.summary.compile_s = time.monotonic() - started
@@ -117,6 +119,7 @@ class TraceSession:
             names = layout.names("SD_EV_")
             apis = {value: API_NAMES.get(name, name) for name, value in layout.constants().items()
                     if name.startswith("SD_API_")}
+            self._apis = apis
             struct = layout.event_struct()
 
             def callback(_ctx, data, _size):
@@ -247,6 +250,9 @@ class TraceSession:
             self._note_object(event)
         elif event.kind == "exit":
             self._exited.add(event.pid)
+        if event.kind in ("exit", "exec"):
+            # what the old image still holds, from the kernel's own account
+            event.data["held"] = self._loader.held_allocations(self._bpf, event.pid, self._apis)
         on_event(event)
 
     def _note_object(self, event: TraceEvent) -> None:
@@ -316,7 +322,7 @@ class TraceSession:
 
     def _count_lost(self) -> None:
         try:
-            total = int(self._bpf["lost"].sum(0).value)
+            total = int(self._bpf["lost"].sum(0).value) + int(self._bpf["untracked_allocs"].sum(0).value)
         except Exception:
             return
         if total > self.summary.lost:
