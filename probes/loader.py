@@ -235,7 +235,7 @@ def held_allocations(bpf, pid: int, api_names: dict) -> list:
             continue
         keys.append(key)
         held.append({"ptr": hex(key.ptr), "bytes": int(value.bytes), "device": int(value.device),
-                     "caller": int(value.caller), "api": api_names.get(value.api, str(value.api))})
+                     "caller": hex(value.caller), "api": api_names.get(value.api, str(value.api))})
     for key in keys:
         try:
             del table[key]

@@ -81,7 +81,7 @@ def decode(raw, names: dict, apis: dict) -> TraceEvent:
         data = {"path": path, "old_pid": raw.aux}
     elif kind == "dlopen":
         data = {"api": api, "path": path or None, "flags": raw.bytes, "flags_text": rtld_flags(raw.bytes),
-                "lmid": raw.ns, "caller": raw.caller}
+                "lmid": raw.ns, "caller": hex(raw.caller)}
     elif kind == "dlopen_ret":
         data = {"api": api, "path": path or None, "flags": raw.bytes, "ok": bool(raw.ptr),
                 "handle": hex(raw.ptr) if raw.ptr else None, "loaded": text or None}
@@ -90,9 +90,9 @@ def decode(raw, names: dict, apis: dict) -> TraceEvent:
     elif kind == "object":
         data = {"path": path, "base": raw.base, "link_map": hex(raw.ptr), "namespace": raw.ns}
     elif kind == "cuda_alloc":
-        data = {"api": api, "ptr": hex(raw.ptr), "bytes": raw.bytes, "device": raw.device, "caller": raw.caller}
+        data = {"api": api, "ptr": hex(raw.ptr), "bytes": raw.bytes, "device": raw.device, "caller": hex(raw.caller)}
     elif kind == "cuda_free":
-        data = {"api": api, "ptr": hex(raw.ptr), "caller": raw.caller}
+        data = {"api": api, "ptr": hex(raw.ptr), "caller": hex(raw.caller)}
     return TraceEvent(kind=kind, pid=raw.pid, tid=raw.tid,
                       comm=raw.comm.decode("utf-8", "replace"), ts_ns=raw.ts_ns, data=data,
                       stopped=bool(raw.flags & 1))

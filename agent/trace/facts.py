@@ -124,8 +124,10 @@ class _Process:
     dlopens: dict = field(default_factory=dict)  # tid -> [[event data, [link maps added]], ...]
     seeded: bool = False
 
-    def library_at(self, address: int) -> str | None:
+    def library_at(self, address) -> str | None:
         """The object whose load address is the highest at or below ``address``."""
+        if isinstance(address, str):
+            address = int(address, 16)
         if not address:
             return None
         ranked = sorted((o.base, o.path or (self.exe or "")) for o in self.objects.values() if o.base)

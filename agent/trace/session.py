@@ -46,6 +46,7 @@ class TraceSummary:
     backend: str = "ebpf"
     events: int = 0
     lost: int = 0
+    untracked: int = 0  # allocations the kernel map had no room for (not in leak reports)
     stop_reason: str = ""
     command_status: int | None = None
     probes: list = field(default_factory=list)
@@ -56,6 +57,7 @@ class TraceSummary:
 
     def to_dict(self) -> dict:
         return {"backend": self.backend, "events": self.events, "lost_events": self.lost,
+                "untracked_allocations": self.untracked,
                 "stop_reason": self.stop_reason, "command_status": self.command_status,
                 "probes": self.probes, "cuda_libraries": self.cuda_libraries,
                 "compile_s": round(self.compile_s, 3), "elapsed_s": round(self.elapsed_s, 3),
@@ -322,9 +324,13 @@ class TraceSession:
 
     def _count_lost(self) -> None:
         try:
-            total = int(self._bpf["lost"].sum(0).value) + int(self._bpf["untracked_allocs"].sum(0).value)
+            total = int(self._bpf["lost"].sum(0).value)
+            untracked = int(self._bpf["untracked_allocs"].sum(0).value)
         except Exception:
             return
+        if untracked > self.summary.untracked:
+            self.on_notice(f"{untracked - self.summary.untracked} allocations not tracked (allocation map full)")
+            self.summary.untracked = untracked
         if total > self.summary.lost:
             self.on_notice(f"lost {total - self.summary.lost} events (ring buffer full)")
             self.summary.lost = total

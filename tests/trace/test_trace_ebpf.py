@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import subprocess
 import time
 from pathlib import Path
@@ -185,3 +186,30 @@ def _wait_for(proc, text, timeout=60):
             return
     raise AssertionError(f"{text!r} not seen on stderr: {''.join(seen)}")
 
+
+
+def test_deleted_library_of_a_traced_pid_raises_lib_deleted(ebpf, built, tmp_path):
+    import shutil as _shutil
+    copy_dir = Path(tempfile.mkdtemp(prefix="seedance-trace-deleted-"))
+    copy = copy_dir / "libz.so.1"
+    _shutil.copy2("/lib/x86_64-linux-gnu/libz.so.1", copy)
+    target = subprocess.Popen([str(built / "dlopen_each"), str(copy), "@libm.so.6"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == f"ok {copy}"
+        assert target.stdout.readline().strip() == "waiting"
+        copy.unlink()  # an upgrade replaced it on disk: the process still runs the old code
+        tracer = subprocess.Popen([str(BIN / "seedance"), "trace", "-q", "--json", "--pid", str(target.pid)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for(tracer, "probes attached")
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        out, err = tracer.communicate(timeout=60)
+    finally:
+        target.kill()
+        target.wait()
+        _shutil.rmtree(copy_dir, ignore_errors=True)
+    deleted = [json.loads(line) for line in out.splitlines() if '"lib-deleted"' in line]
+    assert len(deleted) == 1, (out, err)
+    assert deleted[0]["subject"] == {"pid": target.pid, "path": str(copy)}
+    assert deleted[0]["evidence"]["state"] == "deleted"
