@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,13 +151,33 @@ def _exit_has_group_dead() -> bool:
 
 def compile_program(host: HostLoader, filter_pids: bool, cuda_events: bool = True):
     """The compiled BPF module (bcc.BPF); its tracepoints attach as it loads."""
+    import tempfile
+
     from bcc import BPF
 
-    try:
-        return BPF(text=program_text(), cflags=cflags(host, filter_pids, cuda_events=cuda_events))
-    except Exception as exc:  # bcc raises bare Exception on compile/load failure
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        raise ProbeError(f"bcc could not compile or load the probes: {first}") from None
+    # clang and libbcc write diagnostics straight to fds 1 and 2: keep them off the event
+    # stream, and on failure report the first real error in one line, not pages of output.
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = {fd: os.dup(fd) for fd in (1, 2)}
+        for fd in saved:
+            os.dup2(captured.fileno(), fd)
+        try:
+            return BPF(text=program_text(), cflags=cflags(host, filter_pids, cuda_events=cuda_events))
+        except Exception as exc:  # bcc raises bare Exception on compile/load failure
+            failure = exc
+        finally:
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+        captured.seek(0)
+        log = captured.read().decode("utf-8", "replace")
+    reason = next((line.strip() for line in log.splitlines() if "error:" in line), "")
+    if not reason:
+        text = str(failure).strip()
+        reason = text.splitlines()[0] if text else failure.__class__.__name__
+    raise ProbeError(f"bcc could not compile or load the probes: {reason}")
 
 
 def _attach(bpf, path: str, symbol: str, handler: str, with_return: bool) -> None:

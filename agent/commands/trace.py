@@ -159,8 +159,9 @@ def _trace(args, command: list, backend: str) -> int:
         out.event(event)
         judge(facts)
 
+    summary = None
     if backend == "ebpf":
-        from ..trace.session import TraceSession
+        from ..trace.session import EbpfUnavailable, TraceSession
 
         session = TraceSession(pids=args.pid, command=command, duration=args.duration,
                                on_notice=out.notice, files=live.files, cuda_events=not args.quiet,
@@ -168,8 +169,15 @@ def _trace(args, command: list, backend: str) -> int:
         for pid in args.pid:
             live.seed(pid)
         judge(mapped_lib_facts(args.pid))
-        summary = session.run(on_event)
-    else:
+        try:
+            summary = session.run(on_event)
+        except EbpfUnavailable as exc:
+            # the checks passed but bcc could not compile or attach: same fallback, same
+            # one line, as long as nothing was launched yet (it never is before attach)
+            if args.backend != "auto" or not command:
+                raise
+            out.notice(f"eBPF unavailable ({exc}); falling back to LD_AUDIT")
+    if summary is None:
         from ..trace.audit import run_audit
 
         summary = run_audit(command, on_event, on_notice=out.notice, duration=args.duration)

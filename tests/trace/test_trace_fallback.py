@@ -78,3 +78,16 @@ def test_missing_command_is_one_line_exit_2(built, shim_library):
     proc, _ = trace("--backend", "audit", "--", "/nonexistent/program")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_headers_that_do_not_compile_fall_back_with_the_compilers_error(ebpf, built, shim_library, tmp_path):
+    """The environment checks pass (an include/ exists) but clang fails: still one line."""
+    (tmp_path / "include").mkdir()
+    proc, report = trace("--", built / "dlopen_each", "libz.so.1",
+                         env={"SEEDANCE_KERNEL_HEADERS": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("seedance trace: eBPF unavailable (bcc could not compile or load the probes: ")
+    assert "file not found" in first and first.endswith("); falling back to LD_AUDIT")
+    assert report["trace"]["backend"] == "audit"
+    assert proc.stdout.splitlines()[0] == "ok libz.so.1" or "ok libz.so.1" in proc.stdout
