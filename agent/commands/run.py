@@ -342,7 +342,7 @@ def execute(args) -> int:
     report = build_report(result, instances, leaks, group, load_rules())
     for finding in report.sorted_findings():
         if finding.rule == "handle-leak":
-            print(f"seedance: {finding.severity}: {finding.message}", file=sys.stderr)
+            print(f"seedance: {finding.severity}: {finding.rule}: {finding.message}", file=sys.stderr)
     if args.report_json:
         text = json.dumps(report.to_dict(), indent=2) + "\n"
         if args.report_json == "-":

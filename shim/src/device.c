@@ -88,11 +88,16 @@ static int resolve_item(const char *item, int ndevices)
     return match;
 }
 
+/* set while this thread resolves: a driver that calls its own exported entry points
+ * (through its PLT, so through our wrappers) must not re-enter the lock */
+static __thread int sd_resolving __attribute__((tls_model("initial-exec")));
+
 void sd_device_resolve(void)
 {
-    if (SD_LIKELY(__atomic_load_n(&sd_device_resolved, __ATOMIC_ACQUIRE)))
+    if (SD_LIKELY(__atomic_load_n(&sd_device_resolved, __ATOMIC_ACQUIRE)) || sd_resolving)
         return;
     pthread_mutex_lock(&sd_device_lock);
+    sd_resolving = 1;
     if (sd_device_resolved)
         goto out;
     CUresult (*count)(int *) = (CUresult(*)(int *))sd_real(SD_HOOK_cuDeviceGetCount);
@@ -132,6 +137,7 @@ void sd_device_resolve(void)
     }
     __atomic_store_n(&sd_device_resolved, 1, __ATOMIC_RELEASE);
 out:
+    sd_resolving = 0;
     pthread_mutex_unlock(&sd_device_lock);
 }
 

@@ -1,5 +1,7 @@
 /*
  * fakecuda.c: a fake CUDA driver (libcuda.so.1) for tests on hosts without a GPU.
+ * Build it with -Wl,-Bsymbolic: like the real driver, its calls to its own entry points
+ * (and the table cuGetProcAddress answers from) must bind inside it, not to a preloaded shim.
  *
  * The ONE allowed stand-in: it is compiled against NVIDIA's own cuda.h when that is
  * present (so every signature here is checked by the compiler against the real one)

@@ -298,6 +298,19 @@ static void step(const char *s)
             failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         }
         printf("procs failed=%d\n", failed);
+#ifdef LINKED
+    } else if (strncmp(s, "gpa:", 4) == 0) { /* gpa:<symbol>:<cudaVersion>:<flags>: who answers */
+        char name[128];
+        int version = 0, flags = 0;
+        sscanf(s + 4, "%127[^:]:%d:%d", name, &version, &flags);
+        void *fn = NULL;
+        CUdriverProcAddressQueryResult status = 99;
+        r = cuGetProcAddress_v2(name, &fn, version, (cuuint64_t)flags, &status);
+        Dl_info info;
+        const char *lib = fn && dladdr(fn, &info) && info.dli_fname ? strrchr(info.dli_fname, '/') : NULL;
+        printf("gpa result=%d status=%d lib=%s sym=%s\n", r, status, lib ? lib + 1 : "-",
+               fn && dladdr(fn, &info) && info.dli_sname ? info.dli_sname : "-");
+#endif
     } else if (strcmp(s, "stdout") == 0) {
         printf("stdout marker\n");
     } else if (strncmp(s, "sleep:", 6) == 0) {

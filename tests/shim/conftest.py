@@ -1,0 +1,74 @@
+"""Fixtures for the shim tests: the fake driver, the C clients and the shim, built once.
+
+Every test gets its own registry directory (SEEDANCE_RUNTIME_DIR) and its own fake
+driver ledger (FAKECUDA_LEDGER), so tests never see each other's instances.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDA_INCLUDE = Path("/usr/local/cuda/include")
+FAKE_MAX = 16
+
+
+def _cc(*args):
+    subprocess.run(["cc", *map(str, args)], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("fakecuda")
+    inc = ["-I", str(CUDA_INCLUDE)] if (CUDA_INCLUDE / "cuda.h").exists() else ["-I", str(ROOT / "tests/shim/include")]
+    _cc("-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", *inc,
+        "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic", ROOT / "tests/fakecuda/fakecuda.c", "-o", out / "libcuda.so.1", "-pthread")
+    os.symlink("libcuda.so.1", out / "libcuda.so")
+    src = ROOT / "tests/shim/sdtest.c"
+    _cc("-O2", "-DLINKED", *inc, src, "-o", out / "sdtest_linked", f"-L{out}", "-lcuda", "-pthread", "-ldl")
+    _cc("-O2", *inc, src, "-o", out / "sdtest", "-pthread", "-ldl")
+    from seedance import shim
+    return {"dir": out, "linked": out / "sdtest_linked", "dlsym": out / "sdtest", "shim": shim.library_path()}
+
+
+class Ledger:
+    """The fake driver's side channel: per physical device, as the driver saw it."""
+
+    FIELDS = ("outstanding", "high_water", "allocs", "frees", "oom")
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def read(self) -> dict:
+        if not self.path.exists():
+            return {f: [0] * FAKE_MAX for f in self.FIELDS}
+        raw = self.path.read_bytes()
+        values = struct.unpack(f"<{FAKE_MAX * len(self.FIELDS)}Q", raw[: 8 * FAKE_MAX * len(self.FIELDS)])
+        return {f: list(values[i * FAKE_MAX:(i + 1) * FAKE_MAX]) for i, f in enumerate(self.FIELDS)}
+
+
+@pytest.fixture
+def env(built, tmp_path):
+    e = dict(os.environ)
+    for key in list(e):
+        if key.startswith(("SEEDANCE_", "FAKECUDA_", "CUDA_")) or key in ("LD_PRELOAD", "LD_AUDIT"):
+            del e[key]
+    e.update(LD_LIBRARY_PATH=str(built["dir"]), SEEDANCE_RUNTIME_DIR=str(tmp_path / "rt"),
+             FAKECUDA_LEDGER=str(tmp_path / "ledger"), FAKECUDA_DEVICES="2")
+    return e
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return Ledger(tmp_path / "ledger")
+
+

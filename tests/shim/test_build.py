@@ -1,0 +1,52 @@
+"""The shim as built: no libpython, the cdef parses, the hooks match NVIDIA's prototypes."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDA_INCLUDE = Path("/usr/local/cuda/include")
+
+
+def test_installed_library_needs_no_libpython():
+    from seedance import shim
+
+    path = shim.library_path()
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True).stdout
+    assert not re.search(r"\bPy\w+", undefined)
+    needed = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True).stdout
+    assert "libpython" not in needed
+
+
+def test_exports_exactly_the_hooks_the_audit_interface_and_helpers():
+    from seedance import shim
+
+    hooks = re.findall(r"^HOOK\(\w+,\s*(\w+),", (ROOT / "shim/src/hooks.def").read_text(), re.M)
+    out = subprocess.run(["nm", "-D", "--defined-only", str(shim.library_path())], capture_output=True, text=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.split()[-2] in ("T", "W")}
+    ours = {name for name in exported if not name.startswith(("seedance_", "la_")) and name != "dlsym"}
+    assert ours == set(hooks)
+    assert {"la_version", "la_objsearch", "la_objopen", "la_symbind64", "dlsym"} <= exported
+
+
+def test_binding_checks_version_and_names_every_api():
+    from seedance import shim
+
+    ffi, lib = shim.binding()
+    assert lib.seedance_shim_abi_version() == lib.SD_ABI_VERSION
+    assert ffi.sizeof("struct sd_event") == 256
+
+
+@pytest.mark.skipif(not (CUDA_INCLUDE / "cuda.h").exists(), reason="no CUDA toolkit headers in /usr/local/cuda")
+@pytest.mark.parametrize("source", ["hooks.c", "memory.c", "device.c", "procaddr.c"])
+def test_hook_signatures_match_cuda_h(source, tmp_path):
+    """Compiled against NVIDIA's cuda.h, any hook whose prototype differs is an error."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    p = subprocess.run(["cc", "-fsyntax-only", "-Werror", "-DSD_CHECK_WITH_CUDA_H", f"-I{CUDA_INCLUDE}",
+                        str(ROOT / "shim/src" / source)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr

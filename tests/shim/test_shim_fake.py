@@ -1,0 +1,305 @@
+"""The shim against the fake driver: affinity, quotas, the three ways to reach the
+driver, threads, fork, SIGKILL, audit, and the safety rules of `seedance run`.
+
+Allocations are checked from the driver's side through the fake driver's ledger.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+
+import pytest
+
+from shimhelpers import parse_lines, seedance_run
+
+VIAS = [("linked", "direct"), ("linked", "procaddr"), ("dlsym", "dlsym")]
+
+
+def steps(built, binary, via, *rest):
+    return ["--", str(built[binary]), "--via", via, *rest]
+
+
+@pytest.mark.parametrize("binary,via", VIAS)
+def test_affinity_gpu1_lands_on_physical_1(built, env, ledger, binary, via, tmp_path):
+    report = tmp_path / "r.json"
+    p = seedance_run(env, "--affinity", "gpu:1", "--report-json", report,
+                     *steps(built, binary, via, "init", "count", "uuid:0", "uuid:1", "ctx:0",
+                            "alloc:1000", "managed:3000", "pitch:100", "vmm:0:4096", "free:all"))
+    assert p.returncode == 0, p.stderr
+    rows = {r["step"] + str(i): r for i, r in enumerate(parse_lines(p.stdout))}
+    lines = parse_lines(p.stdout)
+    assert lines[1] == {"step": "count", "result": 0, "count": 1}
+    assert lines[2]["last"] == 1 and lines[2]["bus"] == "00000000:20:00.0"   # logical 0 is physical 1
+    assert lines[3]["result"] == 101                                        # CUDA_ERROR_INVALID_DEVICE
+    assert all(r.get("result", 0) == 0 for r in lines[4:9]), rows
+    seen = ledger.read()
+    assert seen["allocs"][0] == 0 and seen["allocs"][1] == 4      # alloc, managed, pitch, vmm
+    assert seen["outstanding"][1] == 0
+    data = json.loads(report.read_text())
+    assert data["schema"] == "seedance.report/v1"
+    assert data["remap"][0]["logical_to_physical"] == {"0": 1}
+    assert [d["device"] for d in data["devices"]] == [1]
+
+
+def test_affinity_by_uuid_prefix_and_hidden_handles(built, env, ledger):
+    p = seedance_run(env, "--affinity", "GPU-5eedface-0000-4000-8000-000000000001",
+                     *steps(built, "linked", "direct", "init", "count", "uuid:0", "pci:00000000:10:00.0",
+                            "pci:00000000:20:00.0", "ctxraw:0", "ctx:0", "alloc:64"))
+    lines = parse_lines(p.stdout)
+    assert lines[1]["count"] == 1 and lines[2]["last"] == 1
+    assert lines[3]["result"] == 101            # physical 0 by bus id: not visible
+    assert lines[4] == {"step": "pci", "result": 0, "device": 1}
+    assert lines[5]["result"] == 101            # a made-up handle of a hidden device
+    assert ledger.read()["allocs"][:2] == [0, 1]
+
+
+def test_affinity_naming_no_device_hides_all(built, env):
+    env["SEEDANCE_AFFINITY"] = "MIG-00000000"
+    env["LD_PRELOAD"] = str(built["shim"])
+    p = subprocess.run([str(built["linked"]), "init", "count"], env=env, capture_output=True, text=True)
+    lines = parse_lines(p.stdout)
+    assert lines[0]["result"] == 100            # CUDA_ERROR_NO_DEVICE, as for an empty CUDA_VISIBLE_DEVICES
+    assert lines[1]["count"] == 0
+
+
+@pytest.mark.parametrize("binary,via", VIAS)
+def test_quota_refuses_on_every_path_and_never_reaches_driver(built, env, ledger, binary, via, tmp_path):
+    report = tmp_path / "r.json"
+    p = seedance_run(env, "--mem-limit", "4096", "--report-json", report,
+                     *steps(built, binary, via, "init", "ctx:0", "alloc:1000", "alloc:4000", "meminfo",
+                            "totalmem:0", "vmm:0:8192", "vmmhost:8192", "free:all", "alloc:4096", "free:all"))
+    assert p.returncode == 0, p.stderr
+    lines = parse_lines(p.stdout)
+    assert lines[2]["result"] == 0
+    assert lines[3]["result"] == 2              # CUDA_ERROR_OUT_OF_MEMORY
+    assert lines[4]["total"] == 4096 and lines[4]["free"] == 3096
+    assert lines[5]["total"] == 4096
+    assert lines[6]["result"] == 2              # VMM on the device counts
+    assert lines[7]["result"] == 0              # VMM in host memory does not
+    assert lines[9]["result"] == 0              # everything freed: the whole quota is back
+    seen = ledger.read()
+    assert seen["high_water"][0] <= 4096 and seen["allocs"][0] == 2
+    data = json.loads(report.read_text())
+    assert data["stats"]["quota_refusals"] == 2
+    assert any(f["rule"] == "quota-refused" for f in data["findings"])
+
+
+def test_procaddr_chooses_by_name_and_version(built, env):
+    env["LD_PRELOAD"] = str(built["shim"])
+    p = subprocess.run([str(built["linked"]), "gpa:cuMemAlloc:12000:0", "gpa:cuMemAlloc:2000:0",
+                        "gpa:cuGetProcAddress:12000:0", "gpa:cuGetProcAddress:11030:0",
+                        "gpa:cuCtxCreate:12050:0", "gpa:cuCtxCreate:11040:0",
+                        "gpa:cuMemAllocAsync:12000:2", "gpa:cuMemAllocAsync:12000:0",
+                        "gpa:cuCtxGetCurrent:12000:0", "gpa:cuNoSuchThing:12000:0", "gpa:cuMemCreate:10000:0"],
+                       env=env, capture_output=True, text=True)
+    got = [(r["result"], r["status"], r["lib"], r["sym"]) for r in parse_lines(p.stdout)]
+    shim = built["shim"].name
+    assert got == [
+        (0, 0, shim, "cuMemAlloc_v2"),
+        (0, 0, "libcuda.so.1", "cuMemAlloc"),          # the 32-bit v1 entry: passed through
+        (0, 0, shim, "cuGetProcAddress_v2"),            # asked for itself: itself
+        (0, 0, shim, "cuGetProcAddress"),
+        (0, 0, shim, "cuCtxCreate_v4"),
+        (0, 0, shim, "cuCtxCreate_v3"),
+        (0, 0, shim, "cuMemAllocAsync_ptsz"),           # per-thread default stream
+        (0, 0, shim, "cuMemAllocAsync"),
+        (0, 0, "libcuda.so.1", "cuCtxGetCurrent"),      # not hooked: the driver's own
+        (500, 1, "-", "-"),                             # CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND
+        (500, 2, "-", "-"),                             # VERSION_NOT_SUFFICIENT
+    ]
+
+
+def test_threads_and_processes_never_overcommit(built, env, ledger, tmp_path):
+    report = tmp_path / "r.json"
+    limit = 8 << 20
+    p = seedance_run(env, "--mem-limit", str(limit), "--follow-children", "--report-json", report,
+                     "--", built["linked"], "procs:4:64:40:1048576", timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = [r for r in parse_lines(p.stdout) if r["step"] == "threads"]
+    assert len(rows) == 4 and all(r["other"] == 0 for r in rows)
+    assert sum(r["ok"] for r in rows) > 0 and sum(r["oom"] for r in rows) > 0   # the quota did bind
+    seen = ledger.read()
+    assert seen["high_water"][0] <= limit        # the driver never saw more than the quota
+    assert seen["outstanding"][0] == 0
+    data = json.loads(report.read_text())
+    assert data["stats"]["instances"] == 4       # the 4 forked children (the parent made no CUDA call)
+    assert data["stats"]["leaked_bytes"] == 0
+
+
+def test_sigkill_leak_is_reported(built, env, tmp_path):
+    report = tmp_path / "r.json"
+    p = seedance_run(env, "--affinity", "1", "--report-json", report,
+                     *steps(built, "linked", "direct", "init", "ctx:0", "alloc:5000", "alloc:3000", "kill"))
+    assert p.returncode == 128 + signal.SIGKILL
+    data = json.loads(report.read_text())
+    leaks = [f for f in data["findings"] if f["rule"] == "handle-leak"]
+    assert len(leaks) == 1
+    ev = leaks[0]["evidence"]
+    assert ev["bytes"] == 8000 and isinstance(ev["bytes"], int)
+    assert ev["device"] == 1 and ev["exit"] == "killed" and ev["library"].endswith("sdtest_linked")
+    assert "handle-leak" in p.stderr
+    assert p.stdout.count("alloc result=0") == 2
+
+
+def test_registry_api_dead_instance_and_reclaim(built, env):
+    from seedance.shim import Registry
+
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_GROUP="1234", SEEDANCE_MEM_LIMIT="1M")
+    p = subprocess.Popen([str(built["linked"]), "init", "ctx:1", "alloc:4096", "kill"], env=env,
+                         stdout=subprocess.DEVNULL)
+    assert p.wait(timeout=30) == -signal.SIGKILL
+    os.environ["SEEDANCE_RUNTIME_DIR"] = env["SEEDANCE_RUNTIME_DIR"]
+    try:
+        reg = Registry.open()
+    finally:
+        del os.environ["SEEDANCE_RUNTIME_DIR"]
+    dead = [i for i in reg.instances() if i.pid == p.pid]
+    assert len(dead) == 1 and not dead[0].alive and dead[0].state == "live"
+    allocs = reg.allocations(dead[0].slot)
+    assert [(a.size, a.device, a.api) for a in allocs] == [(4096, 1, "cuMemAlloc_v2")]
+    group = reg.find_group(0x1234)
+    assert group.used == {1: 4096} and group.limits[1] == 1 << 20
+    kinds = [e["kind"] for e in reg.drain_events(dead[0].slot)]
+    assert kinds[0] == "init"
+    assert reg.reclaim(dead[0].slot)
+    assert reg.find_group(0x1234).used == {}          # the dead instance's bytes went back to the quota
+    assert reg.instance(dead[0].slot) is None
+    assert reg.release_group(group.index)
+
+
+def test_sigkill_while_holding_registry_lock_does_not_deadlock(built, env):
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_MEM_LIMIT="1M")
+    holder_env = dict(env, SEEDANCE_GROUP="aaaa", SEEDANCE_TEST_HOLD_LOCK_MS="60000")
+    holder = subprocess.Popen([str(built["linked"]), "init", "sleep:60000"], env=holder_env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # wait until the holder sits inside the lock (it has claimed its slot by then)
+        rt = os.path.join(env["SEEDANCE_RUNTIME_DIR"], "registry.v1")
+        for _ in range(200):
+            if os.path.exists(rt):
+                break
+            time.sleep(0.01)
+        time.sleep(0.3)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        p = subprocess.run([str(built["linked"]), "init", "ctx:0", "alloc:1000"], env=dict(env, SEEDANCE_GROUP="bbbb"),
+                           capture_output=True, text=True, timeout=20)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert parse_lines(p.stdout)[-1]["result"] == 0
+
+
+def test_fork_children_followed_only_when_asked(built, env, tmp_path):
+    for follow, expected in ((False, 1), (True, 2)):
+        report = tmp_path / f"r{follow}.json"
+        extra = ["--follow-children"] if follow else []
+        p = seedance_run(env, *extra, "--report-json", report,
+                         *steps(built, "linked", "direct", "init", "ctx:0", "fork:2048"))
+        assert "child result=0" in p.stdout
+        assert json.loads(report.read_text())["stats"]["instances"] == expected
+
+
+def test_exec_children_run_unwrapped_unless_followed(built, env):
+    script = 'printf "%s|%s" "$LD_PRELOAD" "$LD_AUDIT"'
+    p = seedance_run(env, "--audit", "--", "sh", "-c", script)
+    assert "libseedance_shim" not in p.stdout
+    p = seedance_run(env, "--follow-children", "--", "sh", "-c", script)
+    assert "libseedance_shim" in p.stdout
+
+
+def test_program_stdout_is_untouched(built, env, tmp_path):
+    p = seedance_run(env, "--events", tmp_path / "e.jsonl", "--report-json", tmp_path / "r.json", "--audit",
+                     "--mem-limit", "1G", *steps(built, "linked", "direct", "stdout"))
+    assert p.stdout == "stdout marker\n"
+
+
+def test_events_and_audit(built, env, tmp_path):
+    events = tmp_path / "e.jsonl"
+    p = seedance_run(env, "--events", events, "--audit", "--mem-limit", "2048",
+                     *steps(built, "linked", "direct", "init", "ctx:0", "alloc:1000", "alloc:2000", "free:all"))
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("alloc") == 1 and kinds.count("free") == 1 and kinds.count("quota_refused") == 1
+    opened = [r for r in rows if r["kind"] == "objopen"]
+    assert any(r["path"].endswith("/libcuda.so.1") for r in opened)
+    searches = [r for r in rows if r["kind"] == "objsearch" and r["name"].endswith("libcuda.so.1")]
+    assert any(r["source"] == "LA_SER_LIBPATH" for r in searches)
+    binds = {r["symbol"] for r in rows if r["kind"] == "symbind"}
+    assert "cuInit" in binds
+
+
+def test_disable_bypasses(built, env):
+    env["SEEDANCE_DISABLE"] = "1"
+    p = seedance_run(env, "--mem-limit", "100", "--affinity", "1",
+                     *steps(built, "linked", "direct", "init", "count", "ctx:0", "alloc:1000"))
+    lines = parse_lines(p.stdout)
+    assert lines[1]["count"] == 2 and lines[3]["result"] == 0
+
+
+def test_version_mismatch_passes_through(built, env):
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_MEM_LIMIT="100", SEEDANCE_SHIM_VERSION="0.0.0+abi0")
+    p = subprocess.run([str(built["linked"]), "init", "ctx:0", "alloc:1000"], env=env, capture_output=True, text=True)
+    assert parse_lines(p.stdout)[-1]["result"] == 0
+    assert "passing through" in p.stderr
+
+
+def test_missing_driver_passes_through(built, env):
+    env["LD_PRELOAD"] = str(built["shim"])
+    code = f"import ctypes; print(ctypes.CDLL({str(built['shim'])!r}).cuInit(0))"
+    p = subprocess.run(["python3", "-c", code], env=dict(env, LD_LIBRARY_PATH=""), capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "3"     # CUDA_ERROR_NOT_INITIALIZED, no crash
+
+
+def test_refuses_writable_preload_path(built, env, tmp_path):
+    unsafe = tmp_path / "unsafe"
+    unsafe.mkdir()
+    os.chmod(unsafe, 0o777)
+    shutil.copy(built["shim"], unsafe / "libseedance_shim.so")
+    env["SEEDANCE_SHIM_LIB"] = str(unsafe / "libseedance_shim.so")
+    p = seedance_run(env, "--", "true")
+    assert p.returncode == 2 and "refusing to preload" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_setuid_target_is_named(built, env, tmp_path):
+    target = tmp_path / "suid-true"
+    shutil.copy(shutil.which("true"), target)
+    os.chmod(target, 0o4755)
+    p = seedance_run(env, "--", target)
+    assert p.returncode == 0 and "setuid" not in p.stdout
+    assert "set-user/group-ID" in p.stderr and "glibc ignores LD_PRELOAD" in p.stderr
+
+
+@pytest.mark.parametrize("args,text", [
+    ([], "give the command"),
+    (["--mem-limit", "lots", "--", "true"], "not a size"),
+    (["--mem-limit", "99:1G", "--", "true"], "device must be"),
+    (["--affinity", "tpu7", "--", "true"], "--affinity"),
+    (["--", "/no/such/program"], "not found"),
+])
+def test_bad_input_is_one_line_exit_2(env, args, text):
+    p = seedance_run(env, *args)
+    assert p.returncode == 2 and text in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_many_processes_get_their_own_slots(built, env):
+    env["LD_PRELOAD"] = str(built["shim"])
+    procs = [subprocess.Popen([str(built["linked"]), "init", "ctx:0", "alloc:4096"], env=env,
+                              stdout=subprocess.DEVNULL) for _ in range(24)]
+    assert all(p.wait(timeout=30) == 0 for p in procs)
+    from seedance.shim import Registry
+    os.environ["SEEDANCE_RUNTIME_DIR"] = env["SEEDANCE_RUNTIME_DIR"]
+    try:
+        reg = Registry.open()
+    finally:
+        del os.environ["SEEDANCE_RUNTIME_DIR"]
+    pids = {p.pid for p in procs}
+    mine = [i for i in reg.instances() if i.pid in pids]
+    assert len(mine) == 24 and len({i.slot for i in mine}) == 24
+    assert all(i.state == "exited" and i.current == {0: 4096} for i in mine)
