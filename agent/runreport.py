@@ -33,9 +33,10 @@ class RunResult:
     wall_s: float = 0.0
 
 
-def instance_facts(instances, leaks_by_slot, limits) -> list[Fact]:
+def instance_facts(instances, leaks_by_slot, limits, peaks=None) -> list[Fact]:
     """instance_leak per (instance, device, library) still held; instance_quota per refusal."""
     facts = []
+    peaks = peaks or {}
     for inst in instances:
         ended = "exited" if inst.state == "exited" else "killed"
         subject = {"pid": inst.pid, "exe": inst.exe}
@@ -50,7 +51,7 @@ def instance_facts(instances, leaks_by_slot, limits) -> list[Fact]:
         for device, refused in sorted(inst.refused.items()):
             facts.append(Fact("instance_quota", subject, {
                 "pid": inst.pid, "exe": inst.exe, "device": int(device), "refused": int(refused),
-                "limit": int(limits.get(device, 0)), "peak": int(inst.peak.get(device, 0))},
+                "limit": int(limits.get(device, 0)), "peak": int(peaks.get(device, 0))},
                 source="seedance.shim"))
     return facts
 
@@ -67,7 +68,7 @@ def leaks_with_apis(registry, slot) -> dict:
 
 def build_report(result: RunResult, instances, leaks_by_slot, group, rules) -> Report:
     limits = dict(group.limits) if group else {}
-    facts = instance_facts(instances, leaks_by_slot, limits)
+    facts = instance_facts(instances, leaks_by_slot, limits, dict(group.peak) if group else {})
     findings = rules.evaluate(facts) if facts else []
 
     devices: dict[int, dict] = {}
@@ -79,8 +80,6 @@ def build_report(result: RunResult, instances, leaks_by_slot, group, rules) -> R
             "limit_bytes": int(limits.get(d, 0)) or None})
 
     for inst in instances:
-        for d, peak in inst.peak.items():
-            dev(d)["peak_bytes"] = max(dev(d)["peak_bytes"], peak)
         for d, n in inst.refused.items():
             dev(d)["quota_refusals"] += n
         for d, n in inst.contexts.items():
@@ -88,7 +87,7 @@ def build_report(result: RunResult, instances, leaks_by_slot, group, rules) -> R
         for (d, library), held in leaks_by_slot.get(inst.slot, {}).items():
             dev(d)["leaked_bytes"] += held["bytes"]
         # all-time counts are per instance; attribute them to the devices it used
-        used = sorted(set(inst.peak) | set(inst.refused)) or []
+        used = sorted(set(inst.current) | set(inst.refused) | set(inst.contexts)) or []
         for d in used[:1] if len(used) == 1 else []:
             for api, n in inst.api_calls.items():
                 if api.startswith(("cuMemAlloc", "cuMemCreate")):
@@ -134,7 +133,7 @@ def build_report(result: RunResult, instances, leaks_by_slot, group, rules) -> R
             "calls_by_api": allocations_by_api,
             "allocations_by_library": allocations_by_library,
             "instances": [{"pid": i.pid, "exe": i.exe, "state": i.state if i.state == "exited" else "killed",
-                           "visible": i.visible, "peak": i.peak, "held_at_exit": i.current,
+                           "visible": i.visible, "held_at_exit": i.current,
                            "untracked_allocations": i.untracked, "events_dropped": i.events_dropped}
                           for i in instances],
         },

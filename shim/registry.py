@@ -56,8 +56,7 @@ class Instance:
     group: int
     ndevices: int
     visible: list[int] | None         # logical ordinal i -> physical visible[i]; None: no remap
-    current: dict[int, int]           # outstanding bytes per physical device
-    peak: dict[int, int]
+    current: dict[int, int]           # bytes held per physical device (sum of its records)
     refused: dict[int, int]
     contexts: dict[int, int]
     api_calls: dict[str, int]
@@ -155,12 +154,18 @@ class Registry:
             alive=dead == 0, exe=self.ffi.string(s.exe).decode("utf-8", "replace"), ppid=int(s.ppid),
             group=int(s.group), ndevices=int(s.ndevices),
             visible=None if s.nvisible < 0 else [int(s.visible[i]) for i in range(s.nvisible)],
-            current=_nonzero(s.cur, nd), peak=_nonzero(s.peak, nd), refused=_nonzero(s.refused, nd),
+            current=self._held(index), refused=_nonzero(s.refused, nd),
             contexts=_nonzero(s.contexts, nd),
             api_calls={self.api_names[i]: int(s.api_calls[i]) for i in range(len(self.api_names))
                        if s.api_calls[i]},
             libraries=self.libraries(index), library_allocs=self.library_allocs(index), untracked=int(s.untracked), audit=bool(s.flags & 1),
             started_ns=int(s.started_ns), exited_ns=int(s.exited_ns), events_dropped=int(s.ring_dropped))
+
+    def _held(self, index: int) -> dict[int, int]:
+        held: dict[int, int] = {}
+        for a in self.allocations(index):
+            held[a.device] = held.get(a.device, 0) + a.size
+        return held
 
     def instances(self) -> list[Instance]:
         return [inst for i in range(self.max_slots) if (inst := self.instance(i)) is not None]

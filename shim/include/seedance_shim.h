@@ -112,8 +112,9 @@ struct sd_slot {
     int32_t visible[SD_MAX_DEVICES];
     int32_t ndevices;                  /* what the driver reported before the remap */
     uint32_t flags;                    /* 1 audit attached, 2 events enabled, 4 follow children */
-    uint64_t cur[SD_MAX_DEVICES];      /* outstanding bytes per physical device */
-    uint64_t peak[SD_MAX_DEVICES];
+    uint64_t cur[SD_MAX_DEVICES];      /* bytes held per physical device, summed from the
+                                          records when the instance ends (not on the hot
+                                          path: readers sum the records of a live one) */
     uint64_t refused[SD_MAX_DEVICES];
     uint64_t contexts[SD_MAX_DEVICES];
     uint64_t api_calls[SD_MAX_APIS];   /* successful calls per hook */

@@ -362,6 +362,18 @@ SD_EXPORT int seedance_group_release(void *base, int i)
     return busy ? -EBUSY : 0;
 }
 
+/* What a slot still holds per device: the sum of its live records. */
+static void sum_records(struct sd_slot *s, uint64_t *held)
+{
+    memset(held, 0, sizeof(uint64_t) * SD_MAX_DEVICES);
+    for (int i = 0; i < SD_MAX_RECORDS; i++) {
+        uint64_t key = __atomic_load_n(&s->records[i].ptr, __ATOMIC_ACQUIRE);
+        int dev = s->records[i].device;
+        if (key > SD_RECORD_TOMBSTONE && dev >= 0 && dev < SD_MAX_DEVICES)
+            held[dev] += s->records[i].size;
+    }
+}
+
 /* Give a slot back.  A slot whose process died without reaching its destructor
  * (SIGKILL) still counts its outstanding bytes in its group: the driver freed them
  * when the process died, so they go back to the quota here. */
@@ -376,9 +388,11 @@ static int reclaim_locked(void *base, int i)
     if (s->group >= 0 && s->group < SD_MAX_GROUPS) {
         struct sd_group *g = group_at(base, s->group);
         if (state != SD_SLOT_EXITED) {
+            uint64_t held[SD_MAX_DEVICES];
+            sum_records(s, held);
             for (int d = 0; d < SD_MAX_DEVICES; d++)
-                if (s->cur[d])
-                    __atomic_fetch_sub(&g->used[d], s->cur[d], __ATOMIC_ACQ_REL);
+                if (held[d])
+                    __atomic_fetch_sub(&g->used[d], held[d], __ATOMIC_ACQ_REL);
             if (__atomic_load_n(&g->members, __ATOMIC_ACQUIRE))
                 __atomic_fetch_sub(&g->members, 1, __ATOMIC_ACQ_REL);
         }
@@ -561,13 +575,14 @@ void sd_registry_detach_at_exit(void)
     if (!s || s == &sd_local_slot)
         return;
     sd_event(SD_EV_EXIT, -1, -1, 0, 0, 0, 0, "exit");
+    uint64_t held[SD_MAX_DEVICES];
+    sum_records(s, held);
+    memcpy(s->cur, held, sizeof held);
     if (sd_group && sd_group != &sd_local_group) {
         /* the driver frees what is left when the process goes: give it back to the quota */
-        for (int d = 0; d < SD_MAX_DEVICES; d++) {
-            uint64_t c = __atomic_load_n(&s->cur[d], __ATOMIC_ACQUIRE);
-            if (c)
-                __atomic_fetch_sub(&sd_group->used[d], c, __ATOMIC_ACQ_REL);
-        }
+        for (int d = 0; d < SD_MAX_DEVICES; d++)
+            if (held[d])
+                __atomic_fetch_sub(&sd_group->used[d], held[d], __ATOMIC_ACQ_REL);
         __atomic_fetch_sub(&sd_group->members, 1, __ATOMIC_ACQ_REL);
     }
     s->exited_ns = sd_now_ns(CLOCK_REALTIME);

@@ -10,6 +10,9 @@
  *   FAKECUDA_MEM=16G | 8G,4G      memory per device (default 16G)
  *   CUDA_VISIBLE_DEVICES          ordinals, GPU-<uuid> prefixes (MIG- names no fake device)
  *   CUDA_DEVICE_ORDER             FASTEST_FIRST (default: most memory first) or PCI_BUS_ID
+ *   FAKECUDA_BUMP=1               benchmarks only: device pointers come from a bump counter
+ *                                 and are not backed by memory, so the driver's own cost per
+ *                                 allocation is a few ns and the shim's share stands out
  *   FAKECUDA_LEDGER=FILE          test side channel: a shared file the driver updates with,
  *                                 per PHYSICAL device, outstanding bytes, high-water mark,
  *                                 allocation/free counts (struct fake_ledger below), so
@@ -80,6 +83,9 @@ static int vis[FAKE_MAX];             /* visible ordinal -> physical index */
 static struct fake_ctx primary[FAKE_MAX];
 static int primary_refs[FAKE_MAX];
 static struct fake_ledger local_ledger;
+static int bump_mode;
+static uint64_t bump_next = 0x7e0000000000ull;
+#define BUMP_BASE 0x7e0000000000ull
 static struct fake_ledger *ledger = &local_ledger;
 static __thread struct fake_ctx *current;
 
@@ -139,6 +145,7 @@ static void setup(void)
         for (; i < FAKE_MAX; i++)
             mem[i] = last;
     }
+    bump_mode = getenv("FAKECUDA_BUMP") && strcmp(getenv("FAKECUDA_BUMP"), "1") == 0;
     const char *path = getenv("FAKECUDA_LEDGER");
     if (path && *path) {
         int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -467,6 +474,10 @@ static CUresult alloc_on(int phys, CUdeviceptr *dptr, size_t size)
         return CUDA_ERROR_INVALID_VALUE;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (bump_mode) {
+        *dptr = __atomic_fetch_add(&bump_next, (size + HDR - 1) & ~(uint64_t)(HDR - 1), __ATOMIC_RELAXED);
+        return CUDA_SUCCESS;
+    }
     if (!reserve(phys, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* host memory stands in for device memory; untouched pages cost nothing */
@@ -553,6 +564,8 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     NEED_INIT();
+    if (bump_mode && dptr >= BUMP_BASE)
+        return CUDA_SUCCESS;
     struct fake_block *b = block_of(dptr);
     if (!b)
         return CUDA_ERROR_INVALID_VALUE;
