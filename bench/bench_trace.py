@@ -5,7 +5,7 @@
 
 The workload (bench/trace_alloc_loop.c) calls cuMemAlloc_v2 N times, then cuMemFree_v2
 N times, through the tests' fake libcuda.so.1, and times its own loops.  Configurations,
-each the median of R runs:
+each the best of R runs:
   untraced       the program alone
   shim           under `seedance run` (LD_PRELOAD of libseedance_shim.so)
   seedance trace under `seedance trace -q`: uprobe + uretprobe, the allocation kept in a
@@ -23,7 +23,6 @@ import argparse
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,8 +53,9 @@ def measure(cmd: list, env=None) -> tuple:
 
 
 def median_of(repeat: int, cmd: list, env=None) -> tuple:
+    """Best of ``repeat`` runs: on a shared host, noise only ever adds time."""
     runs = [measure(cmd, env) for _ in range(repeat)]
-    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+    return min(r[0] for r in runs), min(r[1] for r in runs)
 
 
 def bare_uprobe(fake: Path, program: list, repeat: int, with_return: bool) -> tuple:
@@ -75,7 +75,7 @@ def bare_uprobe(fake: Path, program: list, repeat: int, with_return: bool) -> tu
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     if shutil.which("cc") is None or not (CUDA_INCLUDE / "cuda.h").exists():
         print("bench_trace: needs cc and /usr/local/cuda/include/cuda.h", file=sys.stderr)
@@ -103,7 +103,7 @@ def main() -> int:
             rows.append(("bare uprobe (peer)", bare_uprobe(fake, workload, args.repeat, with_return=False)))
             rows.append(("bare uprobe+uretprobe (peer)", bare_uprobe(fake, workload, args.repeat, with_return=True)))
         base_alloc, base_free = rows[0][1]
-        print(f"cuMemAlloc_v2 / cuMemFree_v2 through the fake driver, {args.calls} calls, median of {args.repeat} runs")
+        print(f"cuMemAlloc_v2 / cuMemFree_v2 through the fake driver, {args.calls} calls, best of {args.repeat} runs")
         print(f"{'configuration':<30} {'alloc ns':>10} {'+ns':>10} {'free ns':>10} {'+ns':>10}")
         for name, (alloc, free) in rows:
             print(f"{name:<30} {alloc:>10.1f} {alloc - base_alloc:>10.1f} {free:>10.1f} {free - base_free:>10.1f}")

@@ -54,8 +54,9 @@ struct sd_alloc_value {
 	u32 api;
 };
 
-/* not LRU: an evicted entry would be a leak never reported; a full map is counted */
-BPF_F_TABLE("hash", struct sd_alloc_key, struct sd_alloc_value, live_allocs, 262144, BPF_F_NO_PREALLOC);
+/* not LRU: an evicted entry would be a leak never reported; a full map is counted.
+ * Preallocated: a no-prealloc hash allocates per insert, measured slower per cuMemAlloc. */
+BPF_TABLE("hash", struct sd_alloc_key, struct sd_alloc_value, live_allocs, 131072);
 BPF_PERCPU_ARRAY(untracked_allocs, u64, 1);
 
 static __always_inline int sd_in_runtime(u32 tid)
