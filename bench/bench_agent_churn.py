@@ -98,7 +98,7 @@ class Agent:
         name = f"seedance-bench-{os.getpid()}"
         self.notify.bind("\0" + name)
         agent_env = {**env, "NOTIFY_SOCKET": "@" + name}
-        self.proc = subprocess.Popen([str(BIN / "seedance"), "agent", "run", "--gc-interval", "2s", "--no-scan",
+        self.proc = subprocess.Popen([sys.executable, "-m", "seedance", "agent", "run", "--gc-interval", "2s", "--no-scan",
                                       "--probes", probes, "--metrics", "127.0.0.1:0"], env=agent_env,
                                      stdout=subprocess.DEVNULL, stderr=open(log, "w"))
         self.log = log
@@ -110,7 +110,7 @@ class Agent:
         self.env = env
 
     def status(self) -> dict:
-        proc = subprocess.run([str(BIN / "seedance"), "status", "--json"], env=self.env, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "seedance", "status", "--json"], env=self.env, capture_output=True,
                               text=True, timeout=60)
         if proc.returncode != 0:
             raise RuntimeError(f"seedance status: {proc.stderr.strip()}")
@@ -119,10 +119,14 @@ class Agent:
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
 
-    def stop(self) -> int:
+    def stop(self) -> int | str:
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return "did not stop within 60s of SIGTERM"
         finally:
             self.notify.close()
 
@@ -131,7 +135,7 @@ def run_instance(index: int, kind: str, sdtest: Path, env: dict, rng: random.Ran
     size = BASE_BYTES + index * STEP_BYTES
     steps = ["init", f"ctx:{index % 2}", f"alloc:{size}", f"alloc:{STEP_BYTES}"]
     steps += {"clean": ["free:all"], "leaky": [], "killed": ["sleep:120000"]}[kind]
-    proc = subprocess.Popen([str(BIN / "seedance"), "run", "--", str(sdtest), "--via", "dlsym", *steps], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "seedance", "run", "--", str(sdtest), "--via", "dlsym", *steps], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     allocated = 0
     if kind == "killed":
@@ -162,6 +166,7 @@ def main(argv=None) -> int:
     parser.add_argument("--probes", choices=("on", "off", "auto"), default="auto")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--seed", type=int, default=6)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (agent log, state db)")
     args = parser.parse_args(argv)
 
     from seedance import shim
@@ -178,7 +183,10 @@ def main(argv=None) -> int:
                    LD_LIBRARY_PATH=str(work), FAKECUDA_DEVICES="2", FAKECUDA_LEDGER=str(work / "ledger"))
         return _bench(args, work, sdtest, env)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"bench: kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _bench(args, work: Path, sdtest: Path, env: dict) -> int:
@@ -192,6 +200,15 @@ def _bench(args, work: Path, sdtest: Path, env: dict) -> int:
     print(f"bench: starting the agent (probes {args.probes}) ...", file=sys.stderr, flush=True)
     started = time.monotonic()
     agent = Agent(env, args.probes, work / "agent.log")
+    try:
+        return _measure(args, work, sdtest, env, agent, started, kinds, n_killed, n_leaky, deadline)
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+
+
+def _measure(args, work, sdtest, env, agent, started, kinds, n_killed, n_leaky, deadline) -> int:
     ready_s = time.monotonic() - started
     status = agent.status()
     probe_pid = status["agent"]["probes"].get("pid")
@@ -223,6 +240,7 @@ def _bench(args, work: Path, sdtest: Path, env: dict) -> int:
             if done % 50 == 0:
                 print(f"bench: {done}/{args.instances} instances done", file=sys.stderr, flush=True)
     churn_s = time.monotonic() - churn_started
+    rss_after_churn = proc_status(agent.proc.pid, "VmRSS")
 
     # settle: three GC intervals after the last instance, then the agent must be idle
     time.sleep(6.0)
@@ -238,10 +256,13 @@ def _bench(args, work: Path, sdtest: Path, env: dict) -> int:
     idle_probes = (cpu1[1] - cpu0[1]) / wall * 100
     final = agent.status()
     hwm = proc_status(agent.proc.pid, "VmHWM")
+    rss_end = proc_status(agent.proc.pid, "VmRSS")
     probes_hwm = proc_status(probe_pid, "VmHWM") if probe_pid else 0
     sampling.set()
-    events = agent.events()
+    stop_started = time.monotonic()
     stop_code = agent.stop()
+    stop_s = time.monotonic() - stop_started
+    events = agent.events()
 
     registry_left = subprocess.run(
         [sys.executable, "-c", "import json; from seedance import shim; "
@@ -292,6 +313,8 @@ def _bench(args, work: Path, sdtest: Path, env: dict) -> int:
         "minutes": args.minutes, "churn_s": round(churn_s, 1), "idle_window_s": round(wall, 1),
         "agent_ready_s": round(ready_s, 1), "probes": final["agent"]["probes"],
         "agent_rss_peak_mb": round(max(peak["agent"], hwm) / 2**20, 1),
+        "agent_rss_after_churn_mb": round(rss_after_churn / 2**20, 1),
+        "agent_rss_at_end_mb": round(rss_end / 2**20, 1),
         "probe_child_rss_peak_mb": round(max(peak["probes"], probes_hwm) / 2**20, 1),
         "agent_plus_probes_rss_peak_mb": round(peak["sum"] / 2**20, 1),
         "bare_python_rss_mb": round(bare_python_rss() / 2**20, 1),
@@ -306,7 +329,8 @@ def _bench(args, work: Path, sdtest: Path, env: dict) -> int:
         "probe_handle_leak_findings_for_wrapped": probe_leaks,
         "agent_counters": final["counters"],
         "registry_slots_left": slots_left, "ended_not_reclaimed": len(unreclaimed),
-        "agent_exit_on_sigterm": stop_code,
+        "agent_exit_on_sigterm": stop_code, "agent_stop_s": round(stop_s, 1),
+        "probe_detach": [e["event"] for e in events if e["event"].startswith("probes-detach")],
         "problems": problems[:20], "problem_count": len(problems),
     }
     targets = {"agent RSS <= 150 MB": figures["agent_rss_peak_mb"] <= 150,

@@ -75,6 +75,9 @@ def render(status: dict) -> str:
            f"registry {status.get('registry', {}).get('state')}  "
            f"reclaimed {counters.get('slots_reclaimed', 0)}  leaks {counters.get('leaks_reported', 0)} "
            f"({_bytes(counters.get('leaked_bytes', 0))})  state {agent.get('state_db')}\n"]
+    if agent.get("state_moved_aside"):
+        out.append(f"  state: the previous database could not be read and was moved aside to "
+                   f"{agent['state_moved_aside']}\n")
     reason = status.get("registry", {}).get("reason")
     if reason:
         out.append(f"  registry: {reason}\n")

@@ -34,6 +34,7 @@ from .notify import Notifier
 from .state import StateStore
 
 STATUS_SCHEMA = "seedance.agent-status/v1"
+WRAPPER_GRACE_S = 30.0
 
 
 class Agent:
@@ -55,6 +56,7 @@ class Agent:
         self._instances: list[dict] = []
         self._devices: list[dict] = []
         self._known_live: set = set()
+        self._deferred: dict = {}
         self._registry_info: dict = {"state": "not opened"}
         self._probes_info: dict = {"state": "off"}
         self._nvml_info: dict = {"state": "off"}
@@ -220,13 +222,24 @@ class Agent:
                     self._known_live.add(key)
                 view.append(inst.to_dict())
                 continue
+            if self._wrapper_reports(inst, key):
+                continue
             self._end_instance(inst)
             self._known_live.discard(key)
+            self._deferred.pop(key, None)
         with self._lock:
             self._instances = view
             self._registry_info = {"state": "open", "path": str(self.registry.path),
                                    "free_slots": self.registry.free_slots()}
             self.counters["gc_passes"] += 1
+
+    def _wrapper_reports(self, inst, key) -> bool:
+        """Leave a dead instance to its live `seedance run` (it reports and reclaims it next),
+        for at most WRAPPER_GRACE_S, so a leak is reported once, by one of the two."""
+        if not hasattr(self.registry, "wrapper_alive") or not self.registry.wrapper_alive(inst):
+            return False
+        first = self._deferred.setdefault(key, time.monotonic())
+        return time.monotonic() - first < WRAPPER_GRACE_S
 
     def _end_instance(self, inst) -> None:
         allocations = self.registry.outstanding(inst)
@@ -248,8 +261,10 @@ class Agent:
                 self.log("instance-ended", "debug", pid=inst.pid, slot=inst.slot, exe=inst.exe)
         # The kill -9 window the restart test exercises: reported and committed, not reclaimed.
         crash_point("before-reclaim")
-        if self.registry.reclaim(inst):
+        outcome = self.registry.reclaim(inst)
+        if outcome in ("reclaimed", "gone"):  # gone: its wrapper reclaimed it meanwhile
             self.state.instance_reclaimed(inst.pid, inst.start_time)
+        if outcome == "reclaimed":
             with self._lock:
                 self.counters["slots_reclaimed"] += 1
 
@@ -328,7 +343,7 @@ class Agent:
         events, lost, findings = self.probes.poll()
         # A wrapped instance's leak is the registry GC's to report (exactly once, with the
         # shim's exact records); the probes' handle-leak covers processes the shim did not wrap.
-        findings = [f for f in findings if not (f.rule == "handle-leak" and self._is_instance(f.subject.get("pid")))]
+        findings = [f for f in findings if not (f.rule == "handle-leak" and self._wrapped(f))]
         if findings:
             for finding in self.state.add_findings("probes", findings):
                 self.log("finding", "warning", origin="probes", finding=finding.to_dict())
@@ -426,12 +441,26 @@ class Agent:
                 raise NotAvailable(f"--probes on: {reason}")
             self.log("probes-unavailable", "notice", reason=reason)
             return
-        probes.attach()
+        try:
+            probes.attach()
+        except NotAvailable as exc:
+            self._probes_info = {"state": "unavailable", "reason": str(exc)}
+            if mode == "on":
+                raise NotAvailable(f"--probes on: {exc}") from None
+            self.log("probes-unavailable", "notice", reason=str(exc))
+            return
         self.probes = probes
         self._probes_info = {"state": "attached", **probes.describe()}
         self.log("probes-attached", **probes.describe())
         if hasattr(self, "_due"):
             self._due["probes"] = time.monotonic()
+
+    def _wrapped(self, finding) -> bool:
+        library = str(finding.evidence.get("library", ""))
+        # allocations made through the shim belong to a registry instance, even when its
+        # slot is already gone (its `seedance run` reported and reclaimed it)
+        return os.path.basename(library).startswith("libseedance_shim") or \
+            self._is_instance(finding.subject.get("pid"))
 
     def _is_instance(self, pid) -> bool:
         if not isinstance(pid, int):
@@ -448,7 +477,11 @@ class Agent:
             self.probes = None
             self._due.pop("probes", None) if hasattr(self, "_due") else None
             self._probes_info = {"state": "detached"}
-            self.log("probes-detached", status=status)
+            if status == "detaching":
+                self.log("probes-detach-slow", "warning", message="the probe child did not exit within 12s of "
+                         "SIGTERM+SIGKILL (the kernel is still tearing down its uprobes); it exits on its own")
+            else:
+                self.log("probes-detached", status=status)
 
     def _start_nvml(self) -> None:
         sampler = NvmlSampler()
@@ -484,6 +517,7 @@ class Agent:
                           "started": self.started, "uptime_s": round(time.time() - self.started, 1),
                           "config": self.config.to_dict(), "config_file": str(self.config_path),
                           "state_db": str(self.state.path) if self.state else None,
+                          "state_moved_aside": str(self.state.moved_aside) if self.state and self.state.moved_aside else None,
                           "socket": str(self.api.path) if self.api else None,
                           "metrics": self.metrics.address if self.metrics else None,
                           "otlp": self.otlp.endpoint if self.otlp else None,

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 
+from ..errors import NotAvailable
 from ..model import Finding
 
 _FINDING_BYTES = b'{"event": "finding"'
@@ -38,6 +39,7 @@ class AgentProbes:
         self._started = 0.0
         self._next_start = 0.0
         self.restarts = 0
+        self.attached_note = ""
         self.last_exit: int | None = None
 
     # -- availability ----------------------------------------------------------------------
@@ -57,7 +59,32 @@ class AgentProbes:
         return proc.stdout.strip()
 
     # -- lifecycle -------------------------------------------------------------------------
-    def attach(self) -> None:
+    def attach(self, timeout: float = 180.0) -> None:
+        """Start the probe child and wait until it says its probes are attached.
+
+        bcc compiles for seconds (9 s on a busy 2-core host), and READY=1 must mean the
+        probes really watch: the agent's readiness waits for the child's "probes attached".
+        """
+        self._spawn()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                kind, value = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._proc.poll() is not None:
+                    break
+                continue
+            if kind == "notice" and "probes attached" in value:
+                self.attached_note = value
+                self.log("probes-notice", "info", text=value)
+                return
+            self._queue.put((kind, value)) if kind != "notice" else self.log("probes-notice", "info", text=value)
+        status = self._proc.poll()
+        self.detach()
+        raise NotAvailable(f"the trace probes did not attach within {timeout:g}s"
+                           if status is None else f"the trace probes exited with status {status} before attaching")
+
+    def _spawn(self) -> None:
         command = [sys.executable, "-m", "seedance", "trace", "--json"]
         self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, bufsize=0,
@@ -74,7 +101,7 @@ class AgentProbes:
 
     def describe(self) -> dict:
         return {"pid": self.pid, "backend": "ebpf", "command": "seedance trace --json",
-                "restarts": self.restarts}
+                "restarts": self.restarts, "attached": self.attached_note}
 
     def poll(self) -> tuple[int, int, list[Finding]]:
         """(new events, lost events so far, new findings) since the last poll."""
@@ -103,24 +130,43 @@ class AgentProbes:
         if self._proc is None and self._next_start and time.monotonic() >= self._next_start:
             self._next_start = 0.0
             self.restarts += 1
-            self.attach()
+            self._spawn()
         return events, self._lost, findings
 
-    def detach(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM: `seedance trace` detaches every probe and exits; SIGKILL only if it hangs."""
+    def detach(self, grace: float = 8.0, after_kill: float = 4.0) -> int | str | None:
+        """SIGTERM: `seedance trace` detaches every probe and exits; SIGKILL if it takes too long.
+
+        Bounded, because a stop must fit in the unit's TimeoutStopSec: tearing down many
+        uprobes waits on RCU grace periods in the kernel, and a child stuck there (state D)
+        cannot even die at once.  It is left to finish on its own ("detaching" is
+        returned); its probes go with it when it exits.
+        """
         proc, self._proc = self._proc, None
         if proc is None:
             return None
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=timeout)
+                proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                try:
+                    proc.wait(timeout=after_kill)
+                except subprocess.TimeoutExpired:
+                    return "detaching"
         for thread in self._threads:
             thread.join(timeout=2)
+        self._log_last_notices()  # the child's closing summary: events, lost, why it stopped
         return proc.returncode
+
+    def _log_last_notices(self) -> None:
+        while True:
+            try:
+                kind, value = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "notice":
+                self.log("probes-notice", "info", text=value)
 
     # -- readers ---------------------------------------------------------------------------
     def _read_stdout(self, proc) -> None:

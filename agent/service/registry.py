@@ -7,6 +7,7 @@ depend on the registry's layout.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -72,13 +73,30 @@ class ShimRegistry:
         facts = instance_facts([inst.raw], {inst.slot: leaks_with_apis(self._registry, inst.slot)}, {})
         return [fact for fact in facts if fact.kind == "instance_leak"]
 
-    def reclaim(self, inst: InstanceSlot) -> bool:
+    def reclaim(self, inst: InstanceSlot) -> str:
+        """'reclaimed' by us, 'gone' (someone else reclaimed it first), or 'alive'."""
         current = self._registry.instance(inst.slot)
         # Reclaim exactly the instance that was judged: the slot may have been reclaimed and
         # claimed again (by `seedance run` or a second agent) since the scan.
         if current is None or (current.pid, current.start_time) != (inst.pid, inst.start_time):
+            return "gone"
+        if self._registry.reclaim(inst.slot):
+            return "reclaimed"
+        return "gone" if self._registry.instance(inst.slot) is None else "alive"
+
+    def wrapper_alive(self, inst: InstanceSlot) -> bool:
+        """Whether the `seedance run` that launched the instance is still running: it reports
+        and reclaims its own instances when they end, so the agent leaves those to it."""
+        ppid = getattr(inst.raw, "ppid", 0)
+        if ppid <= 1:
             return False
-        return self._registry.reclaim(inst.slot)
+        try:
+            with open(f"/proc/{ppid}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            return False
+        words = [os.path.basename(w) for w in argv[:4]]
+        return b"run" in argv[:4] and (b"seedance" in words or b"seedance" in argv[:4])
 
     def free_slots(self) -> int:
         """Free slots as of the last scan (GC reads the table once per pass)."""

@@ -253,3 +253,61 @@ def test_periodic_check_keeps_the_latest_report(agent_root):
         assert [f for f in running.status()["findings"] if f["origin"] == "scan"] == []
     finally:
         running.close()
+
+
+def test_otlp_export_from_the_running_agent(agent_root):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="OTLP exporter not installed")
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    received = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    running = RunningAgent(agent_root, args=("--otlp-endpoint", f"http://127.0.0.1:{server.server_port}"),
+                           watchdog_usec=0)
+    running.env["SEEDANCE_OTLP_INTERVAL"] = "0.5"
+    running.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not received:
+            time.sleep(0.2)
+        assert received, "no OTLP export arrived"
+        assert running.status()["agent"]["otlp"] == f"http://127.0.0.1:{server.server_port}/v1/metrics"
+    finally:
+        running.close()
+        server.shutdown()
+    request = ExportMetricsServiceRequest.FromString(received[-1])
+    names = {m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert {"seedance.gc_passes", "seedance.leaks_reported", "seedance.instances"} <= names
+
+
+def test_corrupt_state_is_moved_aside_with_a_message(agent_root):
+    db = agent_root / "state" / "seedance" / "agent.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"\x00garbage that is not SQLite\x00" * 512)
+    original = db.read_bytes()
+    running = RunningAgent(agent_root, watchdog_usec=0).start()
+    try:
+        corrupt = [e for e in running.events() if e["event"] == "state-corrupt"]
+        assert len(corrupt) == 1 and corrupt[0]["level"] == "error"
+        aside = Path(corrupt[0]["moved_to"])
+        assert aside.read_bytes() == original and str(aside) in corrupt[0]["message"]
+        status = running.status()
+        assert status["agent"]["state_moved_aside"] == str(aside)
+        text = run_cli("status", env=running.env).stdout
+        assert f"moved aside to {aside}" in text
+    finally:
+        running.close()
