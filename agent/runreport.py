@@ -7,7 +7,7 @@ so `handle-leak` is a finding like every other.  Returns data; the command print
 """
 from __future__ import annotations
 
-import os
+import platform
 import socket
 from dataclasses import dataclass, field
 
@@ -116,7 +116,7 @@ def build_report(result: RunResult, instances, leaks_by_slot, group, rules) -> R
 
     report = Report(
         command="run",
-        host={"hostname": socket.gethostname(), "uid": os.getuid()},
+        host={"hostname": socket.gethostname(), "kernel": platform.release(), "machine": platform.machine()},
         stats={"instances": len(instances), "exit_code": result.exit_code, "wall_s": round(result.wall_s, 3),
                "leaked_bytes": sum(d["leaked_bytes"] for d in devices.values()),
                "quota_refusals": sum(d["quota_refusals"] for d in devices.values())},

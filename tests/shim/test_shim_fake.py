@@ -303,3 +303,33 @@ def test_many_processes_get_their_own_slots(built, env):
     mine = [i for i in reg.instances() if i.pid in pids]
     assert len(mine) == 24 and len({i.slot for i in mine}) == 24
     assert all(i.state == "exited" and i.current == {0: 4096} for i in mine)
+
+
+def test_run_report_follows_the_report_schema(built, env, tmp_path):
+    import jsonschema
+    from pathlib import Path
+
+    schema = json.loads((Path(__file__).resolve().parents[2] / "agent/schemas/report.schema.json").read_text())
+    p = seedance_run(env, "--affinity", "1", "--mem-limit", "1000", "--report-json", "-",
+                     *steps(built, "linked", "direct", "init", "ctx:0", "alloc:600", "alloc:600", "kill"))
+    doc = json.loads(p.stdout[p.stdout.index("{"):])     # the program's lines come first
+    jsonschema.validate(doc, schema)
+    assert {f["rule"] for f in doc["findings"]} == {"handle-leak", "quota-refused"}
+
+
+def test_auto_affinity_without_nvml_uses_the_registry(built, env, tmp_path):
+    env_holder = dict(env, LD_PRELOAD=str(built["shim"]))
+    holder = subprocess.Popen([str(built["linked"]), "init", "ctx:0", "alloc:1000000", "sleep:20000"],
+                              env=env_holder, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().startswith("init")
+        holder.stdout.readline(), holder.stdout.readline()          # ctx, alloc: now held on device 0
+        report = tmp_path / "r.json"
+        p = seedance_run(env, "--affinity", "auto", "--report-json", report,
+                         *steps(built, "linked", "direct", "init", "uuid:0", "ctx:0", "alloc:10"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert parse_lines(p.stdout)[1]["last"] == 1                      # device 1: the idle one
+    how = json.loads(report.read_text())["affinity"]["how"]
+    assert "NVML" in how and "least memory held" in how
