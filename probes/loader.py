@@ -149,7 +149,7 @@ def _exit_has_group_dead() -> bool:
     return False
 
 
-def compile_program(host: HostLoader, filter_pids: bool, cuda_events: bool = True):
+def compile_program(host: HostLoader, filter_pids: bool, cuda_events: bool = True, ringbuf_pages: int = 256):
     """The compiled BPF module (bcc.BPF); its tracepoints attach as it loads."""
     import tempfile
 
@@ -164,7 +164,8 @@ def compile_program(host: HostLoader, filter_pids: bool, cuda_events: bool = Tru
         for fd in saved:
             os.dup2(captured.fileno(), fd)
         try:
-            return BPF(text=program_text(), cflags=cflags(host, filter_pids, cuda_events=cuda_events))
+            return BPF(text=program_text(), cflags=cflags(host, filter_pids, ringbuf_pages=ringbuf_pages,
+                                                          cuda_events=cuda_events))
         except Exception as exc:  # bcc raises bare Exception on compile/load failure
             failure = exc
         finally:

@@ -47,6 +47,9 @@ def configure_parser(sub):
     parser.add_argument("--strict", action="store_true",
                         help="also report strict-only rules; exit 1 on warnings too")
     parser.add_argument("--quiet", "-q", action="store_true", help="print findings only, not every event")
+    parser.add_argument("--buffer-pages", type=_pages, default=256, metavar="N",
+                        help="eBPF ring buffer size in pages, a power of two (default 256); "
+                             "events that do not fit are counted as lost")
     parser.add_argument("--ebpf", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                         help="command to launch and trace")
@@ -57,6 +60,12 @@ def configure_parser(sub):
 def _pid(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def _pages(text: str) -> int:
+    if not text.isdigit() or int(text) < 1 or int(text) & (int(text) - 1):
+        raise argparse.ArgumentTypeError(f"not a power of two: {text!r}")
     return int(text)
 
 
@@ -165,6 +174,7 @@ def _trace(args, command: list, backend: str) -> int:
 
         session = TraceSession(pids=args.pid, command=command, duration=args.duration,
                                on_notice=out.notice, files=live.files, cuda_events=not args.quiet,
+                               buffer_pages=args.buffer_pages,
                                on_tick=lambda: judge(mapped_lib_facts(live.live_pids())))
         for pid in args.pid:
             live.seed(pid)

@@ -68,7 +68,7 @@ class TraceSession:
     """``run(on_event)`` traces until the target ends, the duration passes or a signal."""
 
     def __init__(self, pids=(), command=None, duration=None, on_notice=None, files=None,
-                 on_tick=None, cuda_events=True):
+                 on_tick=None, cuda_events=True, buffer_pages=256):
         self.pids = [int(p) for p in pids]
         self.command = list(command or [])
         self.duration = duration
@@ -76,6 +76,7 @@ class TraceSession:
         self.on_tick = on_tick  # called about every RESCAN_S with the live pids we know of
         self.files = files or FileInfoCache()
         self.cuda_events = cuda_events  # stream each allocation, or only account for them
+        self.buffer_pages = buffer_pages  # ring buffer size in pages (a power of two)
         self.summary = TraceSummary()
         self._bpf = None
         self._stop_reason = ""
@@ -108,7 +109,7 @@ class TraceSession:
         try:
             host = loader.find_host_loader()
             self._bpf = loader.compile_program(host, filter_pids=bool(self.pids or self.command),
-                                              cuda_events=self.cuda_events)
+                                              cuda_events=self.cuda_events, ringbuf_pages=self.buffer_pages)
         except loader.ProbeError as exc:
             raise EbpfUnavailable(str(exc)) from None
         self.summary.compile_s = time.monotonic() - started
@@ -140,6 +141,7 @@ class TraceSession:
             self.on_notice(f"{len(self._bpf.uprobe_fds)} probes attached "
                            f"(compiled in {self.summary.compile_s:.1f}s); tracing {what}")
             self._loop(on_event, started)
+            self._settle_exits(on_event)
         finally:
             self._teardown()
             for sig, handler in previous.items():
@@ -235,12 +237,33 @@ class TraceSession:
                 self._after_batch()
                 self._stop_reason = f"command exited with status {self.summary.command_status}"
                 return
-            if self.pids and not self.command and not (self._live_targets - self._exited):
+            if self.pids and not self.command and not any(
+                    os.path.exists(f"/proc/{pid}") for pid in self._live_targets - self._exited):
                 self._stop_reason = "all traced processes exited"
                 return
             if self.on_tick and now >= next_scan:
                 next_scan = now + RESCAN_S
                 self.on_tick()
+
+    def _settle_exits(self, on_event) -> None:
+        """A process whose exit event was lost (full ring buffer) still ends: read what is
+        left in the buffer, then report the exit of every traced process that is gone
+        without one, with what the kernel's map says it still held."""
+        self._bpf.ring_buffer_consume()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        candidates = set(self._live_targets)
+        try:
+            candidates |= {key.tgid for key in self._bpf["live_allocs"].keys()}
+        except Exception:
+            pass
+        for pid in sorted(candidates - self._exited):
+            if pid == self._child and self.summary.command_status is None:
+                continue  # still running (a --duration stop)
+            if pid != self._child and os.path.exists(f"/proc/{pid}"):
+                continue
+            self._handle(TraceEvent("exit", pid, data={"exit_event_lost": True}), on_event)
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop_reason = f"{signal.Signals(signum).name} received: probes detached"

@@ -213,3 +213,19 @@ def test_deleted_library_of_a_traced_pid_raises_lib_deleted(ebpf, built, tmp_pat
     assert len(deleted) == 1, (out, err)
     assert deleted[0]["subject"] == {"pid": target.pid, "path": str(copy)}
     assert deleted[0]["evidence"]["state"] == "deleted"
+
+
+def test_lost_events_are_counted_and_the_leak_is_still_exact(ebpf, built):
+    """A one-page ring buffer overflows; the loss is reported, and the leak evidence comes
+    from the kernel's allocation map, so it does not depend on the events that were lost."""
+    if not (built / "leaky").exists():
+        pytest.skip("needs cuda.h to build the leak program")
+    sizes = [str(4096 + i) for i in range(600)]
+    proc, report = trace("--json", "--buffer-pages", "1", "--", built / "leaky", "0", *sizes)
+    expected = sum(int(s) for s in sizes)
+    assert f"leaked {expected}" in proc.stdout
+    assert report["stats"]["lost_events"] > 0
+    assert f"{report['stats']['lost_events']} lost" in proc.stderr.strip().splitlines()[-1]
+    leaks = findings(report, "handle-leak")
+    assert len(leaks) == 1 and leaks[0]["evidence"]["bytes"] == expected
+    assert leaks[0]["evidence"]["allocations"] == 600
