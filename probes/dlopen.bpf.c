@@ -41,6 +41,7 @@ static __always_inline int sd_dlopen_enter(struct pt_regs *ctx, u64 path, u64 fl
 	e->bytes = flags;
 	e->ns = lmid;
 	e->caller = sd_caller(ctx);
+	e->ptr = path;  /* a string not yet paged in cannot be read here; the return event has it */
 	if (path)
 		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)path);
 	events.ringbuf_submit(e, 0);

@@ -80,7 +80,9 @@ def decode(raw, names: dict, apis: dict) -> TraceEvent:
     if kind == "exec":
         data = {"path": path, "old_pid": raw.aux}
     elif kind == "dlopen":
-        data = {"api": api, "path": path or None, "flags": raw.bytes, "flags_text": rtld_flags(raw.bytes),
+        # an empty read of a non-NULL pointer: the string was not paged in yet
+        data = {"api": api, "path": path or (None if not raw.ptr else "<not paged in>"),
+                "flags": raw.bytes, "flags_text": rtld_flags(raw.bytes),
                 "lmid": raw.ns, "caller": hex(raw.caller)}
     elif kind == "dlopen_ret":
         data = {"api": api, "path": path or None, "flags": raw.bytes, "ok": bool(raw.ptr),
