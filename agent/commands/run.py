@@ -33,6 +33,9 @@ examples:
   SEEDANCE_DISABLE=1 seedance run -- ./app                  shim loaded but bypassed
 """
 
+# programs whose job is to start the real workload: without --follow-children it escapes
+LAUNCHERS = {"sh", "bash", "dash", "zsh", "env", "torchrun", "mpirun", "mpiexec", "srun", "xargs", "nohup"}
+
 SIZE_RE = re.compile(r"^(\d+)\s*([KMGTkmgt]?)(i?[Bb])?$")
 
 
@@ -270,6 +273,9 @@ def execute(args) -> int:
     env = dict(os.environ)
     result = RunResult(argv=cmd, exit_code=0, signal=None, wrapped=True, shim=str(library),
                        shim_version=expected_version(), audit=args.audit, follow_children=args.follow_children)
+    if not args.follow_children and Path(exe).name in LAUNCHERS:
+        print(f"seedance: note: {Path(exe).name} starts other programs, which run unwrapped "
+              f"without --follow-children", file=sys.stderr)
     note = setuid_note(exe)
     if note:
         print(f"seedance: {note}", file=sys.stderr)

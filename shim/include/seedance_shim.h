@@ -29,7 +29,7 @@
 #define SD_MAX_RECORDS 8192
 #define SD_MAX_LIBS 64
 #define SD_LIB_PATH_LEN 248
-#define SD_RING_EVENTS 512
+#define SD_RING_EVENTS 2048
 #define SD_EVENT_TEXT 192
 
 /* sd_slot.state */

@@ -362,6 +362,21 @@ SD_EXPORT int seedance_group_release(void *base, int i)
     return busy ? -EBUSY : 0;
 }
 
+/* Empty a dead slot.  Claimers only CAS a FREE state, so the slot is kept CLAIMING
+ * (ours) while it is zeroed.  Past its first page the memory is handed back to the
+ * file system (MADV_REMOVE on the shared mapping: zero-filled, and no tmpfs pages stay
+ * allocated for a slot nobody uses); memset where that is not supported. */
+static void zero_slot(struct sd_slot *s)
+{
+    __atomic_store_n(&s->state, SD_SLOT_CLAIMING, __ATOMIC_RELEASE);
+    char *base = (char *)s;
+    size_t first = 4096 < sizeof *s ? 4096 : sizeof *s;
+    memset(base + sizeof s->state, 0, first - sizeof s->state);
+    if (sizeof *s > first && madvise(base + first, SD_SLOT_BYTES - first, MADV_REMOVE) != 0)
+        memset(base + first, 0, sizeof *s - first);
+    __atomic_store_n(&s->state, SD_SLOT_FREE, __ATOMIC_RELEASE);
+}
+
 /* What a slot still holds per device: the sum of its live records. */
 static void sum_records(struct sd_slot *s, uint64_t *held)
 {
@@ -397,8 +412,7 @@ static int reclaim_locked(void *base, int i)
                 __atomic_fetch_sub(&g->members, 1, __ATOMIC_ACQ_REL);
         }
     }
-    memset((char *)s + sizeof s->state, 0, sizeof *s - sizeof s->state);
-    __atomic_store_n(&s->state, SD_SLOT_FREE, __ATOMIC_RELEASE);
+    zero_slot(s);
     return 0;
 }
 
@@ -671,7 +685,7 @@ uint32_t sd_lib_index(void *caller)
         return (uint32_t)(e & 0xFFFF);
     struct sd_slot *s = sd_slot;
     if (!s)
-        return 0;
+        return SD_LIB_UNKNOWN;
     Dl_info info;
     char exe[SD_LIB_PATH_LEN];
     const char *name = "?";
@@ -684,7 +698,7 @@ uint32_t sd_lib_index(void *caller)
         }
     }
     uint32_t n = __atomic_load_n(&s->nlibs, __ATOMIC_ACQUIRE);
-    uint32_t index = SD_MAX_LIBS - 1;
+    uint32_t index = SD_LIB_UNKNOWN; /* table full: attributed to no library */
     int found = 0;
     for (uint32_t i = 0; i < n && i < SD_MAX_LIBS; i++)
         if (__atomic_load_n(&s->libs[i].ready, __ATOMIC_ACQUIRE) &&

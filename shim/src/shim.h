@@ -11,6 +11,7 @@
 #define SD_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define SD_UNPAREN(...) __VA_ARGS__
 
+#define SD_LIB_UNKNOWN 0xFFFFu
 #define SD_HF_PTSZ 1
 #define SD_HF_RUNTIME 2
 
