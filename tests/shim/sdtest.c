@@ -112,6 +112,7 @@ static void bind(const char *via)
 struct worker {
     int iters;
     size_t bytes;
+    int hold;          /* blocks held at once per iteration */
     int ok, oom, other;
 };
 
@@ -119,18 +120,23 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     cu.CtxSetCurrent(ctx);
+    CUdeviceptr held[64];
     for (int i = 0; i < w->iters; i++) {
-        CUdeviceptr p;
-        CUresult r = cu.MemAlloc(&p, w->bytes);
-        if (r == CUDA_SUCCESS) {
-            w->ok++;
-            if (cu.MemFree(p) != CUDA_SUCCESS)
+        int n = 0;
+        for (int k = 0; k < w->hold && k < 64; k++) {
+            CUresult r = cu.MemAlloc(&held[n], w->bytes);
+            if (r == CUDA_SUCCESS) {
+                w->ok++;
+                n++;
+            } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+                w->oom++;
+            } else {
                 w->other++;
-        } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-            w->oom++;
-        } else {
-            w->other++;
+            }
         }
+        for (int k = 0; k < n; k++)
+            if (cu.MemFree(held[k]) != CUDA_SUCCESS)
+                w->other++;
     }
     return NULL;
 }
@@ -247,15 +253,17 @@ static void step(const char *s)
         if (r == CUDA_SUCCESS)
             r = cu.DeviceTotalMem(&t, d);
         printf("totalmem result=%d total=%zu\n", r, t);
-    } else if (strncmp(s, "threads:", 8) == 0) { /* threads:<n>:<iters>:<bytes> */
+    } else if (strncmp(s, "threads:", 8) == 0) { /* threads:<n>:<iters>:<bytes>[:<hold>] */
         int n = atoi(s + 8);
         const char *p = strchr(s + 8, ':');
         int iters = atoi(p + 1);
-        size_t bytes = strtoull(strchr(p + 1, ':') + 1, NULL, 10);
+        const char *b = strchr(p + 1, ':') + 1;
+        size_t bytes = strtoull(b, NULL, 10);
+        int hold = strchr(b, ':') ? atoi(strchr(b, ':') + 1) : 1;
         pthread_t tid[256];
         struct worker w[256];
         for (int k = 0; k < n && k < 256; k++) {
-            w[k] = (struct worker){iters, bytes, 0, 0, 0};
+            w[k] = (struct worker){iters, bytes, hold, 0, 0, 0};
             pthread_create(&tid[k], NULL, worker_main, &w[k]);
         }
         int ok = 0, oom = 0, other = 0;
@@ -277,7 +285,7 @@ static void step(const char *s)
         int status = 0;
         waitpid(pid, &status, 0);
         printf("fork status=%d\n", WEXITSTATUS(status));
-    } else if (strncmp(s, "procs:", 6) == 0) { /* procs:<n>:<threads>:<iters>:<bytes>: forked workers */
+    } else if (strncmp(s, "procs:", 6) == 0) { /* procs:<n>:<threads>:<iters>:<bytes>[:<hold>]: forked workers */
         int n = atoi(s + 6);
         char rest[128];
         snprintf(rest, sizeof rest, "threads:%s", strchr(s + 6, ':') + 1);

@@ -118,11 +118,12 @@ def test_threads_and_processes_never_overcommit(built, env, ledger, tmp_path):
     report = tmp_path / "r.json"
     limit = 8 << 20
     p = seedance_run(env, "--mem-limit", str(limit), "--follow-children", "--report-json", report,
-                     "--", built["linked"], "procs:4:64:40:1048576", timeout=120)
+                     "--", built["linked"], "procs:4:64:10:1048576:12", timeout=120)
     assert p.returncode == 0, p.stderr
     rows = [r for r in parse_lines(p.stdout) if r["step"] == "threads"]
     assert len(rows) == 4 and all(r["other"] == 0 for r in rows)
-    assert sum(r["ok"] for r in rows) > 0 and sum(r["oom"] for r in rows) > 0   # the quota did bind
+    # every thread wants 12 MiB at once against an 8 MiB quota: each one is refused sometimes
+    assert sum(r["ok"] for r in rows) > 0 and sum(r["oom"] for r in rows) >= 4 * 64 * 10 * 4
     seen = ledger.read()
     assert seen["high_water"][0] <= limit        # the driver never saw more than the quota
     assert seen["outstanding"][0] == 0
