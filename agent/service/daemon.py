@@ -230,7 +230,8 @@ class Agent:
         with self._lock:
             self._instances = view
             self._registry_info = {"state": "open", "path": str(self.registry.path),
-                                   "free_slots": self.registry.free_slots()}
+                                   "free_slots": self.registry.free_slots(),
+                                   "slots": getattr(self.registry, "slots", None)}
             self.counters["gc_passes"] += 1
 
     def _wrapper_reports(self, inst, key) -> bool:

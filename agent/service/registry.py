@@ -46,6 +46,7 @@ class ShimRegistry:
     def __init__(self, registry):
         self._registry = registry
         self.path = registry.path
+        self.slots = registry.max_slots
 
     def scan(self) -> list[InstanceSlot]:
         out = []
