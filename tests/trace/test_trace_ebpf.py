@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_helpers import BIN, findings, trace, wheel_runtime
+from trace_helpers import BIN, findings, trace, validate, wheel_runtime
 
 CUDA13 = Path("/usr/local/cuda/lib64/libcudart.so.13")
 
@@ -24,6 +24,8 @@ def test_mixed_runtimes_raise_cuda_runtime_mixed_with_both_paths(ebpf, built):
     proc, report = trace("--", built / "dlopen_each", cu12, CUDA13)
     assert proc.returncode == 1, proc.stderr  # an error-level finding
     assert f"ok {cu12}" in proc.stdout and f"ok {CUDA13}" in proc.stdout
+    validate(report)
+    assert report["command"] == "trace"
     mixed = findings(report, "cuda-runtime-mixed")
     assert len(mixed) == 1, report["findings"]
     evidence = mixed[0]["evidence"]
@@ -43,6 +45,7 @@ def test_missing_version_node_carries_the_loaders_own_message(ebpf, built):
     # the program prints dlerror(): the loader's message as the application saw it
     dlerror = next(line[len("error "):] for line in proc.stdout.splitlines() if line.startswith("error "))
     assert "version `PROVIDER_2' not found" in dlerror
+    validate(report)
     missing = findings(report, "symbol-version-missing")
     assert len(missing) == 1, report["findings"]
     evidence = missing[0]["evidence"]
@@ -73,6 +76,7 @@ def test_leak_at_exit_reports_the_exact_bytes_device_and_library(ebpf, built):
     proc, report = trace("--", built / "leaky", "1", *sizes)
     expected = 1048576 + 12345 + 3000000
     assert f"leaked {expected}" in proc.stdout  # the program's own account
+    validate(report)
     leaks = findings(report, "handle-leak")
     assert len(leaks) == 1, (report["findings"], proc.stderr)
     evidence = leaks[0]["evidence"]

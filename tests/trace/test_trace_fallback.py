@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from trace_helpers import findings, trace
+from trace_helpers import findings, trace, validate
 
 HIDDEN = {"SEEDANCE_KERNEL_HEADERS": "/nonexistent"}
 
@@ -54,6 +54,7 @@ def test_non_root_falls_back_and_still_reports_the_leak(built, shim_library):
     assert "eBPF unavailable (not root (uid 65534)" in proc.stderr.splitlines()[0]
     assert "falling back to LD_AUDIT" in proc.stderr.splitlines()[0]
     assert "leaked 8192" in proc.stdout
+    validate(report)
     leaks = findings(report, "handle-leak")
     assert len(leaks) == 1 and leaks[0]["evidence"]["bytes"] == 8192, report["findings"]
     assert leaks[0]["evidence"]["device"] == 0

@@ -47,3 +47,11 @@ def trace(*args, env=None, timeout=120, prefix=()):
 
 def findings(report: dict, rule: str) -> list:
     return [f for f in report["findings"] if f["rule"] == rule]
+
+
+def validate(report: dict) -> None:
+    """The trace report is the check's report: the shipped seedance.report/v1 schema."""
+    import jsonschema
+
+    schema = json.loads((ROOT / "agent" / "schemas" / "report.schema.json").read_text())
+    jsonschema.validate(report, schema)
