@@ -19,7 +19,10 @@ Other parts of seedance build on these calls (stable API):
     reg.leaks(slot)                -> {(device, library): bytes}
     reg.reclaim(slot)              -> True when the slot was freed (dead or exited only)
     reg.drain_events(slot)         -> [dict]: events since the last drain (see EVENT FORMAT)
-    reg.group(index)               -> Group(key, limits, used, refused, members)
+    reg.group(index)               -> Group(key, limits, used, refused, members, peak)
+    env, key = shim.wrap_env(audit=True, events=True)
+                                   -> the environment that starts a child under the shim;
+                                      its instances are the slots of reg.find_group(key)
 
 EVENT FORMAT (one JSON object per line in ``seedance run --events FILE``):
     {"seq": n, "t_ns": monotonic ns, "pid": ..., "kind": "alloc"|"free"|"quota_refused"|
@@ -40,3 +43,4 @@ from .registry import (  # noqa: F401
     registry_path,
 )
 from .events import event_to_dict, EVENT_KINDS, SEARCH_SOURCES  # noqa: F401
+from .wrap import wrap_env  # noqa: F401

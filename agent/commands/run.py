@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import stat
@@ -257,6 +256,7 @@ def execute(args) -> int:
     from ..engine import load_rules
     from ..runreport import RunResult, build_report, leaks_with_apis
     from ..shim.binding import expected_version
+    from ..shim.wrap import wrap_env
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -283,20 +283,14 @@ def execute(args) -> int:
     if env.get("SEEDANCE_DISABLE") == "1":
         result.wrapped, result.why_unwrapped = False, "SEEDANCE_DISABLE=1: the shim passes every call through"
 
-    group_key = secrets.randbits(63) | 1
-    env.update(SEEDANCE_GROUP=f"{group_key:x}", SEEDANCE_GROUP_OWNER=str(os.getpid()),
-               SEEDANCE_SHIM_VERSION=result.shim_version)
-    env["LD_PRELOAD"] = ":".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))
-    if args.audit:
-        env["LD_AUDIT"] = ":".join(filter(None, [str(library), env.get("LD_AUDIT", "")]))
-    if args.follow_children:
-        env["SEEDANCE_FOLLOW"] = "1"
-    if args.events:
-        env["SEEDANCE_EVENTS"] = "1"
+    affinity_value = mem_value = None
     if args.affinity:
-        env["SEEDANCE_AFFINITY"], result.affinity = resolve_affinity(args.affinity)
+        affinity_value, result.affinity = resolve_affinity(args.affinity)
     if args.mem_limit:
-        env["SEEDANCE_MEM_LIMIT"], result.mem_limit = parse_mem_limit(args.mem_limit)
+        mem_value, result.mem_limit = parse_mem_limit(args.mem_limit)
+    env, group_key = wrap_env(env, audit=args.audit, events=bool(args.events),
+                              follow_children=args.follow_children, affinity=affinity_value,
+                              mem_limit=mem_value)
 
     registry = None
     try:

@@ -411,6 +411,10 @@ static int reclaim_locked(void *base, int i)
             if (__atomic_load_n(&g->members, __ATOMIC_ACQUIRE))
                 __atomic_fetch_sub(&g->members, 1, __ATOMIC_ACQ_REL);
         }
+        /* the last member of a group whose owner (seedance run) is gone: free the group */
+        if (__atomic_load_n(&g->key, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g->members, __ATOMIC_ACQUIRE) &&
+            !pid_alive(g->owner_pid, g->owner_start))
+            __atomic_store_n(&g->key, 0, __ATOMIC_RELEASE);
     }
     zero_slot(s);
     return 0;

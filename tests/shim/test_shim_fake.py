@@ -150,7 +150,8 @@ def test_sigkill_leak_is_reported(built, env, tmp_path):
 def test_registry_api_dead_instance_and_reclaim(built, env):
     from seedance.shim import Registry
 
-    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_GROUP="1234", SEEDANCE_MEM_LIMIT="1M")
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_GROUP="1234", SEEDANCE_MEM_LIMIT="1M",
+               SEEDANCE_GROUP_OWNER=str(os.getpid()))      # the group outlives its member, as under `seedance run`
     p = subprocess.Popen([str(built["linked"]), "init", "ctx:1", "alloc:4096", "kill"], env=env,
                          stdout=subprocess.DEVNULL)
     assert p.wait(timeout=30) == -signal.SIGKILL
@@ -170,7 +171,24 @@ def test_registry_api_dead_instance_and_reclaim(built, env):
     assert reg.reclaim(dead[0].slot)
     assert reg.find_group(0x1234).used == {}          # the dead instance's bytes went back to the quota
     assert reg.instance(dead[0].slot) is None
-    assert reg.release_group(group.index)
+    assert reg.release_group(group.index) and reg.find_group(0x1234) is None
+
+
+def test_group_of_a_dead_owner_goes_with_its_last_member(built, env):
+    from seedance.shim import Registry
+
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_GROUP="4321", SEEDANCE_MEM_LIMIT="1M")
+    p = subprocess.Popen([str(built["linked"]), "init", "ctx:0", "alloc:4096", "kill"], env=env,
+                         stdout=subprocess.DEVNULL)
+    p.wait(timeout=30)
+    os.environ["SEEDANCE_RUNTIME_DIR"] = env["SEEDANCE_RUNTIME_DIR"]
+    try:
+        reg = Registry.open()
+    finally:
+        del os.environ["SEEDANCE_RUNTIME_DIR"]
+    assert reg.find_group(0x4321).used == {0: 4096}
+    slot = next(i.slot for i in reg.instances() if i.pid == p.pid)
+    assert reg.reclaim(slot) and reg.find_group(0x4321) is None
 
 
 def test_sigkill_while_holding_registry_lock_does_not_deadlock(built, env):
