@@ -168,6 +168,6 @@ __attribute__((constructor)) static void sd_constructor(void)
 
 __attribute__((destructor)) static void sd_destructor(void)
 {
-    if (!sd_is_audit && __atomic_load_n(&sd_mode, __ATOMIC_ACQUIRE) == SD_MODE_ACTIVE)
+    if (__atomic_load_n(&sd_mode, __ATOMIC_ACQUIRE) == SD_MODE_ACTIVE)
         sd_registry_detach_at_exit();
 }

@@ -555,6 +555,8 @@ int sd_registry_attach(void)
     if (sd_registry)
         index = claim_slot(sd_registry, pid, start);
     if (index >= 0) {
+        /* one slot per process: the LD_AUDIT copy and the LD_PRELOAD copy share it, and
+         * whichever claims it attaches it to the quota group (a member per slot) */
         struct sd_slot *s = slot_at(sd_registry, index);
         int joined = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SD_SLOT_LIVE;
         sd_slot = s;
@@ -563,14 +565,11 @@ int sd_registry_attach(void)
         if (sd_events_on)
             __atomic_fetch_or(&s->flags, 2u, __ATOMIC_RELAXED);
         if (joined) {
-            if (s->group >= 0)
+            if (s->group >= 0 && s->group < SD_MAX_GROUPS)
                 sd_group = group_at(sd_registry, s->group);
-            else if (!sd_is_audit)
-                attach_group(sd_registry, pid, start);
             return 0;
         }
-        if (!sd_is_audit)
-            attach_group(sd_registry, pid, start);
+        attach_group(sd_registry, pid, start);
         __atomic_store_n(&s->state, SD_SLOT_LIVE, __ATOMIC_RELEASE);
         return 0;
     }
@@ -591,6 +590,11 @@ void sd_registry_detach_at_exit(void)
 {
     struct sd_slot *s = sd_slot;
     if (!s || s == &sd_local_slot)
+        return;
+    /* both copies (audit, preload) get here; the first one to mark the slot does it */
+    uint32_t expected = SD_SLOT_LIVE;
+    if (s->pid != (int)getpid() || !__atomic_compare_exchange_n(&s->state, &expected, SD_SLOT_CLAIMING, 0,
+                                                                 __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
         return;
     sd_event(SD_EV_EXIT, -1, -1, 0, 0, 0, 0, "exit");
     uint64_t held[SD_MAX_DEVICES];
