@@ -75,8 +75,12 @@ SD_HIDDEN void *sd_dlsym_hooked(void *handle, const char *name, int hook)
     }
     /* RTLD_DEFAULT (and the main program's handle) find our own export first: the real
      * function is then the next definition, resolved the shim's way */
-    if (!sd_real(hook))
-        return fn == sd_hooks[hook].wrapper ? fn : NULL;
+    if (!sd_real(hook)) {
+        if (fn == sd_hooks[hook].wrapper)
+            return fn;
+        sd_next_dlsym(RTLD_NEXT, name); /* leaves dlerror() saying why */
+        return NULL;
+    }
     return sd_hooks[hook].wrapper;
 }
 

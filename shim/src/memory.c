@@ -315,6 +315,7 @@ CUresult sd_impl_cuDeviceTotalMem_v2(void *caller, size_t *bytes, CUdevice dev)
 cudaError_t sd_impl_cudaMalloc(void *caller, void **devPtr, size_t size)
 {
     REAL_OR(cudaMalloc, cudaErrorInsufficientDriver);
+    sd_count_call(SD_HOOK_cudaMalloc);
     sd_runtime_caller = caller;
     cudaError_t r = real(devPtr, size);
     sd_runtime_caller = NULL;
@@ -324,6 +325,7 @@ cudaError_t sd_impl_cudaMalloc(void *caller, void **devPtr, size_t size)
 cudaError_t sd_impl_cudaFree(void *caller, void *devPtr)
 {
     REAL_OR(cudaFree, cudaErrorInsufficientDriver);
+    sd_count_call(SD_HOOK_cudaFree);
     sd_runtime_caller = caller;
     cudaError_t r = real(devPtr);
     sd_runtime_caller = NULL;

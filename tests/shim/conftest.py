@@ -36,8 +36,13 @@ def built(tmp_path_factory):
     src = ROOT / "tests/shim/sdtest.c"
     _cc("-O2", "-DLINKED", *inc, src, "-o", out / "sdtest_linked", f"-L{out}", "-lcuda", "-pthread", "-ldl")
     _cc("-O2", *inc, src, "-o", out / "sdtest", "-pthread", "-ldl")
+    _cc("-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", "-Wl,-soname,libcudart.so.12",
+        ROOT / "tests/fakecuda/fakecudart.c", "-o", out / "libcudart.so.12", "-pthread", "-ldl")
+    os.symlink("libcudart.so.12", out / "libcudart.so")
+    _cc("-O2", ROOT / "tests/shim/sdrt.c", "-o", out / "sdrt", f"-L{out}", "-lcudart")
     from seedance import shim
-    return {"dir": out, "linked": out / "sdtest_linked", "dlsym": out / "sdtest", "shim": shim.library_path()}
+    return {"dir": out, "linked": out / "sdtest_linked", "dlsym": out / "sdtest", "runtime": out / "sdrt",
+            "shim": shim.library_path()}
 
 
 class Ledger:

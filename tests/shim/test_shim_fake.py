@@ -352,3 +352,23 @@ def test_auto_affinity_without_nvml_uses_the_registry(built, env, tmp_path):
     assert parse_lines(p.stdout)[1]["last"] == 1                      # device 1: the idle one
     how = json.loads(report.read_text())["affinity"]["how"]
     assert "NVML" in how and "least memory held" in how
+
+
+def test_runtime_entry_points_remap_quota_and_name_the_caller(built, env, ledger, tmp_path):
+    """cudaMalloc through a runtime that reaches the driver only via cuGetProcAddress."""
+    report = tmp_path / "r.json"
+    p = seedance_run(env, "--affinity", "gpu:1", "--mem-limit", "1:10000", "--report-json", report,
+                     "--", built["runtime"], "4000", "k5000", "6000")
+    lines = parse_lines(p.stdout)
+    assert lines[0]["count"] == 1 and lines[1]["result"] == 0
+    assert [r["result"] for r in lines[2:] if r["step"] == "malloc"] == [0, 0, 2]   # cudaErrorMemoryAllocation
+    seen = ledger.read()
+    assert seen["allocs"][:2] == [0, 2] and seen["high_water"][1] <= 10000
+    data = json.loads(report.read_text())
+    calls = data["calls_by_api"]
+    assert calls["cudaMalloc"] == 3 and calls["cudaFree"] == 1 and calls["cudaGetDeviceCount"] == 1
+    assert calls["cuMemAlloc_v2"] == 2
+    # attributed to the program that called cudaMalloc, not to libcudart
+    assert list(data["allocations_by_library"]) == [str(built["runtime"])]
+    leak = next(f for f in data["findings"] if f["rule"] == "handle-leak")
+    assert leak["evidence"]["bytes"] == 5000 and leak["evidence"]["device"] == 1
