@@ -7,7 +7,8 @@ The acceptance point of the agent issue, measured in one run:
   probes run as the agent's child (`seedance trace --json`, bcc/LLVM), whose RSS is
   printed beside it, and a bare python3 interpreter's RSS is printed as the floor;
 - idle CPU <= 1% of a core: agent (and probe child) CPU time over the idle tail of the run,
-  after the churn has settled;
+  after the churn has settled (the instance starts are spread over --churn-share of the
+  run, half by default, so the agent lives under churn for minutes, not one burst);
 - every dead instance's leak reported exactly once, with its exact bytes;
 - no registry slot lost: the registry is empty at the end and the agent has no ended
   instance it did not reclaim.
@@ -163,6 +164,9 @@ def main(argv=None) -> int:
     parser.add_argument("--killed", type=float, default=0.3, help="fraction SIGKILLed (default 0.3)")
     parser.add_argument("--leaky", type=float, default=0.3, help="fraction exiting without freeing (default 0.3)")
     parser.add_argument("--concurrency", type=int, default=8, help="instances running at once (default 8)")
+    parser.add_argument("--churn-share", type=float, default=0.5,
+                        help="spread the instance starts over this share of the run (default 0.5); "
+                             "the rest is the idle window")
     parser.add_argument("--probes", choices=("on", "off", "auto"), default="auto")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--seed", type=int, default=6)
@@ -233,8 +237,17 @@ def _measure(args, work, sdtest, env, agent, started, kinds, n_killed, n_leaky, 
     churn_started = time.monotonic()
     results = []
     with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
-        futures = [pool.submit(run_instance, i, kind, sdtest, env, random.Random(args.seed * 1000 + i))
-                   for i, kind in enumerate(kinds)]
+        # paced: instance i starts no earlier than i * spacing, so the agent lives under
+        # churn for a share of the run instead of one burst
+        spacing = args.minutes * 60 * args.churn_share / max(1, len(kinds))
+
+        def paced(i, kind):
+            delay = churn_started + i * spacing - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            return run_instance(i, kind, sdtest, env, random.Random(args.seed * 1000 + i))
+
+        futures = [pool.submit(paced, i, kind) for i, kind in enumerate(kinds)]
         for done, future in enumerate(futures, 1):
             results.append(future.result())
             if done % 50 == 0:
@@ -318,7 +331,7 @@ def _measure(args, work, sdtest, env, agent, started, kinds, n_killed, n_leaky, 
 
     figures = {
         "instances": args.instances, "killed": n_killed, "leaky": n_leaky, "clean": len(by_kind["clean"]),
-        "minutes": args.minutes, "churn_s": round(churn_s, 1), "idle_window_s": round(wall, 1),
+        "minutes": args.minutes, "churn_s": round(churn_s, 1), "concurrency": args.concurrency, "idle_window_s": round(wall, 1),
         "agent_ready_s": round(ready_s, 1), "probes": final["agent"]["probes"],
         "agent_rss_peak_mb": round(max(peak["agent"], hwm) / 2**20, 1),
         "agent_rss_after_churn_mb": round(rss_after_churn / 2**20, 1),
