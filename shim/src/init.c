@@ -101,6 +101,7 @@ SD_EXPORT const char *seedance_shim_version_string(void)
 static void sd_atfork_child(void)
 {
     sd_slot = NULL;
+    sd_registry_after_fork();
     if (sd_follow && !sd_is_audit) {
         sd_once = (pthread_once_t)PTHREAD_ONCE_INIT;
         __atomic_store_n(&sd_mode, SD_MODE_UNINIT, __ATOMIC_RELEASE);

@@ -684,6 +684,12 @@ void sd_audit_event(uint32_t kind, uint32_t obj, uint32_t obj2, uint32_t flag, c
  * words: one relaxed load on a hit, dladdr only the first time a call site is seen. */
 static uint64_t sd_lib_cache[256];
 
+/* a followed child gets a slot of its own, with its own library table */
+void sd_registry_after_fork(void)
+{
+    memset(sd_lib_cache, 0, sizeof sd_lib_cache);
+}
+
 uint32_t sd_lib_index(void *caller)
 {
     uint64_t addr = (uint64_t)(uintptr_t)caller & 0xFFFFFFFFFFFFull;

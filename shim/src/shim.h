@@ -78,6 +78,7 @@ SD_HIDDEN void *sd_driver_handle(void);
 /* registry.c */
 SD_HIDDEN int sd_registry_attach(void);
 SD_HIDDEN void sd_registry_detach_at_exit(void);
+SD_HIDDEN void sd_registry_after_fork(void);
 SD_HIDDEN void sd_event(uint32_t kind, int api, int device, int result, uint64_t ptr,
                         uint64_t bytes, uint32_t lib, const char *text);
 SD_HIDDEN void sd_audit_event(uint32_t kind, uint32_t obj, uint32_t obj2, uint32_t flag,
