@@ -119,6 +119,23 @@ def concurrency(b, iters):
     return out
 
 
+def killed_lock_holder(b):
+    """A process SIGKILLed inside the registry lock: how long the next one takes to get in."""
+    tmp = b["dir"]
+    env = dict(base_env(tmp), LD_PRELOAD=b["shim"], SEEDANCE_MEM_LIMIT="1G")
+    holder = subprocess.Popen([str(tmp / "sdtest_linked"), "init", "sleep:60000"],
+                              env=dict(env, SEEDANCE_GROUP="dead1", SEEDANCE_TEST_HOLD_LOCK_MS="60000"),
+                              stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    holder.kill()
+    holder.wait()
+    t0 = time.monotonic()
+    p = subprocess.run([str(tmp / "bench_shim"), "inittime"], env=dict(env, SEEDANCE_GROUP="alive2"),
+                       capture_output=True, text=True, timeout=30)
+    return {"next_process_rc": p.returncode, "next_process_s": round(time.monotonic() - t0, 3),
+            "deadlock": False}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds (CI smoke)")
@@ -128,7 +145,8 @@ def main():
         b = build(Path(d))
         result = {"overhead_ns_per_call": overhead(b, rounds, n),
                   "startup": startup(b, 200),
-                  "concurrency_64x4": concurrency(b, 50 if args.quick else 400)}
+                  "concurrency_64x4": concurrency(b, 50 if args.quick else 400),
+                  "sigkill_in_registry_lock": killed_lock_holder(b)}
     ov = result["overhead_ns_per_call"]
     result["verdict"] = {
         "alloc_added_ns<=50": ov["alloc"]["added_ns"] <= 50,
