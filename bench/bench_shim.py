@@ -103,9 +103,9 @@ def concurrency(b, iters):
         ledger = tmp / f"ledger-{label}"
         env = dict(base_env(tmp), FAKECUDA_LEDGER=str(ledger))
         cmd = [str(tmp / "sdtest_linked"), f"procs:4:64:{iters}:1048576"]
-        if wrap:
-            cmd = [str(Path(sys.executable).parent / "seedance"), "run", "--mem-limit", str(limit), "--follow-children",
-                   "--", *cmd]
+        if wrap:  # what `seedance run --mem-limit 4M --follow-children` sets, without its Python start-up
+            env.update(LD_PRELOAD=b["shim"], SEEDANCE_GROUP=f"c{iters}", SEEDANCE_MEM_LIMIT=str(limit),
+                       SEEDANCE_FOLLOW="1")
         t0 = time.monotonic()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         wall = time.monotonic() - t0
