@@ -177,7 +177,7 @@ def _trace(args, command: list, backend: str) -> int:
                                buffer_pages=args.buffer_pages,
                                on_tick=lambda: judge(mapped_lib_facts(live.live_pids())))
         for pid in args.pid:
-            live.seed(pid)
+            judge(live.seed(pid))
         judge(mapped_lib_facts(args.pid))
         try:
             summary = session.run(on_event)

@@ -158,18 +158,19 @@ class LiveFacts:
             proc = self.processes[pid] = _Process(pid=pid)
         return proc
 
-    def seed(self, pid: int) -> None:
-        """A process that was running before the trace: its objects from /proc/PID/maps."""
+    def seed(self, pid: int) -> list:
+        """A process that was running before the trace: its objects from /proc/PID/maps.
+        Returns the facts they already establish (two runtimes mapped before we came)."""
         proc = self.process(pid)
         if proc.seeded:
-            return
+            return []
         proc.seeded = True
         try:
             proc.exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
             with open(f"/proc/{pid}/maps") as maps:
                 lines = maps.read().splitlines()
         except OSError:
-            return
+            return []
         seen = set()
         for line in lines:
             parts = line.split(None, 5)
@@ -188,6 +189,7 @@ class LiveFacts:
                 major = runtime_major(path, info)
                 if major is not None:
                     proc.runtimes[path] = major
+        return self._runtime_facts(proc)
 
     def feed(self, event: TraceEvent) -> list:
         handler = getattr(self, f"_on_{event.kind}", None)
@@ -195,8 +197,9 @@ class LiveFacts:
 
     # --- lifecycle -------------------------------------------------------------------
     def _on_exec(self, event: TraceEvent) -> list:
-        old = self.processes.pop(event.pid, None)
-        facts = self._leak_facts(old, "exec", event.data.get("held")) if old else []
+        # a process we know nothing of (its earlier events were lost) can still hold memory
+        old = self.processes.pop(event.pid, None) or _Process(pid=event.pid)
+        facts = self._leak_facts(old, "exec", event.data.get("held"))
         try:  # the kernel's absolute path, not the (maybe relative) name given to execve
             exe = os.readlink(f"/proc/{event.pid}/exe").removesuffix(" (deleted)")
         except OSError:
@@ -205,8 +208,8 @@ class LiveFacts:
         return facts
 
     def _on_exit(self, event: TraceEvent) -> list:
-        proc = self.processes.pop(event.pid, None)
-        return self._leak_facts(proc, "exit", event.data.get("held")) if proc else []
+        proc = self.processes.pop(event.pid, None) or _Process(pid=event.pid)
+        return self._leak_facts(proc, "exit", event.data.get("held"))
 
     # --- the link map ----------------------------------------------------------------
     def _on_object(self, event: TraceEvent) -> list:
