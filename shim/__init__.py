@@ -14,6 +14,7 @@ Other parts of seedance build on these calls (stable API):
                                       NotAvailable when there is none yet
     reg.instances()                -> [Instance(slot, pid, start_time, state, alive, exe,
                                        group, devices, visible, ...)]
+    reg.slots_of_group(index)      -> [slot]: cheap, for polling
     reg.allocations(slot)          -> [Allocation(ptr, size, device, api, library)]: what
                                       the instance still holds (for a dead one: its leaks)
     reg.leaks(slot)                -> {(device, library): bytes}

@@ -167,6 +167,15 @@ class Registry:
             held[a.device] = held.get(a.device, 0) + a.size
         return held
 
+    def slots_of_group(self, group_index: int) -> list[int]:
+        """Occupied slots of one quota group; cheap (no record scan), for polling."""
+        out = []
+        for i in range(self.max_slots):
+            s = self._slot(i)
+            if s.state != 0 and s.group == group_index:
+                out.append(i)
+        return out
+
     def instances(self) -> list[Instance]:
         return [inst for i in range(self.max_slots) if (inst := self.instance(i)) is not None]
 

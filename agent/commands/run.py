@@ -225,9 +225,7 @@ class EventDrain:
 
     def slots(self):
         group = self.registry.find_group(self.group_key)
-        if not group:
-            return []
-        return [i.slot for i in self.registry.instances() if i.group == group.index]
+        return self.registry.slots_of_group(group.index) if group else []
 
     def drain(self):
         for slot in self.slots():
@@ -311,8 +309,10 @@ def execute(args) -> int:
         child = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         raise BadInput(f"seedance run: {cmd[0]}: {exc.strerror or exc}") from None
-    forwarded = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # Ctrl-C reaches the program from the terminal (same process group): seedance only
+    # waits for it to finish and report; SIGTERM/SIGHUP sent to seedance are passed on.
+    forwarded = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
         forwarded[sig] = signal.signal(sig, lambda s, f: child.send_signal(s))
     try:
         rc = child.wait()
