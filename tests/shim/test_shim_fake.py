@@ -372,3 +372,15 @@ def test_runtime_entry_points_remap_quota_and_name_the_caller(built, env, ledger
     assert list(data["allocations_by_library"]) == [str(built["runtime"])]
     leak = next(f for f in data["findings"] if f["rule"] == "handle-leak")
     assert leak["evidence"]["bytes"] == 5000 and leak["evidence"]["device"] == 1
+
+
+def test_sigterm_to_seedance_reaches_the_program(built, env):
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "seedance"
+    p = subprocess.Popen([str(exe), "run", "--", str(built["linked"]), "init", "stdout", "sleep:20000"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "init result=0\n" and p.stdout.readline() == "stdout marker\n"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 128 + signal.SIGTERM
