@@ -233,3 +233,31 @@ def test_lost_events_are_counted_and_the_leak_is_still_exact(ebpf, built):
     leaks = findings(report, "handle-leak")
     assert len(leaks) == 1 and leaks[0]["evidence"]["bytes"] == expected
     assert leaks[0]["evidence"]["allocations"] == 600
+
+
+def test_runtimes_mixed_before_the_trace_started_are_found_for_a_pid(ebpf, built):
+    """--pid: what the process mapped before we attached comes from /proc/PID/maps."""
+    import sys as _sys
+    cu12 = wheel_runtime("12")
+    if cu12 is None or not CUDA13.exists():
+        pytest.skip("needs the nvidia-cuda-runtime-cu12 wheel and the CUDA 13 toolkit")
+    code = (f"import ctypes, sys; ctypes.CDLL({str(cu12)!r}); ctypes.CDLL({str(CUDA13)!r}); "
+            "print('ready', flush=True); sys.stdin.readline()")
+    target = subprocess.Popen([_sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ready"
+        tracer = subprocess.Popen([str(BIN / "seedance"), "trace", "-q", "--json", "--pid", str(target.pid)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for(tracer, "probes attached")
+        target.stdin.write("done\n")
+        target.stdin.flush()
+        out, err = tracer.communicate(timeout=60)
+    finally:
+        target.kill()
+        target.wait()
+    mixed = [json.loads(line) for line in out.splitlines() if '"cuda-runtime-mixed"' in line]
+    assert len(mixed) == 1, (out, err)
+    assert mixed[0]["subject"]["pid"] == target.pid
+    # /proc/PID/maps names the files the kernel resolved (symlinks followed)
+    assert sorted(mixed[0]["evidence"]["paths"]) == sorted([os.path.realpath(cu12), os.path.realpath(CUDA13)])
+    assert tracer.returncode == 1
