@@ -384,3 +384,31 @@ def test_sigterm_to_seedance_reaches_the_program(built, env):
     assert p.stdout.readline() == "init result=0\n" and p.stdout.readline() == "stdout marker\n"
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=20) == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize("spec,count,lasts", [
+    ("npu1", 1, [1]),                 # the product notes' spelling
+    ("1,0", 2, [1, 0]),               # order given is the order seen
+    ("0,0", 1, [0]),                  # a repeat ends the list, as in CUDA_VISIBLE_DEVICES
+    ("GPU-5eedface,1", 0, []),        # an ambiguous UUID prefix names no device
+])
+def test_affinity_grammar(built, env, spec, count, lasts):
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_AFFINITY=spec)
+    p = subprocess.run([str(built["linked"]), "init", "count", *[f"uuid:{i}" for i in range(count)]], env=env,
+                       capture_output=True, text=True)
+    lines = parse_lines(p.stdout)
+    assert lines[1]["count"] == count
+    assert [r["last"] for r in lines[2:]] == lasts
+
+
+def test_affinity_ordinals_follow_the_drivers_order(built, env):
+    """CUDA_DEVICE_ORDER and CUDA_VISIBLE_DEVICES are the driver's; affinity ordinals are its ordinals."""
+    env.update(LD_PRELOAD=str(built["shim"]), FAKECUDA_MEM="4G,8G", SEEDANCE_AFFINITY="0")
+    fastest = parse_lines(subprocess.run([str(built["linked"]), "init", "uuid:0"], env=env,
+                                         capture_output=True, text=True).stdout)
+    pci = parse_lines(subprocess.run([str(built["linked"]), "init", "uuid:0"], env=dict(env, CUDA_DEVICE_ORDER="PCI_BUS_ID"),
+                                     capture_output=True, text=True).stdout)
+    visible = parse_lines(subprocess.run([str(built["linked"]), "init", "uuid:0"],
+                                         env=dict(env, CUDA_VISIBLE_DEVICES="GPU-5eedface-0000-4000-8000-000000000000"),
+                                         capture_output=True, text=True).stdout)
+    assert (fastest[1]["last"], pci[1]["last"], visible[1]["last"]) == (1, 0, 0)
