@@ -339,6 +339,9 @@ def execute(args) -> int:
         if group:
             instances = [i for i in registry.instances() if i.group == group.index]
             leaks = {i.slot: leaks_with_apis(registry, i.slot) for i in instances}
+    if args.affinity and any(i.visible == [] for i in instances):
+        print(f"seedance: note: --affinity {args.affinity} named no device the driver has: "
+              f"the program saw none", file=sys.stderr)
     report = build_report(result, instances, leaks, group, load_rules())
     for finding in report.sorted_findings():
         if finding.rule == "handle-leak":
