@@ -29,6 +29,9 @@ BPF_HASH(gated, u32, u8, 4096);
 /* Bumped at each exec: the link-map walk keys what it has seen by (pid, image), so an
  * image exec'd at the same addresses (ASLR off) is reported again. */
 BPF_TABLE("lru_hash", u32, u32, exec_generation, 65536);
+/* Device allocations each process holds (cudamem.bpf.c), so an exit says whether there is
+ * anything to look up in live_allocs at all. */
+BPF_HASH(live_count, u32, s64, 65536);
 
 static __always_inline int sd_wanted(u32 tgid)
 {

@@ -130,6 +130,11 @@ static __always_inline int sd_alloc_return(struct pt_regs *ctx, int runtime)
 			u64 *count = untracked_allocs.lookup(&zero);
 			if (count)
 				(*count)++;
+		} else {
+			s64 zero64 = 0;
+			s64 *held = live_count.lookup_or_try_init(&key.tgid, &zero64);
+			if (held)
+				__sync_fetch_and_add(held, 1);
 		}
 #if SD_CUDA_EVENTS
 		struct sd_event *e = sd_reserve(SD_EV_CUDA_ALLOC);
@@ -186,7 +191,11 @@ static __always_inline int sd_free_return(struct pt_regs *ctx, int runtime)
 		return 0;
 	if ((s32)PT_REGS_RC(ctx) == 0 && call->out) {
 		struct sd_alloc_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .ptr = call->out};
-		live_allocs.delete(&key);
+		if (live_allocs.delete(&key) == 0) {
+			s64 *held = live_count.lookup(&key.tgid);
+			if (held)
+				__sync_fetch_and_add(held, -1);
+		}
 #if SD_CUDA_EVENTS
 		struct sd_event *e = sd_reserve(SD_EV_CUDA_FREE);
 		if (e) {

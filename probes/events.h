@@ -13,8 +13,8 @@
 #define SD_TEXT_LEN 256
 
 /* event types */
-#define SD_EV_EXEC 1          /* path: new image; aux: old pid */
-#define SD_EV_EXIT 2          /* the last thread of a process exited */
+#define SD_EV_EXEC 1          /* path: new image; aux: old pid; bytes: allocations the old image held */
+#define SD_EV_EXIT 2          /* the last thread of a process exited; bytes: allocations it held */
 #define SD_EV_DLOPEN 3        /* dlopen/dlmopen entry: path, flags, ns (lmid) */
 #define SD_EV_DLOPEN_RET 4    /* return: handle in ptr (0 = NULL), text: link_map l_name */
 #define SD_EV_LOADER_ERROR 5  /* path: object the loader blames, text: its message */

@@ -23,9 +23,13 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 	u32 *generation = exec_generation.lookup_or_try_init(&tgid, &zero);
 	if (generation)
 		(*generation)++;
+	s64 *held = live_count.lookup(&tgid);
+	s64 allocations = held ? *held : 0;
+	live_count.delete(&tgid);  /* the old image's memory: reported with this exec */
 	struct sd_event *e = sd_reserve(SD_EV_EXEC);
 	if (!e)
 		return 0;
+	e->bytes = allocations;
 	unsigned short offset = args->data_loc_filename & 0xFFFF;
 	bpf_probe_read_kernel_str(e->path, sizeof(e->path), (void *)args + offset);
 	e->aux = args->old_pid;
@@ -47,9 +51,13 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 #endif
 	if (!sd_wanted(tgid))
 		return 0;
+	s64 *held = live_count.lookup(&tgid);
 	struct sd_event *e = sd_reserve(SD_EV_EXIT);
-	if (e)
+	if (e) {
+		e->bytes = held ? *held : 0;  /* allocations still live: 0 = nothing to look up */
 		events.ringbuf_submit(e, 0);
+	}
+	live_count.delete(&tgid);
 	traced.delete(&tgid);
 	gated.delete(&tgid);
 	return 0;

@@ -78,7 +78,9 @@ def decode(raw, names: dict, apis: dict) -> TraceEvent:
     api = apis.get(raw.api, "")
     data: dict = {}
     if kind == "exec":
-        data = {"path": path, "old_pid": raw.aux}
+        data = {"path": path, "old_pid": raw.aux, "held_count": raw.bytes}
+    elif kind == "exit":
+        data = {"held_count": raw.bytes}
     elif kind == "dlopen":
         # an empty read of a non-NULL pointer: the string was not paged in yet
         data = {"api": api, "path": path or (None if not raw.ptr else "<not paged in>"),

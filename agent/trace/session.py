@@ -276,8 +276,11 @@ class TraceSession:
         elif event.kind == "exit":
             self._exited.add(event.pid)
         if event.kind in ("exit", "exec"):
-            # what the old image still holds, from the kernel's own account
-            event.data["held"] = self._loader.held_allocations(self._bpf, event.pid, self._apis)
+            # what the old image still holds, from the kernel's own account; the map is
+            # only walked when the probe counted live allocations (or the count is unknown)
+            count = event.data.pop("held_count", None)
+            event.data["held"] = (self._loader.held_allocations(self._bpf, event.pid, self._apis)
+                                  if count is None or count > 0 else [])
         on_event(event)
 
     def _note_object(self, event: TraceEvent) -> None:
