@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 
 from ..model import Fact
+from ..preload import unsafe_reason
 
 # Keys whose value the loader consumes.  Environment-style names are matched in any case.
 LOADER_ENV = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT"}
@@ -66,17 +66,8 @@ def is_loader_key(key: str, value: str) -> str | None:
 
 
 def writable_by_others(path: str) -> str | None:
-    """The first of the file and its directory that group or others can write; None if safe."""
-    for candidate in (path, os.path.dirname(path) or "/"):
-        try:
-            mode = os.stat(candidate).st_mode
-        except OSError:
-            continue
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            # a sticky world-writable directory (/tmp) still lets others create files there
-            who = "world" if mode & stat.S_IWOTH else "group"
-            return f"{candidate} is {who}-writable"
-    return None
+    """Why others could replace this preload (it or a parent dir writable by them); None if safe."""
+    return unsafe_reason(path)
 
 
 def _preload_problems(value: str) -> tuple:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from ..errors import BadInput, NotAvailable, UsageError
+from ..preload import unsafe_reason
 
 EXAMPLES = """\
 examples:
@@ -92,14 +93,10 @@ def parse_mem_limit(text: str) -> tuple[str, dict]:
 
 def check_preload_path(path: Path) -> None:
     """Never preload a library that someone else could replace (file or any parent)."""
-    me = os.geteuid()
-    for p in [path, *path.parents]:
-        st = p.stat()
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise BadInput(f"refusing to preload {path}: {p} is group/world-writable, "
-                           f"so another user could replace what every wrapped program loads")
-        if st.st_uid not in (0, me):
-            raise BadInput(f"refusing to preload {path}: {p} belongs to uid {st.st_uid}")
+    why = unsafe_reason(str(path), owners=(0, os.geteuid()))
+    if why:
+        raise BadInput(f"refusing to preload {path}: {why}, "
+                       f"so another user could replace what every wrapped program loads")
 
 
 def setuid_note(exe: str | None) -> str:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 
 from ..errors import BadInput
+from ..preload import unsafe_reason
 
 DROP_IN_NAME = "60-seedance.conf"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -83,22 +83,11 @@ def drop_in_path(environ=None) -> str:
 
 
 def unsafe_preload(path: str) -> str | None:
-    """Why a preload path must be refused: missing, or it or a parent dir group/world-writable."""
+    """Why a preload path must be refused: missing, or it or a parent dir writable by others."""
     if not os.path.exists(path):
         return f"preload {path} does not exist"
-    current = os.path.realpath(path)
-    while True:
-        try:
-            mode = os.stat(current).st_mode
-        except OSError as exc:
-            return f"{current}: {(exc.strerror or 'cannot stat').lower()}"
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            who = "world" if mode & stat.S_IWOTH else "group"
-            return f"preload {path}: {current} is {who}-writable (another user could replace it)"
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
+    why = unsafe_reason(path)
+    return f"preload {path}: {why} (another user could replace it)" if why else None
 
 
 def expand_for_check(value: str, environ) -> str:

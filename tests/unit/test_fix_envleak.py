@@ -29,8 +29,9 @@ def test_unsafe_preload_checks_the_file_and_every_parent(tmp_path):
     lib.write_bytes(b"x")
     for p in (tmp_path / "a", safe):
         os.chmod(p, 0o755)
-    # /tmp itself is 1777: a preload below it is refused, as are missing and writable paths
+    os.chmod(tmp_path / "a", 0o777)  # world-writable and not sticky: anyone may swap b
     assert "world-writable" in envleak.unsafe_preload(str(lib))
+    os.chmod(tmp_path / "a", 0o755)
     assert "does not exist" in envleak.unsafe_preload(str(safe / "missing.so"))
     home_dir = os.path.expanduser("~")
     if not os.stat(home_dir).st_mode & 0o022 and not os.stat("/").st_mode & 0o022:
