@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from tests.conftest import run_cli
 
 CONFIG = """\
 # seedance plugin config: comments and key order must survive

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from tests.conftest import run_cli
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 CU12 = SITE / "nvidia" / "cuda_runtime" / "lib"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from tests.conftest import run_cli
 
 torch_spec = pytest.importorskip("importlib.util").find_spec("torch")
 pytestmark = pytest.mark.skipif(torch_spec is None, reason="torch is not installed")
