@@ -6,12 +6,8 @@ kernel headers); CI runs them as root after `make install` (which sets the heade
 """
 from __future__ import annotations
 
-import glob
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 

@@ -3,7 +3,6 @@ driver.  Skips without a GPU; on a GPU host it runs as root with real eBPF."""
 from __future__ import annotations
 
 import ctypes.util
-import os
 from pathlib import Path
 
 import pytest

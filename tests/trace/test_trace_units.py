@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from trace_helpers import BIN, _cc
+from trace_helpers import _cc
 
 
 def test_ctypes_layout_matches_what_the_compiler_lays_out(tmp_path):
