@@ -108,6 +108,8 @@ class Agent:
             message = self.notify.recv(4096).decode()
             if "READY=1" in message:
                 break
+        # stop listening: nobody would drain it (the agent's sends do not block on that)
+        self.notify.close()
         self.env = env
 
     def status(self) -> dict:
@@ -129,7 +131,7 @@ class Agent:
             self.proc.wait()
             return "did not stop within 60s of SIGTERM"
         finally:
-            self.notify.close()
+            pass
 
 
 def run_instance(index: int, kind: str, sdtest: Path, env: dict, rng: random.Random) -> dict:
@@ -185,6 +187,10 @@ def main(argv=None) -> int:
         env.update(HOME=str(work / "home"), XDG_CONFIG_HOME=str(work / "cfg"), XDG_STATE_HOME=str(work / "state"),
                    XDG_RUNTIME_DIR=str(work / "xdg"), SEEDANCE_RUNTIME_DIR=str(work / "rt"),
                    LD_LIBRARY_PATH=str(work), FAKECUDA_DEVICES="2", FAKECUDA_LEDGER=str(work / "ledger"))
+        # a private copy of the shim: a rebuild of the tree's copy during the run must not
+        # change the library under the instances (`seedance run` and the agent honour this)
+        shutil.copy2(shim.library_path(), work / "libseedance_shim.so")
+        env["SEEDANCE_SHIM_LIB"] = str(work / "libseedance_shim.so")
         return _bench(args, work, sdtest, env)
     finally:
         if args.keep:

@@ -21,6 +21,7 @@ class Notifier:
         self._sock: socket.socket | None = None
         self.watchdog_usec = _watchdog_usec(env)
         self.sent = 0
+        self.dropped = 0
 
     @property
     def enabled(self) -> bool:
@@ -39,8 +40,15 @@ class Notifier:
         payload = "\n".join(f"{key}={value}" for key, value in fields.items()).encode()
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # Non-blocking: a datagram to a receiver whose queue is full (net.unix.
+                # max_dgram_qlen, 10 by default) blocks a blocking sender forever, and the
+                # agent's loop must never wait on its manager.  A dropped STATUS is harmless.
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
+                                           | socket.SOCK_NONBLOCK)
             self._sock.sendto(payload, self.address)
+        except BlockingIOError:
+            self.dropped += 1
+            return False
         except OSError:
             # The manager went away (or this is a stale variable): the service keeps running.
             return False

@@ -62,3 +62,13 @@ def test_watchdog_meant_for_another_pid_is_ignored():
     notifier = Notifier({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid() + 1)})
     assert notifier.watchdog_interval() is None
     assert Notifier({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())}).watchdog_interval() == 0.5
+
+
+def test_a_manager_that_does_not_read_never_blocks_the_sender(listener):
+    sock, address = listener  # bound, never read: its queue fills after max_dgram_qlen
+    notifier = Notifier({"NOTIFY_SOCKET": address})
+    results = [notifier.status(f"line {i}") for i in range(200)]
+    assert results[0] is True
+    assert results.count(False) > 0 and notifier.dropped == results.count(False)
+    sock.settimeout(2)
+    assert sock.recv(4096) == b"STATUS=line 0"  # what was queued is intact
