@@ -55,6 +55,8 @@ setup(
         "nvidia-ml-py>=12",
         "prometheus_client>=0.20",
     ],
+    # `seedance agent run --otlp-endpoint`: imported only when an endpoint is configured
+    extras_require={"otlp": ["opentelemetry-sdk>=1.20", "opentelemetry-exporter-otlp-proto-http>=1.20"]},
     entry_points={
         "console_scripts": [
             "seedance=seedance.cli:console",
