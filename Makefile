@@ -9,7 +9,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
 APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree systemd
 
-.PHONY: install run test system-deps headers bench clean
+.PHONY: install run test system-deps headers bench bench-churn clean
 
 install: $(STAMP)
 
@@ -36,9 +36,13 @@ headers:
 	    mkdir -p $$kdir && ln -sfn $$arch $$kdir/build && ln -sfn $$common $$kdir/source; \
 	    echo "seedance: $$kdir/build -> $$arch"; \
 	  fi; \
+	fi; \
+	if [ "$$(id -u)" = 0 ] && [ -d /sys/kernel/tracing ] && ! mountpoint -q /sys/kernel/tracing; then \
+	  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true; \
 	fi
 
-$(STAMP): setup.py requirements-test.txt | system-deps
+# the shim is compiled by `pip install -e .`, so its sources are prerequisites too
+$(STAMP): setup.py requirements-test.txt $(wildcard shim/src/*.c shim/src/*.h shim/src/*.def shim/include/*.h shim/*.py) | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(PIP_FIND) --upgrade pip setuptools wheel
 	$(BIN)/pip install -q $(PIP_FIND) -r requirements-test.txt
@@ -56,8 +60,14 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# Every benchmark runs its named peer in the same run and prints the ratio (see README).
+# The agent churn bench runs 10 minutes by default: `make bench-churn`.
+BENCHES := bench_elf bench_ldd_parity bench_check_speed bench_relink bench_shim bench_trace bench_batching
 bench: install
-	$(BIN)/python bench/run_all.py
+	@set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python bench/$$b.py; done
+
+bench-churn: install
+	$(BIN)/python bench/bench_agent_churn.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info shim/libseedance_shim.so
