@@ -335,48 +335,33 @@ def _providers(facts) -> str:
 
 # cxx11 ABI: std::string mangles as NSt7__cxx1112basic_string... with the new ABI and as Ss
 # (or NSs) with the old; a symbol from one never binds to an import from the other.
-_NEW_ABI = "St7__cxx11"
-_OLD_ABI = re.compile(r"(^_Z.*[^A-Za-z0-9]Ss|^_Z.*NSs|^_Z.*RKSs)")
-
-
-def _abi_of(symbols, defined: bool) -> str:
-    names = [s.name for s in symbols if s.defined == defined and s.name.startswith("_Z")]
-    if any(_NEW_ABI in n for n in names):
-        return "cxx11"
-    if any(_OLD_ABI.search(n) for n in names):
-        return "pre-cxx11"
-    return "unknown"
-
-
-def _torch_lib_dir() -> Path | None:
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin:
-        return None
-    lib = Path(spec.origin).parent / "lib"
-    return lib if lib.is_dir() else None
-
-
 def cxx_abi_facts(manifest: Manifest, elves: dict) -> tuple:
+    # The same std::string mangling test and torch lookup as `seedance check` (collect/).
+    from ..collect.cxxabi import abi_of
+    from ..collect.torch_ext import find_torch
+    from ..elf.reader import read_elf
+
     facts, notes = [], []
+    torch = None
     for lib, info in _good(elves).items():
         uses_torch = [n for n in info.needed if n.startswith(("libc10", "libtorch"))]
-        ext_abi = _abi_of(info.symbols, defined=False)
+        ext_abi, example = abi_of(s.name for s in info.symbols if not s.defined)
         if not uses_torch:
-            if ext_abi != "unknown":
+            if ext_abi:
                 notes.append(f"{os.path.basename(lib)} uses the {ext_abi} std::string ABI")
             continue
-        torch_dir = _torch_lib_dir()
-        torch_path = str(torch_dir / "libc10.so") if torch_dir else None
+        if ext_abi is None:
+            notes.append(f"{os.path.basename(lib)} links torch without std::string in its interface")
+            continue
+        torch = torch or find_torch()
+        torch_path = os.path.join(torch.path, "lib", "libc10.so") if torch else None
         if not torch_path or not os.path.exists(torch_path):
             notes.append(f"{os.path.basename(lib)} links torch, which is not installed here")
             continue
-        from ..elf.reader import read_elf
-        torch_abi = _abi_of(read_elf(torch_path, symbols=True).symbols, defined=True)
-        example = next((s.name for s in info.symbols if not s.defined and "c10" in s.name), "")
+        torch_abi, _ = abi_of(s.name for s in read_elf(torch_path, symbols=True).symbols if s.defined)
+        if torch_abi is None:
+            notes.append(f"{os.path.basename(lib)}: torch's ABI could not be read from {torch_path}")
+            continue
         facts.append(Fact("cxx_abi", {**subject(manifest), "path": lib}, {
             "ext_abi": ext_abi, "torch_abi": torch_abi, "torch_path": torch_path,
             "example_symbol": example}, SOURCE))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput
+from ..fix.atomic import fsync_dir
 from .manifest import MANIFEST_NAME, Manifest, load_manifest
 
 RECORD_NAME = ".seedance-install.json"
@@ -130,8 +131,8 @@ class Store:
             trash = self.root / f"{TRASH_PREFIX}{name}-{version}-{os.getpid()}"
             os.rename(final, trash)
         os.rename(staged, final)
-        _fsync_dir(name_dir)
-        _fsync_dir(self.root)
+        fsync_dir(name_dir)
+        fsync_dir(self.root)
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
         return final
@@ -152,7 +153,7 @@ class Store:
         name_dir = self.root / name
         with contextlib.suppress(OSError):
             name_dir.rmdir()  # only when empty
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return removed
 
     def write_bench(self, plugin: InstalledPlugin, result: dict) -> None:
@@ -171,7 +172,7 @@ def atomic_write(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.rename(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write_record(staged_root: Path, record: dict) -> None:
@@ -197,12 +198,4 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(dirpath))

@@ -127,3 +127,36 @@ def test_main_for_check_prints_lines_and_returns_exit_code(built, tmp_path, monk
     assert main_for_check(args) == 0  # warnings only, not strict
     report = json.loads(capsys.readouterr().out)
     assert report["command"] == "check --plugin"
+
+
+def _abi_plugin(root: Path, old_abi: bool) -> Path:
+    """A plugin whose library calls into torch's c10 with a std::string in the signature."""
+    torch = pytest.importorskip("torch")
+    if not shutil.which("g++"):
+        pytest.skip("g++ not found")
+    import subprocess
+
+    lib_dir = Path(torch.__file__).parent / "lib"
+    plugin = root / ("old-abi" if old_abi else "new-abi")
+    (plugin / "lib").mkdir(parents=True)
+    (plugin / "ext.cc").write_text(
+        "#include <string>\nnamespace c10 { void seedance_probe(const std::string&); }\n"
+        "extern \"C\" void entry() { c10::seedance_probe(std::string(\"x\")); }\n")
+    subprocess.run(["g++", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={0 if old_abi else 1}",
+                    "-o", str(plugin / "lib/libext.so"), str(plugin / "ext.cc"),
+                    f"-L{lib_dir}", "-Wl,--no-as-needed", "-lc10"], check=True)
+    (plugin / "manifest.yaml").write_text(
+        f"name: {plugin.name}\nversion: 1.0.0\nseedance_version: '>=0.1,<1'\n"
+        "entry:\n  libraries: [lib/libext.so]\ndevice_affinity: auto\nbatch_policy: adaptive\n")
+    return plugin
+
+
+@pytest.mark.parametrize("old_abi", [True, False])
+def test_cxx_abi_of_a_torch_extension_against_the_real_torch(tmp_path, store, old_abi):
+    report, lines = run_layers(_abi_plugin(tmp_path, old_abi), strict=False, store=store, sources=[])
+    rules = {f.rule for f in report.findings}
+    l3 = next(line for line in lines if " L3: " in line)
+    if old_abi:  # torch 2.x wheels use the cxx11 ABI: an Ss-mangled import never binds
+        assert "cxx-abi-mismatch" in rules and l3.startswith("ERROR L3"), l3
+    else:
+        assert "cxx-abi-mismatch" not in rules and l3.startswith("INFO L3"), l3
