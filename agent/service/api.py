@@ -60,13 +60,19 @@ class StatusServer:
             os.umask(old)
         os.chmod(self.path, 0o600)
         sock.listen(16)
-        sock.settimeout(0.5)
+        # Blocking accept, no polling timeout: an idle agent must not wake up just to look
+        # (each wake-up of a Python thread costs ~2 ms of CPU on a busy VM).  stop() wakes it.
         self._sock = sock
         self._thread = threading.Thread(target=self._serve, name="seedance-status", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (EINVAL)
+            except OSError:
+                pass
         if self._thread is not None:
             self._thread.join(timeout=2)
         if self._sock is not None:
@@ -82,10 +88,8 @@ class StatusServer:
         while not self._stopping.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except socket.timeout:
-                continue
             except OSError:
-                return
+                return  # shut down by stop()
             with conn:
                 try:
                     self._answer(conn)

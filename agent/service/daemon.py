@@ -35,6 +35,8 @@ from .state import StateStore
 
 STATUS_SCHEMA = "seedance.agent-status/v1"
 WRAPPER_GRACE_S = 30.0
+IDLE_SCAN_MAX_S = 60.0   # an empty registry is re-read at most this far apart (busy: every gc-interval)
+PROBE_POLL_S = 5.0       # probe findings and counts are collected this often
 
 
 class Agent:
@@ -57,6 +59,9 @@ class Agent:
         self._devices: list[dict] = []
         self._known_live: set = set()
         self._deferred: dict = {}
+        self._gc_count = 0
+        self._registry_busy = True
+        self._idle_interval = 0.0
         self._registry_info: dict = {"state": "not opened"}
         self._probes_info: dict = {"state": "off"}
         self._nvml_info: dict = {"state": "off"}
@@ -193,7 +198,7 @@ class Agent:
 
     def _interval(self, task: str) -> float:
         return {"gc": self.config.gc_interval, "sample": self.config.sample_interval,
-                "scan": self.config.scan_interval, "status": 30.0, "probes": 1.0,
+                "scan": self.config.scan_interval, "status": 30.0, "probes": PROBE_POLL_S,
                 "watchdog": self.notifier.watchdog_interval() or 10.0}[task]
 
     # -- tasks ---------------------------------------------------------------------------
@@ -208,11 +213,21 @@ class Agent:
             if self.registry_factory is not None or self._registry_info.get("retry"):
                 self._open_registry()
             if self.registry is None:
-                return None
+                return IDLE_SCAN_MAX_S / 4  # no registry yet: the first wrapped program makes it
         self.gc_pass()
+        # An empty registry is re-read with backoff (gc-interval, doubling, up to
+        # IDLE_SCAN_MAX_S): reading it touches one page per slot, and on a VM cold pages
+        # make a pass cost 25-140 ms of CPU, which every 2 s would be 1-7% of a core.
+        if self._registry_busy:
+            self._idle_interval = self.config.gc_interval
+            return None
+        self._idle_interval = min(IDLE_SCAN_MAX_S, max(self._idle_interval, self.config.gc_interval) * 2)
+        return self._idle_interval
 
     def gc_pass(self) -> None:
+        self._gc_count += 1
         instances = self.registry.scan()
+        self._registry_busy = bool(instances)
         view = []
         for inst in instances:
             key = (inst.pid, inst.start_time)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from typing import Callable
 
 from ..errors import BadInput, UsageError
@@ -140,17 +141,40 @@ class MetricsServer:
         self._thread = None
 
     def start(self) -> str:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+        from prometheus_client import CollectorRegistry, make_wsgi_app
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(self.snapshot))
+
+        class Server(WSGIServer):
+            address_family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, *args):  # the agent logs JSON; no access log on stderr
+                pass
+
         try:
-            self._server, self._thread = start_http_server(self.port, addr=self.host, registry=registry)
+            self._server = make_server(self.host, self.port, make_wsgi_app(registry), Server, handler_class=Quiet)
         except OSError as exc:
             raise BadInput(f"--metrics: cannot listen on {self.host}:{self.port}: "
                            f"{(exc.strerror or str(exc)).lower()}") from None
         self.port = self._server.server_port
+        # One request at a time, blocking: serve_forever() would wake twice a second to poll
+        # for shutdown, which is most of what an idle agent would otherwise spend.
+        self._server.timeout = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, name="seedance-metrics", daemon=True)
+        self._thread.start()
         return self.address
+
+    def _serve(self) -> None:
+        while not self._stopping:
+            try:
+                self._server.handle_request()
+            except OSError:
+                return
 
     @property
     def address(self) -> str:
@@ -158,6 +182,11 @@ class MetricsServer:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
+            self._stopping = True
+            try:  # wake the blocked handle_request() with one last connection
+                socket.create_connection((self.host, self.port), timeout=1).close()
+            except OSError:
+                pass
+            self._thread.join(timeout=2)
             self._server.server_close()
             self._server = None

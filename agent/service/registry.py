@@ -47,11 +47,18 @@ class ShimRegistry:
         self._registry = registry
         self.path = registry.path
         self.slots = registry.max_slots
+        self._occupied: set[int] = set()
 
     def scan(self) -> list[InstanceSlot]:
-        out = []
+        """The occupied slots.
+
+        Each slot is ~350 KB, so reading every slot's state touches one page per slot; on a
+        VM whose idle pages have gone cold that is ~100 us a page, 25 ms a pass.  That is
+        why the agent re-reads an empty registry with backoff (daemon.IDLE_SCAN_MAX_S).
+        """
         instances = self._registry.instances()
-        self._used = len(instances)
+        self._occupied = {inst.slot for inst in instances}
+        out = []
         for inst in instances:
             if inst.pid <= 0:
                 continue  # a slot caught mid-claim has no identity yet: next pass
@@ -101,10 +108,7 @@ class ShimRegistry:
 
     def free_slots(self) -> int:
         """Free slots as of the last scan (GC reads the table once per pass)."""
-        used = getattr(self, "_used", None)
-        if used is None:
-            used = len(self._registry.instances())
-        return self._registry.max_slots - used
+        return self._registry.max_slots - len(self._occupied)
 
     def close(self) -> None:
         self._registry.close()
