@@ -28,6 +28,7 @@ class RunResult:
     mem_limit: dict = field(default_factory=dict)
     audit: bool = False
     follow_children: bool = False
+    handles: str = "shared"
     events_file: str = ""
     events_written: int = 0
     wall_s: float = 0.0
@@ -125,6 +126,7 @@ def build_report(result: RunResult, instances, leaks_by_slot, group, rules) -> R
                     "wrapped": result.wrapped, "why_unwrapped": result.why_unwrapped or None,
                     "shim": result.shim, "shim_version": result.shim_version, "registry": result.registry,
                     "audit": result.audit, "follow_children": result.follow_children,
+                    "handles": result.handles,
                     "events_file": result.events_file or None, "events_written": result.events_written},
             "affinity": result.affinity,
             "mem_limit": result.mem_limit,

@@ -13,7 +13,7 @@ from .binding import expected_version, library_path
 
 def wrap_env(base: dict | None = None, *, preload: bool = True, audit: bool = False, events: bool = False,
              follow_children: bool = False, affinity: str | None = None, mem_limit: str | None = None,
-             group_key: int | None = None) -> tuple[dict, int]:
+             group_key: int | None = None, handles: str | None = None) -> tuple[dict, int]:
     """(env, group_key) for a child process.  Instances of that child (and of its
     followed children) are the registry slots whose group has this key:
     ``Registry.find_group(group_key)``.  ``mem_limit`` is the shim's syntax, in bytes
@@ -36,4 +36,8 @@ def wrap_env(base: dict | None = None, *, preload: bool = True, audit: bool = Fa
         env["SEEDANCE_AFFINITY"] = affinity
     if mem_limit:
         env["SEEDANCE_MEM_LIMIT"] = mem_limit
+    if handles == "per-instance":  # a context of its own instead of the shared primary one
+        env["SEEDANCE_HANDLES"] = handles
+    else:
+        env.pop("SEEDANCE_HANDLES", None)
     return env, key

@@ -55,6 +55,10 @@ def configure_parser(sub):
                         help="also load the shim as LD_AUDIT: record library searches, loads and CUDA bindings")
     parser.add_argument("--follow-children", action="store_true",
                         help="wrap the programs it starts too (default: they run unwrapped)")
+    parser.add_argument("--handles", choices=("per-instance", "shared"),
+                        help="per-instance: the process gets a CUDA context of its own instead of the "
+                             "device's shared primary context (default: what `seedance fix handle-leak` "
+                             "set in ~/.config/seedance/shim.yaml, else shared)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     parser.set_defaults(execute=execute)
     return parser
@@ -283,9 +287,13 @@ def execute(args) -> int:
         affinity_value, result.affinity = resolve_affinity(args.affinity)
     if args.mem_limit:
         mem_value, result.mem_limit = parse_mem_limit(args.mem_limit)
+    if args.handles is None:
+        from ..fix.handle_leak import shim_handles_default
+        args.handles = shim_handles_default(env)
+    result.handles = args.handles
     env, group_key = wrap_env(env, audit=args.audit, events=bool(args.events),
                               follow_children=args.follow_children, affinity=affinity_value,
-                              mem_limit=mem_value)
+                              mem_limit=mem_value, handles=args.handles)
 
     registry = None
     try:

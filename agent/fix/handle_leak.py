@@ -75,6 +75,23 @@ def main(args) -> int:
     return 0
 
 
+def shim_handles_default(env: Mapping[str, str] = os.environ) -> str:
+    """The handles mode `seedance run` gives the shim when --handles is not given."""
+    import yaml
+
+    path = _settings_paths(env)[1]
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        return "shared"
+    except (OSError, yaml.YAMLError) as exc:
+        raise BadInput(f"{path}: cannot read the shim defaults: {str(exc).splitlines()[0]}") from None
+    mode = doc.get("handles", "shared") if isinstance(doc, dict) else None
+    if mode not in MODES:
+        raise BadInput(f"{path}: handles must be one of {', '.join(MODES)}, not {mode!r}")
+    return mode
+
+
 def _settings_paths(env: Mapping[str, str]) -> tuple[Path, Path]:
     from ..service.config import agent_config_path, config_dir
 

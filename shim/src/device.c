@@ -254,13 +254,71 @@ static void count_context(int api, CUdevice dev, int delta)
     sd_event(SD_EV_CONTEXT, api, dev, delta, 0, 0, 0, NULL);
 }
 
+/* Per-instance handles (`seedance fix handle-leak --mode per-instance`, SEEDANCE_HANDLES):
+ * every library in a process that asks for "the" device context gets the device's primary
+ * context, so what one instance leaves behind (modules, streams, memory) lives on inside
+ * everybody's context.  In per-instance mode the shim hands out a context of the instance's
+ * own instead: created with the first retain, destroyed with the last release, which makes
+ * the driver free everything the instance still held.  Not a hot path: a mutex is fine. */
+static struct { CUcontext ctx; int refs; } sd_own_ctx[SD_MAX_DEVICES];
+static pthread_mutex_t sd_own_lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef CUresult (*sd_ctx_fn)(CUcontext);
+typedef CUresult (*sd_ctx_out_fn)(CUcontext *);
+
+static CUresult own_ctx_retain(CUcontext *pctx, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= SD_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&sd_own_lock);
+    if (!sd_own_ctx[dev].ctx) {
+        __typeof__(&cuCtxCreate_v2) create = SD_REAL(cuCtxCreate_v2);
+        sd_ctx_out_fn get = (sd_ctx_out_fn)sd_real_dlsym(sd_driver_handle(), "cuCtxGetCurrent");
+        sd_ctx_fn set = (sd_ctx_fn)sd_real_dlsym(sd_driver_handle(), "cuCtxSetCurrent");
+        CUcontext before = NULL;
+        if (!create || !get || !set) {
+            r = CUDA_ERROR_NOT_INITIALIZED;
+        } else if ((r = get(&before)) == CUDA_SUCCESS &&
+                   (r = create(&sd_own_ctx[dev].ctx, 0, dev)) == CUDA_SUCCESS) {
+            /* a primary-context retain does not make the context current; creating one does */
+            set(before);
+        }
+    }
+    if (r == CUDA_SUCCESS) {
+        sd_own_ctx[dev].refs++;
+        *pctx = sd_own_ctx[dev].ctx;
+    }
+    pthread_mutex_unlock(&sd_own_lock);
+    return r;
+}
+
+static CUresult own_ctx_release(CUdevice dev)
+{
+    if (dev < 0 || dev >= SD_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&sd_own_lock);
+    if (sd_own_ctx[dev].refs <= 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;  /* what the driver says for an unbalanced release */
+    } else if (--sd_own_ctx[dev].refs == 0) {
+        sd_ctx_fn destroy = (sd_ctx_fn)sd_real_dlsym(sd_driver_handle(), "cuCtxDestroy_v2");
+        r = destroy ? destroy(sd_own_ctx[dev].ctx) : CUDA_ERROR_NOT_INITIALIZED;
+        sd_own_ctx[dev].ctx = NULL;
+    }
+    pthread_mutex_unlock(&sd_own_lock);
+    return r;
+}
+
 CUresult sd_impl_cuDevicePrimaryCtxRetain(void *caller, CUcontext *pctx, CUdevice dev)
 {
     (void)caller;
     REAL_OR(cuDevicePrimaryCtxRetain, CUDA_ERROR_NOT_INITIALIZED);
     if (!sd_device_visible(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    CUresult r = real(pctx, dev);
+    CUresult r = sd_own_handles ? own_ctx_retain(pctx, dev) : real(pctx, dev);
     if (r == CUDA_SUCCESS)
         count_context(SD_HOOK_cuDevicePrimaryCtxRetain, dev, 1);
     return r;
@@ -270,7 +328,7 @@ CUresult sd_impl_cuDevicePrimaryCtxRelease_v2(void *caller, CUdevice dev)
 {
     (void)caller;
     REAL_OR(cuDevicePrimaryCtxRelease_v2, CUDA_ERROR_NOT_INITIALIZED);
-    CUresult r = real(dev);
+    CUresult r = sd_own_handles ? own_ctx_release(dev) : real(dev);
     if (r == CUDA_SUCCESS)
         count_context(SD_HOOK_cuDevicePrimaryCtxRelease_v2, dev, -1);
     return r;

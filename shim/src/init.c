@@ -25,6 +25,7 @@
 
 int sd_mode = SD_MODE_UNINIT;
 int sd_events_on;
+int sd_own_handles;
 int sd_is_audit;
 static int sd_follow;
 static int sd_verbose;
@@ -75,6 +76,7 @@ static void sd_do_init(void)
     }
     sd_events_on = env_is("SEEDANCE_EVENTS", "1");
     sd_follow = env_is("SEEDANCE_FOLLOW", "1");
+    sd_own_handles = env_is("SEEDANCE_HANDLES", "per-instance");
     sd_registry_attach();  /* falls back to process-local state; never fails the app */
     sd_event(SD_EV_INIT, -1, -1, 0, 0, 0, 0, mine);
     __atomic_store_n(&sd_mode, SD_MODE_ACTIVE, __ATOMIC_RELEASE);

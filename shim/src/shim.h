@@ -52,6 +52,7 @@ SD_HIDDEN extern const struct sd_hook_info sd_hooks[SD_HOOK_COUNT];
 enum { SD_MODE_UNINIT = 0, SD_MODE_ACTIVE = 1, SD_MODE_PASSTHROUGH = 2 };
 SD_HIDDEN extern int sd_mode;
 SD_HIDDEN extern int sd_events_on;   /* alloc/free events only when asked (--events) */
+SD_HIDDEN extern int sd_own_handles;  /* SEEDANCE_HANDLES=per-instance */
 SD_HIDDEN extern int sd_is_audit;    /* this copy was loaded by LD_AUDIT */
 SD_HIDDEN extern struct sd_slot *sd_slot;
 SD_HIDDEN extern struct sd_group *sd_group;

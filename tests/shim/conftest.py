@@ -68,6 +68,7 @@ def env(built, tmp_path):
         if key.startswith(("SEEDANCE_", "FAKECUDA_", "CUDA_")) or key in ("LD_PRELOAD", "LD_AUDIT"):
             del e[key]
     e.update(LD_LIBRARY_PATH=str(built["dir"]), SEEDANCE_RUNTIME_DIR=str(tmp_path / "rt"),
+             XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_STATE_HOME=str(tmp_path / "state"),
              FAKECUDA_LEDGER=str(tmp_path / "ledger"), FAKECUDA_DEVICES="2")
     return e
 

@@ -189,6 +189,22 @@ static void step(const char *s)
         if (r == CUDA_SUCCESS)
             r = cu.CtxSetCurrent(ctx);
         printf("ctx result=%d\n", r);
+    } else if (strncmp(s, "ownctx:", 7) == 0) {
+        /* Two retains must give one context; only a non-primary context can be destroyed
+         * (the driver answers CUDA_ERROR_INVALID_CONTEXT for a primary one). */
+        CUdevice d;
+        CUcontext a = NULL, b = NULL;
+        CUresult (*destroy)(CUcontext) = NULL;
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (h)
+            *(void **)&destroy = dlsym(h, "cuCtxDestroy_v2");
+        r = cu.DeviceGet(&d, atoi(s + 7));
+        if (r == CUDA_SUCCESS)
+            r = cu.PrimaryCtxRetain(&a, d);
+        if (r == CUDA_SUCCESS)
+            r = cu.PrimaryCtxRetain(&b, d);
+        int destroyed = (r == CUDA_SUCCESS && destroy) ? destroy(a) : -1;
+        printf("ownctx result=%d same=%d destroy=%d\n", r, a == b, destroyed);
     } else if (strncmp(s, "ctxraw:", 7) == 0) { /* a CUdevice handle the program made up */
         r = cu.PrimaryCtxRetain(&ctx, atoi(s + 7));
         printf("ctxraw result=%d\n", r);

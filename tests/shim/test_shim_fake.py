@@ -11,7 +11,9 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -412,3 +414,22 @@ def test_affinity_ordinals_follow_the_drivers_order(built, env):
                                          env=dict(env, CUDA_VISIBLE_DEVICES="GPU-5eedface-0000-4000-8000-000000000000"),
                                          capture_output=True, text=True).stdout)
     assert (fastest[1]["last"], pci[1]["last"], visible[1]["last"]) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("binary,via", VIAS)
+def test_per_instance_handles_give_the_instance_a_context_of_its_own(built, env, binary, via):
+    def ownctx(*flags):
+        p = seedance_run(env, *flags, *steps(built, binary, via, "init", "ownctx:0"))
+        assert p.returncode == 0, p.stderr
+        return parse_lines(p.stdout)[1]
+
+    # shared: the device's primary context, which the driver refuses to destroy
+    assert ownctx() == {"step": "ownctx", "result": 0, "same": 1, "destroy": 201}
+    # per-instance: one context of the instance's own, retained twice, destroyable
+    assert ownctx("--handles", "per-instance") == {"step": "ownctx", "result": 0, "same": 1, "destroy": 0}
+    # and `seedance fix handle-leak` makes that the default of `seedance run`
+    fixed = subprocess.run([str(Path(sys.executable).parent / "seedance"), "fix", "handle-leak",
+                            "--mode", "per-instance"], env=env, capture_output=True, text=True, timeout=60)
+    assert fixed.returncode == 0, fixed.stderr
+    assert ownctx()["destroy"] == 0
+    assert ownctx("--handles", "shared")["destroy"] == 201
