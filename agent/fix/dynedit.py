@@ -340,17 +340,7 @@ def plan_relocated(layout: DynLayout, needed_renames: dict, version_renames: dic
     if not wanted:
         return EditPlan([], [], "none")
     old_table = bytes(layout.data[layout.strtab_off:layout.strtab_off + layout.strtab_size])
-    table = bytearray(old_table)
-    if not table.endswith(b"\0"):
-        table += b"\0"
-    new_offsets = {}
-    for _, new in wanted:
-        if new not in new_offsets:
-            pos = _find_string(bytes(table), new)
-            if pos is None:
-                pos = len(table)
-                table += new + b"\0"
-            new_offsets[new] = pos
+    table, new_offsets = _extended_table(old_table, wanted)
     section = next((s for s in layout.sections if s[1] == 3 and s[2] == layout.strtab_off), None)
     loads = sorted(layout.load_headers, key=lambda h: h[2])
     occupied = [(s[2], s[2] + s[4]) for s in layout.sections if s[1] != 8 and s[4]]  # not NOBITS
@@ -423,17 +413,8 @@ def plan_appended(layout: DynLayout, needed_renames: dict, version_renames: dict
     if any(s[1] != 8 and s[2] < insert < s[2] + s[4] for s in layout.sections):
         return None  # a section straddles the insertion point
     section = next((s for s in layout.sections if s[1] == 3 and s[2] == layout.strtab_off), None)
-    table = bytearray(layout.data[layout.strtab_off:layout.strtab_off + layout.strtab_size])
-    if not table.endswith(b"\0"):
-        table += b"\0"
-    new_offsets = {}
-    for _, new in wanted:
-        if new not in new_offsets:
-            pos = _find_string(bytes(table), new)
-            if pos is None:
-                pos = len(table)
-                table += new + b"\0"
-            new_offsets[new] = pos
+    table, new_offsets = _extended_table(layout.data[layout.strtab_off:layout.strtab_off + layout.strtab_size],
+                                         wanted)
     bss = p_memsz - p_filesz
     shifted = [s for s in layout.sections if s[1] != 8 and s[2] >= insert and s[4]]
     align = max([s[5] for s in shifted] + [8 if layout.is64 else 4, 1])
@@ -480,6 +461,23 @@ def _wanted(layout: DynLayout, needed_renames: dict, version_renames: dict) -> l
         elif ref.role == "vna_name" and ref.owner in needed_renames and text in version_renames:
             wanted.append((ref, version_renames[text].encode()))
     return wanted
+
+
+def _extended_table(old_table, wanted) -> tuple:
+    """(a copy of .dynstr with every new string present, new string -> its offset);
+    a string already in the table (or the tail of one) is reused, not appended."""
+    table = bytearray(old_table)
+    if not table.endswith(b"\0"):
+        table += b"\0"
+    new_offsets = {}
+    for _, new in wanted:
+        if new not in new_offsets:
+            pos = _find_string(bytes(table), new)
+            if pos is None:
+                pos = len(table)
+                table += new + b"\0"
+            new_offsets[new] = pos
+    return table, new_offsets
 
 
 def _find_string(table: bytes, new: bytes) -> int | None:
