@@ -65,6 +65,29 @@ static __always_inline int sd_in_runtime(u32 tid)
 	return depth && *depth > 0;
 }
 
+/* Entry and exit of a runtime (cudaMalloc/cudaFree) call: the driver call it makes
+ * underneath is then not counted a second time. */
+static __always_inline void sd_runtime_enter(u32 tid)
+{
+	u32 zero = 0;
+	u32 *depth = runtime_depth.lookup_or_try_init(&tid, &zero);
+	if (depth)
+		(*depth)++;
+}
+
+/* At a return probe: leave a runtime call, or say (1) that this driver return belongs to
+ * a runtime call and is skipped. */
+static __always_inline int sd_runtime_leave(u32 tid, int runtime)
+{
+	if (runtime) {
+		u32 *depth = runtime_depth.lookup(&tid);
+		if (depth && *depth > 0)
+			(*depth)--;
+		return 0;
+	}
+	return sd_in_runtime(tid);
+}
+
 static __always_inline s32 sd_driver_device(u32 tid)
 {
 	u64 *cuctx = thread_ctx.lookup(&tid);
@@ -96,25 +119,16 @@ static __always_inline int sd_alloc_enter(struct pt_regs *ctx, u32 api, int runt
 		.device = runtime ? sd_runtime_device(tid) : sd_driver_device(tid),
 	};
 	alloc_inflight.update(&tid, &call);
-	if (runtime) {
-		u32 zero = 0;
-		u32 *depth = runtime_depth.lookup_or_try_init(&tid, &zero);
-		if (depth)
-			(*depth)++;
-	}
+	if (runtime)
+		sd_runtime_enter(tid);
 	return 0;
 }
 
 static __always_inline int sd_alloc_return(struct pt_regs *ctx, int runtime)
 {
 	u32 tid = (u32)bpf_get_current_pid_tgid();
-	if (runtime) {
-		u32 *depth = runtime_depth.lookup(&tid);
-		if (depth && *depth > 0)
-			(*depth)--;
-	} else if (sd_in_runtime(tid)) {
+	if (sd_runtime_leave(tid, runtime))
 		return 0;
-	}
 	struct sd_alloc_call *call = alloc_inflight.lookup(&tid);
 	if (!call)
 		return 0;
@@ -167,25 +181,16 @@ static __always_inline int sd_free_enter(struct pt_regs *ctx, u32 api, int runti
 		.device = SD_DEVICE_UNKNOWN,
 	};
 	alloc_inflight.update(&tid, &call);
-	if (runtime) {
-		u32 zero = 0;
-		u32 *depth = runtime_depth.lookup_or_try_init(&tid, &zero);
-		if (depth)
-			(*depth)++;
-	}
+	if (runtime)
+		sd_runtime_enter(tid);
 	return 0;
 }
 
 static __always_inline int sd_free_return(struct pt_regs *ctx, int runtime)
 {
 	u32 tid = (u32)bpf_get_current_pid_tgid();
-	if (runtime) {
-		u32 *depth = runtime_depth.lookup(&tid);
-		if (depth && *depth > 0)
-			(*depth)--;
-	} else if (sd_in_runtime(tid)) {
+	if (sd_runtime_leave(tid, runtime))
 		return 0;
-	}
 	struct sd_alloc_call *call = alloc_inflight.lookup(&tid);
 	if (!call)
 		return 0;
