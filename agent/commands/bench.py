@@ -19,7 +19,7 @@ exit 1 otherwise.  The result of an installed plugin is kept beside it, where
 
 
 def configure_parser(sub) -> None:
-    parser = sub.add_parser("bench", help="benchmark a plugin (latency/throughput)",
+    parser = sub.add_parser("bench", help="Benchmark a plugin (latency/throughput)",
                             description="Benchmark a plugin's bench callable through seedance.batching.",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plugin", required=True, metavar="NAME",

@@ -24,7 +24,7 @@ AFFINITY_HELP = "record device_affinity in the installed manifest: gpu:N, auto, 
 
 
 def configure_parser(sub) -> None:
-    parser = sub.add_parser("plugin", help="install, list and verify GPU plugins",
+    parser = sub.add_parser("plugin", help="Install, list and verify GPU plugins",
                             description="Install, uninstall, list and verify GPU plugins.",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))
