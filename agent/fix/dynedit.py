@@ -254,15 +254,8 @@ def plan_rename(layout: DynLayout, needed_renames: dict, version_renames: dict |
     ``needed_renames``: old NEEDED name -> new name.  ``version_renames``: old version node
     name -> new one, applied only to the version_r records of renamed libraries.
     """
-    version_renames = version_renames or {}
-    wanted = []  # (ref, new string bytes)
-    for ref in layout.refs:
-        text = layout.string(ref.value) if ref.role in ("needed", "vn_file", "vna_name") else None
-        if ref.role in ("needed", "vn_file") and text in needed_renames:
-            wanted.append((ref, needed_renames[text].encode()))
-        elif ref.role == "vna_name" and ref.owner in needed_renames and text in version_renames:
-            wanted.append((ref, version_renames[text].encode()))
-    wanted = [(ref, new) for ref, new in wanted if layout.string_bytes(ref.value) != new]
+    wanted = [(ref, new) for ref, new in _wanted(layout, needed_renames, version_renames or {})
+              if layout.string_bytes(ref.value) != new]  # (ref, new string bytes)
     if not wanted:
         return EditPlan([], [], "none")
 
@@ -329,14 +322,7 @@ def plan_relocated(layout: DynLayout, needed_renames: dict, version_renames: dic
     and the .dynstr section header are pointed at it, so strip/objcopy still see a proper
     section.  The old .dynstr bytes become dead space.  None when there is no such gap.
     """
-    version_renames = version_renames or {}
-    wanted = []
-    for ref in layout.refs:
-        text = layout.string(ref.value) if ref.role in ("needed", "vn_file", "vna_name") else None
-        if ref.role in ("needed", "vn_file") and text in needed_renames:
-            wanted.append((ref, needed_renames[text].encode()))
-        elif ref.role == "vna_name" and ref.owner in needed_renames and text in version_renames:
-            wanted.append((ref, version_renames[text].encode()))
+    wanted = _wanted(layout, needed_renames, version_renames or {})
     if not wanted:
         return EditPlan([], [], "none")
     old_table = bytes(layout.data[layout.strtab_off:layout.strtab_off + layout.strtab_size])
