@@ -25,6 +25,16 @@ def run_cli(*args, env=None, check=False, timeout=120, input=None):
     return proc
 
 
+def load_example_builder():
+    """examples/plugins/build.py, which builds the example plugins' C libraries."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seedance_examples_build", ROOT / "examples/plugins/build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def cli():
     return run_cli

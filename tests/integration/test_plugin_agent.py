@@ -3,14 +3,13 @@ running agent (its real status socket) for device samples and uses them as the
 affinity-unset trap's metric and device count."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import load_example_builder
+
 
 
 @pytest.fixture
@@ -44,9 +43,7 @@ def test_verify_uses_the_agents_device_samples(cli, tmp_path, agent_socket):
     if not shutil.which("gcc"):
         pytest.skip("gcc not found")
     runtime, requests = agent_socket
-    spec = importlib.util.spec_from_file_location("seedance_examples_build", ROOT / "examples/plugins/build.py")
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
+    builder = load_example_builder()
     plugin = builder.build("legacy-audio-encoder", tmp_path)
     env = {"XDG_DATA_HOME": str(tmp_path / "data"), "SEEDANCE_RUNTIME_DIR": str(runtime)}
     cli("plugin", "install", plugin, env=env, check=True)

@@ -3,7 +3,6 @@ stubs), a fatbin built by nvcc for the wrong arch, --force-arch, and the check e
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import shutil
@@ -11,18 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_example_builder
+
 from seedance.plugins.layers import main_for_check, run_layers
 from seedance.plugins.store import Store
 
-ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"^(INFO|WARNING|ERROR|FATAL) L[1-7]: ")
-
-
-def load_builder():
-    spec = importlib.util.spec_from_file_location("seedance_examples_build", ROOT / "examples/plugins/build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +23,7 @@ def built(tmp_path_factory):
     if not shutil.which("gcc"):
         pytest.skip("gcc not found")
     out = tmp_path_factory.mktemp("layers")
-    builder = load_builder()
+    builder = load_example_builder()
     for name in ("future-toolchain", "legacy-audio-encoder", "audio-encoder-v2.0.5"):
         builder.build(name, out)
     return out
@@ -38,7 +31,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fatbin_plugin(tmp_path_factory):
-    builder = load_builder()
+    builder = load_example_builder()
     if not builder.have_nvcc():
         pytest.skip("nvcc not found: fatbin-kernels needs the CUDA toolkit")
     return builder.build("fatbin-kernels", tmp_path_factory.mktemp("fatbin"))

@@ -4,7 +4,6 @@ verify the legacy plugin's three waste traps, uninstall it, install the complian
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_example_builder
+
 from seedance.model import WASTE_TRAPS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,19 +21,12 @@ CPU_EXAMPLES = ["legacy-audio-encoder", "audio-encoder-v2.0.5", "dsp-kernels-v1.
                 "dsp-kernels-v2.0.4", "speech-pipeline-v1.0.0", "speech-pipeline-v1.1.0", "future-toolchain"]
 
 
-def load_builder():
-    spec = importlib.util.spec_from_file_location("seedance_examples_build", ROOT / "examples/plugins/build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     if not shutil.which("gcc"):
         pytest.skip("gcc not found: the example plugins are built from C")
     out = tmp_path_factory.mktemp("examples")
-    builder = load_builder()
+    builder = load_example_builder()
     for name in CPU_EXAMPLES:
         builder.build(name, out)
     return out

@@ -1,7 +1,6 @@
 """Every plugin command end to end: help, aliases, a short bench with JSON and a plot."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -9,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import load_example_builder
+
 BIN = Path(sys.executable).parent
 
 
@@ -40,9 +40,7 @@ def test_plugin_without_action_and_bad_affinity(cli, tmp_path):
 def test_bench_json_and_plot(cli, tmp_path):
     if not shutil.which("gcc"):
         pytest.skip("gcc not found")
-    spec = importlib.util.spec_from_file_location("seedance_examples_build", ROOT / "examples/plugins/build.py")
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
+    builder = load_example_builder()
     plugin = builder.build("legacy-audio-encoder", tmp_path)
     plot = tmp_path / "latency.png"
     env = {"XDG_DATA_HOME": str(tmp_path / "data")}
@@ -65,9 +63,7 @@ def test_bench_json_and_plot(cli, tmp_path):
 def test_bench_of_installed_plugin_feeds_verify(cli, tmp_path):
     if not shutil.which("gcc"):
         pytest.skip("gcc not found")
-    spec = importlib.util.spec_from_file_location("seedance_examples_build", ROOT / "examples/plugins/build.py")
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
+    builder = load_example_builder()
     plugin = builder.build("legacy-audio-encoder", tmp_path)
     env = {"XDG_DATA_HOME": str(tmp_path / "data")}
     cli("plugin", "install", plugin, env=env, check=True)
