@@ -6,6 +6,8 @@ OS errors are translated there too, so no traceback ever reaches the user.
 """
 from __future__ import annotations
 
+import re
+
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
@@ -44,9 +46,39 @@ class NotAvailable(SeedanceError):
     """A capability that is not built, or not possible on this host (no GPU, no eBPF, ...)."""
 
 
+def escape_path(value) -> str:
+    """A path (or any text from outside) safe to print on one line: control characters
+    (newline, CR, ESC, DEL, C1) and undecodable bytes (surrogateescape) become \\n, \\xNN,
+    so a crafted file name cannot forge a `seedance: error:` line or a table row
+    (issue 10, defect 8).  Used by render and by the CLI's error line."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "surrogateescape")
+    text = str(value)
+    if not _UNSAFE.search(text):
+        return text
+    return _UNSAFE.sub(_escape_one, text)
+
+
+def _escape_one(match) -> str:
+    char = match.group(0)
+    code = ord(char)
+    if char in _NAMED:
+        return _NAMED[char]
+    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte kept by surrogateescape
+        return f"\\x{code - 0xDC00:02x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}"
+
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# C0, DEL, C1, lone surrogates, and the Unicode line/paragraph separators
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
+
+
 def describe_os_error(err: OSError) -> str:
     """Render an OSError as 'PATH: reason' without the errno noise."""
     reason = err.strerror or err.__class__.__name__
     if err.filename is not None:
-        return f"{err.filename}: {reason.lower()}"
+        return f"{escape_path(err.filename)}: {reason.lower()}"
     return reason.lower()
