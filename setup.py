@@ -30,6 +30,7 @@ PACKAGE_DIRS = {
     "seedance.probes": "probes",
     "seedance.trace": "agent/trace",
     "seedance.shim": "shim",
+    "seedance.profile": "agent/profile",
 }
 
 setup(

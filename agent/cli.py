@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from . import __version__
-from .errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error
+from .errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error, escape_path
 
 # name -> module under seedance.commands.  Order is the order shown in --help.
 COMMANDS = {
@@ -26,6 +27,7 @@ COMMANDS = {
     "plugin": "plugin",
     "bench": "bench",
     "profiler": "profiler",
+    "pareto": "pareto",
 }
 
 EPILOG = """\
@@ -36,7 +38,9 @@ examples:
   seedance ldd /usr/lib/x86_64-linux-gnu/libcurl.so.4
   seedance check --explain libcudart.so.12 ./libkernels.so
   seedance run --affinity gpu:1 --mem-limit 8G -- python train.py
-  seedance plugin verify --strict --report-json | jq '.waste_traps[]'
+  seedance plugin verify --strict --report-json - | jq '.waste_traps[]'
+
+errors: one line `seedance: error: ...` on stderr, exit 2 (0 clean, 1 findings).
 """
 
 
@@ -60,13 +64,14 @@ def build_parser(prog: str = "seedance") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "seedance") -> int:
+    """Parse, run, and turn every failure into one line on stderr (issue 10, defect 8):
+    `seedance: error: ...`, exit 2.  Help goes to stdout, and only on --help."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser(prog)
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
-            parser.print_help()
-            return EXIT_USAGE
+            raise UsageError(f"{prog}: give a command (see {prog} --help)")
         return int(args.execute(args) or 0)
     except SeedanceError as exc:
         _error_line(str(exc), exc.exit_code)
@@ -84,11 +89,50 @@ def main(argv: list[str] | None = None, prog: str = "seedance") -> int:
     except OSError as exc:
         _error_line(describe_os_error(exc), EXIT_USAGE)
         return EXIT_USAGE
+    except UnicodeError as exc:
+        # a rule file, config or journal that is not UTF-8 text: bad input, not a crash
+        _error_line(f"input is not valid UTF-8 text ({_unicode_reason(exc)})", EXIT_USAGE)
+        return EXIT_USAGE
+    except RecursionError:
+        _error_line("input nested too deeply to read", EXIT_USAGE)
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - the contract: never a traceback
+        if os.environ.get("SEEDANCE_DEBUG"):
+            raise
+        _error_line(f"internal error: {exc.__class__.__name__}: {exc} "
+                    f"(SEEDANCE_DEBUG=1 shows the traceback)", EXIT_USAGE)
+        return EXIT_USAGE
+
+
+def _unicode_reason(exc: UnicodeError) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+    return exc.reason if hasattr(exc, "reason") else str(exc)
+
+
+# "seedance check: x", "seedance-check: x", "error: x" -> "check: x" / "x": the prefix is ours
+_OWN_PREFIX = re.compile(r"^(?:seedance(?:[ -](?P<command>[a-z][a-z-]*))?:\s*)?(?:error:\s*)?")
+
+
+def error_text(text: str) -> str:
+    """The one form of an error line: `seedance: error: [COMMAND: ]message`, control
+    characters escaped so a crafted name cannot start a line of its own."""
+    text = escape_path(text)
+    match = _OWN_PREFIX.match(text)
+    rest = text[match.end():]
+    command = match.group("command")
+    return f"seedance: error: {command}: {rest}" if command else f"seedance: error: {rest}"
 
 
 def _error_line(text: str, code: int) -> None:
-    prefix = "seedance: " if not text.startswith("seedance") else ""
-    print(f"{prefix}error: {text}" if code == EXIT_USAGE else f"{prefix}{text}", file=sys.stderr)
+    if code == EXIT_USAGE:
+        line = error_text(text)
+    else:
+        line = f"seedance: {escape_path(text)}"
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass  # stderr closed: the exit code still says it
 
 
 def _alias(command: str, prog: str):

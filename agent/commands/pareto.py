@@ -1,0 +1,96 @@
+"""seedance pareto: the cost-accuracy Pareto frontier of precision variants (notes 2.5)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+EPILOG = """\
+examples:
+  seedance pareto results.csv
+  seedance pareto results.csv --baseline-accuracy 65 --cost-per-ms 0.002 --plot pareto.png
+  seedance pareto results.csv --report-json - | jq '.profile.pareto.frontier[].name'
+
+The CSV has a header with the columns name,latency_ms,accuracy and optionally
+cost_per_ms (per row; --cost-per-ms is the default for rows without it, 1.0 if unset).
+A row is dominated when another is at least as fast and as accurate and better in one.
+ROI = (accuracy - baseline) / (latency_ms * cost_per_ms); the baseline defaults to the
+lowest accuracy in the file.  The decay point is the first frontier point, by latency,
+after which dROI/dlatency < -0.035.
+"""
+
+
+def configure_parser(sub) -> None:
+    parser = sub.add_parser("pareto", help="Cost-accuracy Pareto frontier of precision variants",
+                            description="Find the non-dominated precision variants, their ROI and the decay point.",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("csv", metavar="RESULTS.csv", help="name,latency_ms,accuracy[,cost_per_ms]")
+    parser.add_argument("--baseline-accuracy", type=_finite, metavar="A",
+                        help="accuracy that earns no return (default: the lowest in the file)")
+    parser.add_argument("--cost-per-ms", type=_positive, default=1.0, metavar="C",
+                        help="cost of one millisecond, for rows without a cost_per_ms column (default 1.0)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the frontier, dominated and decay points")
+    parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
+    parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
+    parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
+    parser.set_defaults(execute=execute)
+
+
+def _finite(text: str) -> float:
+    import math
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def execute(args) -> int:
+    from ..errors import escape_path
+    from ..model import Report
+    from ..output import prepare_output
+    from ..profile import pareto
+
+    json_to = "-" if args.json else args.report_json
+    report_target = prepare_output(json_to, force=args.force) if json_to else None
+    plot_target = prepare_output(args.plot, force=args.force, what="plot") if args.plot else None
+    with open(args.csv, encoding="utf-8", errors="surrogateescape", newline="") as handle:
+        text = handle.read()
+    variants = pareto.read_csv(text, default_cost_per_ms=args.cost_per_ms, source=escape_path(args.csv))
+    result = pareto.analyse(variants, baseline_accuracy=args.baseline_accuracy)
+    if plot_target is not None:
+        pareto.plot(result, variants, plot_target)
+    if report_target is not None:
+        report = Report(command="pareto", stats={"variants": len(variants)},
+                        extra={"profile": {"pareto": result.to_dict()}})
+        report_target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        if report_target.is_stdout:
+            return 0
+    _render(result, len(variants))
+    if plot_target is not None:
+        print(f"plot: {escape_path(args.plot)}")
+    return 0
+
+
+def _render(result, count: int) -> None:
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"{count} variants, {len(result.frontier)} on the frontier (baseline accuracy {result.baseline_accuracy:g})")
+    print(f"  {'variant':<16} {'latency ms':>10} {'accuracy':>9} {'ROI':>10} {'dROI/dlat':>10}")
+    for point in result.frontier:
+        v = point.variant
+        slope = "" if point.slope_to_next is None else f"{point.slope_to_next:.4f}"
+        mark = "  <- decay point" if v.name == result.decay_point else ""
+        print(f"  {v.name:<16} {v.latency_ms:>10g} {v.accuracy:>9g} {point.roi:>10.4f} {slope:>10}{mark}")
+    for name, by in sorted(result.dominated.items()):
+        print(f"  dominated: {name} (by {by})")
+    if result.decay_point is None:
+        print(f"no decay point: dROI/dlatency stays >= {result.decay_slope} along the frontier")
