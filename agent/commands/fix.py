@@ -126,16 +126,23 @@ def _register_handle_leak(fixes) -> None:
 
 
 def _no_subcommand(parser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+    # one line, exit 2 (issue 10, defect 8): the help is for --help, on stdout
+    raise UsageError("seedance fix: give an action: cuda-mismatch, env-leak, torch-ext, handle-leak, "
+                     "undo or history (see seedance fix --help)")
 
 
 def _journal(recover: bool = True):
+    from ..errors import escape_path
     from ..fix.journal import Journal
 
     journal = Journal()
-    for note in journal.recover() if recover else ():
-        print(f"seedance: recovered interrupted fix {note}", file=sys.stderr)
+    for result in journal.recover_entries() if recover else ():
+        if result.refused:  # one line each run until it is resolved; the entry stays open
+            print(f"seedance: warning: interrupted fix {result.id} not rolled back: "
+                  f"{escape_path(result.refused)}", file=sys.stderr)
+        else:
+            print(f"seedance: recovered interrupted fix {result.id}: {escape_path(' '.join(result.notes))}",
+                  file=sys.stderr)
     return journal
 
 
@@ -207,7 +214,7 @@ def _cuda_mismatch(args) -> int:
             edit = relinker.edit(action)
             try:
                 entry.replace_file(action.path, edit.fill, verify=lambda temp, a=action: relinker.verify(a, temp),
-                                   summary="; ".join(action.changes))
+                                   summary="; ".join(action.changes), expect=action.identity)
                 print(f"relinked {action.path} ({action.strategy}, verified: re-parsed, resolved, dlopen ok)")
             except VerifyFailed as exc:
                 failed.append(str(exc))
@@ -372,32 +379,43 @@ def _torch_ext(args) -> int:
 # --- journal ---------------------------------------------------------------------------------------
 
 def _undo(args) -> int:
+    from ..errors import escape_path
+
     journal = _journal(recover=False)  # undo recovers itself: an interrupted fix is undone by it
-    result = journal.undo(args.id)
+    result = journal.undo(args.id)  # RestoreRefused/DamagedEntry: one line, exit 2, nothing written
     for path in result.restored:
-        print(f"restored {path}")
+        print(f"restored {escape_path(path)} (sha256 verified)")
+    for path in result.unchanged:
+        print(f"unchanged {escape_path(path)}: already its original bytes")
     for note in result.notes:
-        print(f"note: {note}")
+        print(f"note: {escape_path(note)}")
     print(f"undone {result.id}: {len(result.restored)} path(s) restored")
     return 0
 
 
 def _history(args) -> int:
+    from ..errors import escape_path
+
     journal = _journal()
-    entries = journal.entries()
+    entries = journal.entries(damaged=True)  # a damaged manifest is one line, never a traceback
     if args.json:
         print(json.dumps([{k: e.manifest.get(k) for k in ("id", "status", "created", "finished", "command",
                                                            "argv", "findings", "files", "note")}
                           for e in entries], indent=2))
         return 0
     if not entries:
-        print(f"no fixes journaled in {journal.root}")
+        print(f"no fixes journaled in {escape_path(journal.root)}")
         return 0
     for entry in entries:
         m = entry.manifest
-        files = [f for f in m.get("files", []) if f.get("state") in ("written", "undone", "rolled-back")]
-        print(f"{m['id']}  {m.get('status', '?'):<11}  {m.get('command', '')}  {len(files)} file(s)"
-              f"{'  ' + m['note'] if m.get('note') else ''}")
+        if entry.damaged:
+            print(f"{entry.id}  damaged      {escape_path(entry.damaged)}")
+            continue
+        files = [f for f in m["files"] if f.get("state") in ("written", "undone", "rolled-back")]
+        note = escape_path(m["note"]) if isinstance(m.get("note"), str) and m["note"] else ""
+        print(f"{m['id']}  {str(m.get('status')):<11}  {escape_path(str(m.get('command', '')))}  "
+              f"{len(files)} file(s){'  ' + note if note else ''}")
         for record in files:
-            print(f"    {record['action']:<10} {record['path']}")
+            link = f" (via {escape_path(record['link'])})" if isinstance(record.get("link"), str) else ""
+            print(f"    {record['action']:<10} {escape_path(record['path'])}{link}")
     return 0

@@ -55,12 +55,18 @@ def temp_path_for(target: str, tag: str = "") -> str:
     return os.path.join(directory, f".{base}{TEMP_TAG}{('-' + tag) if tag else ''}")
 
 
+def file_identity(st: os.stat_result) -> tuple:
+    """What says "the same file as when an edit was planned from it": inode, size, mtime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def write_temp(data, temp: str, mode: int = 0o644, owner: tuple | None = None,
-               crash: bool = False, sync: bool = True) -> str:
+               crash: bool = False, sync: bool = True, result: bool = False):
     """Write ``data`` to ``temp`` with ``mode`` and ``owner`` (uid, gid) set, then fsync it.
 
     ``data`` is bytes, or a callable ``fill(fd)`` that writes the content itself (a patched
-    kernel-side copy of a large library).
+    copy of a large library).  Returns ``temp``; with ``result=True``, what fill returned
+    (None for bytes): a fill may hash what it writes, so nobody reads the file again.
 
     Mode and owner are set before the rename so the target never appears, even for an
     instant, with looser permissions than it had.  ``crash`` arms the injection points:
@@ -70,8 +76,9 @@ def write_temp(data, temp: str, mode: int = 0o644, owner: tuple | None = None,
         os.unlink(temp)  # a leftover of a crashed run; recovery would remove it too
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
+        filled = None
         if callable(data):
-            data(fd)
+            filled = data(fd)
         else:
             view = memoryview(data)
             while view:
@@ -94,7 +101,7 @@ def write_temp(data, temp: str, mode: int = 0o644, owner: tuple | None = None,
     os.close(fd)
     if crash:
         crash_point("after-fsync")
-    return temp
+    return filled if result else temp
 
 
 def replace(temp: str, target: str, crash: bool = False, sync: bool = True) -> None:

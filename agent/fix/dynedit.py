@@ -19,11 +19,13 @@ existing identical string is reused, or the caller falls back to LIEF.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from dataclasses import dataclass
 
 from ..errors import ELFError
+from .atomic import file_identity
 
 DT_NULL, DT_NEEDED, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ = 0, 1, 4, 5, 6, 10
 DT_SONAME, DT_RPATH, DT_RUNPATH = 14, 15, 29
@@ -489,36 +491,84 @@ class FileEdit:
     size_before: int
     patches: list | None = None
     data: bytes | None = None
+    identity: tuple | None = None  # atomic.file_identity() of the file planned from
 
     @property
     def growth(self) -> int:
         return (len(self.data) if self.data is not None else self.size_before) - self.size_before
 
-    def fill(self, fd: int) -> None:
-        """Write the edited file into ``fd``: a kernel-side copy of the original plus the
-        patches (pwrite), so a 30 MB library is never copied through Python."""
+    def fill(self, fd: int) -> str:
+        """Write the edited file into ``fd``; returns the sha256 of what was written.
+
+        One pass over a read-only mapping of the original: each chunk is patched (only the
+        few chunks a patch falls in are copied), hashed and written, so the result is hashed
+        while it is written and never read back (issue 13: the fixer hashed a 419 MB
+        library three times).
+        """
+        digest = hashlib.sha256()
         if self.data is not None:
-            view = memoryview(self.data)
-            while view:
-                view = view[os.write(fd, view):]
-            return
+            digest.update(self.data)
+            _write_all(fd, memoryview(self.data))
+            return digest.hexdigest()
+        import mmap
+
         src = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            offset, size = 0, self.size_before
-            while offset < size:
-                copied = os.copy_file_range(src, fd, size - offset, offset, offset) \
-                    if hasattr(os, "copy_file_range") else 0
-                if copied <= 0:
-                    os.lseek(src, offset, os.SEEK_SET)
-                    chunk = os.read(src, min(1 << 20, size - offset))
-                    if not chunk:
-                        break
-                    copied = os.pwrite(fd, chunk, offset)
-                offset += copied
+            if os.fstat(src).st_size != self.size_before:
+                raise ELFError(f"{self.path}: changed size since the edit was planned")
+            mapped = mmap.mmap(src, 0, prot=mmap.PROT_READ)
         finally:
             os.close(src)
-        for patch in self.patches:
-            os.pwrite(fd, patch.data, patch.offset)
+        try:
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mapped)
+            patches = sorted(self.patches, key=lambda p: p.offset)
+            for start in range(0, self.size_before, _CHUNK):
+                end = min(start + _CHUNK, self.size_before)
+                chunk = view[start:end]
+                inside = [p for p in patches if p.offset < end and p.offset + len(p.data) > start]
+                if inside:
+                    patched = bytearray(chunk)
+                    for patch in inside:
+                        lo, hi = max(patch.offset, start), min(patch.offset + len(patch.data), end)
+                        patched[lo - start:hi - start] = patch.data[lo - patch.offset:hi - patch.offset]
+                    chunk = memoryview(patched)
+                digest.update(chunk)
+                _write_all(fd, chunk)
+                chunk.release()
+            view.release()
+        finally:
+            mapped.close()
+        return digest.hexdigest()
+
+    def result_info(self):
+        """The ElfInfo of the edited file, without writing it anywhere: the patches go into a
+        private copy-on-write mapping of the original (only the touched pages are copied)."""
+        from ..elf import reader
+
+        if self.data is not None:
+            return reader._Parser(self.path, self.data).parse(False, False)
+        import mmap
+
+        src = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            mapped = mmap.mmap(src, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(src)
+        try:
+            for patch in self.patches:
+                mapped[patch.offset:patch.offset + len(patch.data)] = patch.data
+            return reader._Parser(self.path, mapped).parse(False, False)
+        finally:
+            mapped.close()
+
+
+_CHUNK = 4 << 20
+
+
+def _write_all(fd: int, view) -> None:
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def plan_file(path: str, needed_renames: dict, version_renames: dict | None = None,
@@ -531,7 +581,8 @@ def plan_file(path: str, needed_renames: dict, version_renames: dict | None = No
     except OSError as exc:
         raise ELFError(f"{path}: {(exc.strerror or 'cannot open').lower()}") from None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
         if size < 64:
             raise ELFError(f"{path}: not an ELF file (too short)")
         mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
@@ -544,14 +595,15 @@ def plan_file(path: str, needed_renames: dict, version_renames: dict | None = No
         if plan is None:
             plan = plan_relocated(layout, needed_renames, version_renames)
         if plan is not None:
-            return FileEdit(path, plan.strategy, plan.changes, size, patches=plan.patches)
+            return FileEdit(path, plan.strategy, plan.changes, size, patches=plan.patches,
+                            identity=file_identity(st))
         appended = plan_appended(layout, needed_renames, version_renames)
         if appended is not None:
-            return FileEdit(path, "appended", appended[1], size, data=appended[0])
+            return FileEdit(path, "appended", appended[1], size, data=appended[0], identity=file_identity(st))
         if not allow_lief:
             raise ELFError(f"{path}: the new names do not fit in .dynstr and LIEF is not allowed")
         data, strategy, changes = _rename_with_lief(bytes(mapped), needed_renames, version_renames or {}, path)
-        return FileEdit(path, strategy, changes, size, data=data)
+        return FileEdit(path, strategy, changes, size, data=data, identity=file_identity(st))
     finally:
         del layout
         mapped.close()

@@ -5,7 +5,10 @@ Layout (XDG base directory spec: state that should survive reboots but is not co
     $XDG_STATE_HOME/seedance/journal/<id>/      (default ~/.local/state/seedance/journal)
         manifest.json   what was done, with sha256 before/after and the entry status
         lock            flock held by the fixer while the entry is open
-        files/<n>       the original bytes of a modified file, or a moved directory
+        files/<n>       the original of a modified file (a hard link to its old inode when the
+                        journal shares its filesystem, else a copy), or a moved directory
+    $XDG_STATE_HOME/seedance/journal/locks/<sha256 of the real path>.lock
+                        flock held while one fix, undo or recovery changes that file
 
 Crash consistency: an original and its manifest record are made durable (fsync file, fsync
 manifest, fsync directory) BEFORE the target is touched, and the expected sha256 of the
@@ -13,16 +16,26 @@ result is recorded before the rename.  An entry still "open" whose lock nobody h
 interrupted; recovery (run by the next fix, undo or history) puts every file it lists back
 to its original bytes and marks it "rolled-back".  So after a crash at any step, each file
 is the original or the verified result, and undo works either way.
+
+Nothing is put back unseen (issue 10, item 5; issue 17): a backup is renamed into place only
+after its sha256 matched the one recorded before the fix, and a target that is neither the
+fix's result nor its original is left alone.  Either refusal names the path, writes nothing,
+and leaves the entry as it was (never "undone" or "rolled-back" when it is not).
+
+Symlinks: a fix follows a symlink to the real file, rewrites that, and keeps the link.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
 import socket
+import stat
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +47,28 @@ from .atomic import crash_point, sha256_bytes, sha256_file
 SCHEMA = "seedance.journal/v1"
 _ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
 OPEN, COMMITTED, ROLLED_BACK, UNDOING, UNDONE = "open", "committed", "rolled-back", "undoing", "undone"
+DAMAGED = "damaged"  # shown by history for a manifest that cannot be read; never written
+STATUSES = (OPEN, COMMITTED, ROLLED_BACK, UNDOING, UNDONE)
+ACTIONS = ("modify", "create", "move", "create-dir")
+_BACKUP = re.compile(r"files/[0-9]{1,9}")
+_SHA = re.compile(r"[0-9a-f]{64}")
+MAX_MANIFEST = 16 << 20  # a manifest lists a handful of files; anything larger is not ours
+# record states in which the target may already hold the result (the rename happens only
+# after "verified" is saved); before that the target was never touched
+_MAYBE_WRITTEN = ("verified", "written", "moving", "building")
 
 
 class VerifyFailed(BadInput):
     """The rewritten temp file did not pass verification; the target was not touched."""
+
+
+class RestoreRefused(BadInput):
+    """A file could not be put back safely (backup missing or damaged, target changed); nothing
+    was written to it."""
+
+
+class DamagedEntry(BadInput):
+    """A journal entry's manifest.json cannot be read or does not describe an entry."""
 
 
 def journal_root() -> Path:
@@ -53,72 +84,114 @@ def _write_json(path: Path, obj: dict) -> None:
 @dataclass
 class UndoResult:
     id: str
-    restored: list = field(default_factory=list)  # paths put back
+    restored: list = field(default_factory=list)  # paths whose original bytes were put back
     notes: list = field(default_factory=list)
+    unchanged: list = field(default_factory=list)  # paths that already held their original
+    refused: str = ""  # why recovery could not put the files back ('' when it could)
 
 
 class Entry:
     """One fix run: a set of file changes that is committed, rolled back or undone together."""
 
-    def __init__(self, journal: "Journal", entry_id: str, manifest: dict, lock_fd: int | None):
+    def __init__(self, journal: "Journal", entry_id: str, manifest: dict, lock_fd: int | None,
+                 damaged: str = ""):
         self.journal = journal
         self.id = entry_id
         self.dir = journal.root / entry_id
         self.manifest = manifest
+        self.damaged = damaged  # why manifest.json is unusable ('' when it is fine)
         self._lock_fd = lock_fd
+        self._target_locks: dict = {}  # real path -> flock fd, held until release()
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def save(self) -> None:
+        if self.damaged:
+            raise DamagedEntry(f"journal entry {self.id}: {self.damaged}; not rewritten")
         _write_json(self.dir / "manifest.json", self.manifest)
 
     @property
     def files(self) -> list:
         return self.manifest["files"]
 
-    def _new_record(self, path: str, action: str, summary: str) -> dict:
+    def _new_record(self, path: str, action: str, summary: str, link: str | None = None) -> dict:
         index = len(self.files)
-        record = {"path": os.path.abspath(path), "action": action, "backup": f"files/{index}",
+        record = {"path": path, "action": action, "backup": f"files/{index}",
                   "sha256_before": None, "sha256_after": None, "mode": None, "uid": None,
                   "gid": None, "temp": None, "state": "planned", "summary": summary}
+        if link:
+            record["link"] = link  # the symlink the fixer was given; it still points at path
         self.files.append(record)
         return record
 
+    def lock_target(self, path: str) -> None:
+        """Hold the per-target lock of ``path`` (a real path) until this entry ends."""
+        if path not in self._target_locks:
+            self._target_locks[path] = self.journal.lock_target(path)
+
     # -- the three kinds of change ----------------------------------------------------------------
-    def replace_file(self, path: str, new_data, verify=None, summary: str = "") -> dict:
+    def replace_file(self, path: str, new_data, verify=None, summary: str = "", expect=None) -> dict:
         """Back up ``path``, write ``new_data`` beside it, verify the temp, rename it over.
 
-        ``new_data`` is bytes or a callable fill(fd) (see atomic.write_temp).
+        ``new_data`` is bytes or a callable fill(fd) (see atomic.write_temp); a fill that
+        returns the sha256 hex digest of what it wrote (dynedit.FileEdit.fill) saves a second
+        read of the result.
+
+        A symlink is followed: the real file is rewritten and the link stays a link.
+        ``expect`` is atomic.file_identity() of the file the edit was planned from; if the file is no
+        longer that one (another fix renamed a result over it since), nothing is written.
 
         ``verify(temp_path)`` raises (any SeedanceError) to refuse; then the target is not
         touched, the temp is removed and VerifyFailed carries the reason.
         """
-        path = os.path.abspath(path)
+        given = os.path.abspath(path)
+        path = os.path.realpath(given)
+        self.lock_target(path)
         st = os.stat(path)
-        record = self._new_record(path, "modify", summary)
+        if expect is not None and atomic.file_identity(st) != tuple(expect):
+            raise BadInput(f"{path}: changed since this fix planned its edit (another fix ran?); not rewritten")
+        record = self._new_record(path, "modify", summary, link=given if given != path else None)
         backup = self.dir / record["backup"]
-        with open(path, "rb") as handle:
-            original = handle.read()
-        atomic.write_temp(original, str(backup), mode=0o600)
+        record["backup_kind"], before = _make_backup(path, str(backup), st)
         atomic.fsync_dir(str(backup.parent))
-        record.update(sha256_before=sha256_bytes(original), mode=st.st_mode & 0o7777,
-                      uid=st.st_uid, gid=st.st_gid, temp=atomic.temp_path_for(path, self.id),
-                      state="backed-up")
+        record.update(sha256_before=before, mode=st.st_mode & 0o7777, uid=st.st_uid, gid=st.st_gid,
+                      temp=atomic.temp_path_for(path, self.id), state="backed-up")
         self.save()
         crash_point("after-backup")
+        # a linked backup is the original inode itself: hash it while the temp is written and
+        # verified (hashlib releases the GIL), instead of reading the file once more after
+        hasher = None if before else _Hasher(str(backup))
 
         temp = record["temp"]
-        atomic.write_temp(new_data, temp, mode=record["mode"], owner=(st.st_uid, st.st_gid), crash=True)
+        try:
+            filled = atomic.write_temp(new_data, temp, mode=record["mode"], owner=(st.st_uid, st.st_gid),
+                                       crash=True, result=True)
+        except BaseException:
+            if hasher is not None:
+                hasher.join_quietly()
+            raise
         try:
             if verify is not None:
                 verify(temp)
         except Exception as exc:
             _unlink(temp)
+            if hasher is not None:
+                hasher.join_quietly()
             record["state"] = "verify-failed"
             record["error"] = str(exc)
             self.save()
             raise VerifyFailed(f"{path}: verification failed, not rewritten: {exc}") from None
-        after = sha256_file(temp) if callable(new_data) else sha256_bytes(new_data)
-        record.update(sha256_after=after, state="verified")
+        if isinstance(filled, str) and _SHA.fullmatch(filled):
+            after = filled
+        elif callable(new_data):
+            after = sha256_file(temp)
+        else:
+            after = sha256_bytes(new_data)
+        if hasher is not None:
+            before = hasher.join()
+            if os.stat(path).st_ino != st.st_ino:
+                _unlink(temp)
+                raise BadInput(f"{path}: replaced by someone else during the fix; not rewritten")
+        record.update(sha256_before=before, sha256_after=after, state="verified")
         self.save()
         crash_point("after-verify")
         atomic.replace(temp, path, crash=True)
@@ -128,9 +201,10 @@ class Entry:
 
     def create_file(self, path: str, data: bytes, mode: int = 0o644, summary: str = "") -> dict:
         """Create a file that did not exist (undo removes it)."""
-        path = os.path.abspath(path)
+        path = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
         if os.path.lexists(path):
             raise BadInput(f"{path}: already exists; not overwritten")
+        self.lock_target(path)
         record = self._new_record(path, "create", summary)
         record.update(sha256_after=sha256_bytes(data), mode=mode, temp=atomic.temp_path_for(path, self.id),
                       state="backed-up")
@@ -138,7 +212,12 @@ class Entry:
         crash_point("after-backup")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic.write_temp(data, record["temp"], mode=mode, crash=True)
+        record["state"] = "verified"
+        self.save()
         crash_point("after-verify")
+        if os.path.lexists(path):  # appeared meanwhile: never clobber what another wrote
+            _unlink(record["temp"])
+            raise BadInput(f"{path}: appeared while this fix ran; not overwritten")
         atomic.replace(record["temp"], path, crash=True)
         record["state"] = "written"
         self.save()
@@ -147,6 +226,7 @@ class Entry:
     def move_into(self, path: str, summary: str = "") -> dict:
         """Move a file or directory (a stale build cache) into the journal."""
         path = os.path.abspath(path)
+        self.lock_target(os.path.realpath(path))
         record = self._new_record(path, "move", summary)
         record["state"] = "moving"
         self.save()
@@ -161,6 +241,7 @@ class Entry:
     def expect_new_dir(self, path: str, summary: str = "") -> dict:
         """Record, before a build runs, that ``path`` is about to be created (undo moves it away)."""
         path = os.path.abspath(path)
+        self.lock_target(os.path.realpath(path))
         record = self._new_record(path, "create-dir", summary)
         record["state"] = "building"
         self.save()
@@ -180,14 +261,24 @@ class Entry:
 
     def abort(self, reason: str) -> None:
         """Put back every file this entry changed (used when a later step fails)."""
-        notes = self.journal._roll_back(self)
+        try:
+            put_back = self.journal._roll_back(self)
+        except RestoreRefused as exc:
+            # the entry stays open: recovery retries it and says why each time
+            self.manifest["note"] = f"{reason}; roll back refused: {exc}"
+            self.save()
+            self.release()
+            raise
         self.manifest["status"] = ROLLED_BACK
-        self.manifest["note"] = " ".join([reason, *notes]).strip()
+        self.manifest["note"] = " ".join([reason, *(f"put back {p}" for p in put_back)]).strip()
         self.manifest["finished"] = _now()
         self.save()
         self.release()
 
     def release(self) -> None:
+        for fd in self._target_locks.values():
+            os.close(fd)
+        self._target_locks.clear()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -229,33 +320,103 @@ class Journal:
         if not self.root.is_dir():
             return []
         return sorted(name for name in os.listdir(self.root)
-                      if _ID.fullmatch(name) and (self.root / name / "manifest.json").is_file())
+                      if _ID.fullmatch(name) and os.path.lexists(self.root / name / "manifest.json"))
 
     def load(self, entry_id: str) -> Entry:
+        """The entry; DamagedEntry (one line, exit 2) when its manifest cannot be used."""
+        entry = self.read(entry_id)
+        if entry.damaged:
+            raise DamagedEntry(f"journal entry {entry_id}: {entry.damaged}; nothing restored")
+        return entry
+
+    def read(self, entry_id: str) -> Entry:
+        """The entry, or one marked damaged (status "damaged", the reason in .damaged)."""
         if not _ID.fullmatch(entry_id or ""):
             raise BadInput(f"{entry_id!r} is not a journal entry id (see: seedance fix history)")
         path = self.root / entry_id / "manifest.json"
         try:
-            manifest = json.loads(path.read_text())
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             raise BadInput(f"journal entry {entry_id} not found in {self.root}") from None
-        except (OSError, ValueError) as exc:
-            raise BadInput(f"{path}: unreadable journal manifest: {exc}") from None
+        except OSError as exc:
+            return self._damaged(entry_id, f"manifest.json unreadable ({(exc.strerror or 'error').lower()})")
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return self._damaged(entry_id, "manifest.json is not a regular file")
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                raw = handle.read(MAX_MANIFEST + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > MAX_MANIFEST:
+            return self._damaged(entry_id, f"manifest.json is larger than {MAX_MANIFEST >> 20} MiB")
+        try:
+            manifest = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            return self._damaged(entry_id, "manifest.json is not UTF-8")
+        except (ValueError, RecursionError) as exc:
+            why = f"line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+            return self._damaged(entry_id, f"manifest.json is not valid JSON ({why}; truncated?)")
+        problem = _manifest_problem(entry_id, manifest)
+        if problem:
+            return self._damaged(entry_id, f"manifest.json {problem}")
         return Entry(self, entry_id, manifest, None)
 
-    def entries(self) -> list:
-        return [self.load(entry_id) for entry_id in self.ids()]
+    def _damaged(self, entry_id: str, why: str) -> Entry:
+        manifest = {"id": entry_id, "status": DAMAGED, "created": None, "finished": None,
+                    "command": "", "argv": [], "findings": [], "files": [], "note": why}
+        return Entry(self, entry_id, manifest, None, damaged=why)
+
+    def entries(self, damaged: bool = False) -> list:
+        """Every entry, oldest first; damaged ones only when asked (history shows them)."""
+        found = [self.read(entry_id) for entry_id in self.ids()]
+        return found if damaged else [e for e in found if not e.damaged]
+
+    # -- per-target locks ----------------------------------------------------------------------------
+    def lock_target(self, path: str) -> int:
+        """flock the lock file of the real path ``path``; refuse at once when another holds it.
+
+        Refusing rather than waiting: the other run may be planning from the same bytes, and
+        a stale plan must not be applied after it (issue 10: six concurrent fixes all
+        committed).  The lock lives in the journal, keyed by the sha256 of the real path, so
+        a symlink and its target share one lock.
+        """
+        locks = self.root / "locks"
+        locks.mkdir(parents=True, exist_ok=True, mode=0o700)
+        name = hashlib.sha256(os.fsencode(path)).hexdigest()[:40] + ".lock"
+        fd = os.open(locks / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise BadInput(f"{path}: another seedance fix or undo{who} is changing it now; "
+                           f"not touched: retry when it has finished") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    def _lock_targets(self, entry: Entry) -> bool:
+        """All target locks of ``entry`` (False, holding none, when any is taken)."""
+        try:
+            for record in entry.files:
+                entry.lock_target(os.path.realpath(record["path"]))
+        except BadInput:
+            for fd in entry._target_locks.values():
+                os.close(fd)
+            entry._target_locks.clear()
+            return False
+        return True
 
     # -- recovery --------------------------------------------------------------------------------
     def recover(self) -> list:
         """Roll back entries left open by a fixer that died; returns one note per entry."""
-        return [f"{r.id}: {' '.join(r.notes)}" for r in self.recover_entries()]
+        return [f"{r.id}: {r.refused or ' '.join(r.notes)}" for r in self.recover_entries()]
 
     def recover_entries(self) -> list:
-        """Like recover(), as UndoResults (the paths put back, and why)."""
+        """Like recover(), as UndoResults (the paths put back, or why they were not)."""
         results = []
-        for entry_id in self.ids():
-            entry = self.load(entry_id)
+        for entry in self.entries():
             if entry.manifest.get("status") not in (OPEN, UNDOING):
                 continue
             lock_fd = _try_lock(entry.dir / "lock")
@@ -263,49 +424,67 @@ class Journal:
                 continue  # a live fixer holds it
             entry._lock_fd = lock_fd
             try:
-                touched = [r["path"] for r in entry.files
-                           if r.get("state") in ("written", "verified", "moving", "building", "backed-up")]
-                if entry.manifest["status"] == OPEN:
-                    done = self._roll_back(entry)
-                    entry.manifest["status"] = ROLLED_BACK
-                    entry.manifest["note"] = "interrupted; rolled back on recovery " + " ".join(done)
-                else:
-                    self._restore_all(entry)
-                    entry.manifest["status"] = UNDONE
-                    entry.manifest["note"] = "undo interrupted; completed on recovery"
+                if not self._lock_targets(entry):
+                    continue  # a live fix or undo holds one of its files: recover later
+                touched = [r["path"] for r in entry.files if r.get("state") in _MAYBE_WRITTEN]
+                try:
+                    if entry.manifest["status"] == OPEN:
+                        done = self._roll_back(entry)
+                        entry.manifest["status"] = ROLLED_BACK
+                        entry.manifest["note"] = "interrupted; rolled back on recovery" + "".join(
+                            f"; put back {p}" for p in done)
+                    else:
+                        self._restore_all(entry)
+                        entry.manifest["status"] = UNDONE
+                        entry.manifest["note"] = "undo interrupted; completed on recovery"
+                except RestoreRefused as exc:
+                    # the entry keeps its status: nothing is claimed that did not happen
+                    entry.manifest["note"] = f"recovery refused: {exc}"
+                    entry.save()
+                    results.append(UndoResult(entry.id, [], [entry.manifest["note"]], refused=str(exc)))
+                    continue
                 entry.manifest["finished"] = _now()
                 entry.save()
-                results.append(UndoResult(entry_id, touched, [entry.manifest["note"].strip()]))
+                results.append(UndoResult(entry.id, touched, [entry.manifest["note"].strip()]))
             finally:
                 entry.release()
         return results
 
     def _roll_back(self, entry: Entry) -> list:
-        """Return every file of ``entry`` to its original state, newest change first."""
-        notes = []
+        """Return every file of ``entry`` to its original state, newest change first; returns
+        the paths whose bytes were put back."""
+        put_back = []
         for record in reversed(entry.files):
             if record.get("temp"):
                 _unlink(record["temp"])
             state = record.get("state")
-            if state in ("planned", "verify-failed", "rolled-back") or (
-                    state == "building" and not os.path.lexists(record["path"])):
-                continue
-            note = self._restore(entry, record, tolerate_original=True)
-            if note:
-                notes.append(note)
+            if state not in _MAYBE_WRITTEN or (state == "building" and not os.path.lexists(record["path"])):
+                continue  # the target was never touched
+            if self._restore(entry, record):
+                put_back.append(record["path"])
             record["state"] = "rolled-back"
-        return notes
+            entry.save()
+        return put_back
 
     # -- undo ------------------------------------------------------------------------------------
     def undo(self, entry_id: str | None = None) -> UndoResult:
         recovered = {r.id: r for r in self.recover_entries()}
+        refused = [r for r in recovered.values() if r.refused]
+        if refused:
+            raise RestoreRefused(f"interrupted fix {refused[0].id} cannot be rolled back: {refused[0].refused}")
         if entry_id in recovered:
             return recovered[entry_id]  # the interrupted fix is rolled back: that is its undo
+        everything = self.entries(damaged=True)
         if entry_id is None and recovered and not any(
-                e.manifest.get("status") == COMMITTED and e.id > max(recovered) for e in self.entries()):
+                e.manifest.get("status") == COMMITTED and e.id > max(recovered) for e in everything):
             return recovered[max(recovered)]
         if entry_id is None:
-            candidates = [e for e in self.entries() if e.manifest.get("status") == COMMITTED]
+            candidates = [e for e in everything if e.manifest.get("status") == COMMITTED]
+            newest_damaged = [e for e in everything if e.damaged and (not candidates or e.id > candidates[-1].id)]
+            if newest_damaged:
+                e = newest_damaged[-1]
+                raise DamagedEntry(f"journal entry {e.id}: {e.damaged}; nothing restored "
+                                   f"(name the entry to undo: seedance fix undo ID)")
             if not candidates:
                 raise BadInput(f"nothing to undo: no committed fix in {self.root}")
             entry = candidates[-1]
@@ -319,6 +498,8 @@ class Journal:
             raise BadInput(f"journal entry {entry.id} is in use by a running fixer")
         entry._lock_fd = lock_fd
         try:
+            for record in entry.files:
+                entry.lock_target(os.path.realpath(record["path"]))
             # judge every file before touching any, so a refusal leaves everything as it was
             created = {r["path"] for r in entry.files
                        if r["action"] in ("create", "create-dir") and r.get("state") == "written"}
@@ -327,11 +508,11 @@ class Journal:
                         record["action"] == "move" and record["path"] in created):
                     problem = _undo_problem(entry, record)
                     if problem:
-                        raise BadInput(problem)
+                        raise RestoreRefused(problem)
             entry.manifest["status"] = UNDOING
             entry.save()
             result = UndoResult(entry.id)
-            result.restored = self._restore_all(entry)
+            result.restored, result.unchanged = self._restore_all(entry)
             entry.manifest["status"] = UNDONE
             entry.manifest["undone"] = _now()
             entry.save()
@@ -339,55 +520,205 @@ class Journal:
         finally:
             entry.release()
 
-    def _restore_all(self, entry: Entry) -> list:
-        restored = []
+    def _restore_all(self, entry: Entry) -> tuple:
+        restored, unchanged = [], []
         for record in reversed(entry.files):
             if record.get("state") == "written":
-                self._restore(entry, record, tolerate_original=True)
+                done = self._restore(entry, record)
                 record["state"] = "undone"
                 entry.save()
-                restored.append(record["path"])
-        return restored
+                (restored if done else unchanged).append(record["path"])
+        return restored, unchanged
 
-    def _restore(self, entry: Entry, record: dict, tolerate_original: bool) -> str:
-        """Put one file back; returns a note when something could not be judged safe."""
+    def _restore(self, entry: Entry, record: dict) -> bool:
+        """Put one file back; True when bytes were written, False when it already was original.
+
+        RestoreRefused, with nothing written, when the target is neither the fix's result nor
+        its original, or the backup is missing or does not hash to the recorded sha256.
+        """
         path, action = record["path"], record["action"]
         backup = entry.dir / record["backup"]
         if action == "modify":
             current = _sha_or_none(path)
             if current == record["sha256_before"]:
-                return ""
+                return False
             if current is not None and current != record["sha256_after"]:
-                return f"{path}: changed since the fix; left as is"
-            if not backup.is_file() or sha256_file(str(backup)) != record["sha256_before"]:
-                return f"{path}: backup missing or damaged; left as is"
-            atomic.atomic_write(path, backup.read_bytes(), mode=record["mode"],
-                                owner=(record["uid"], record["gid"]))
-            if sha256_file(path) != record["sha256_before"]:
-                raise BadInput(f"{path}: restored bytes do not match the recorded sha256")
-            return ""
+                raise RestoreRefused(f"{path}: changed since fix {entry.id} (sha256 {current[:12]}, the fix "
+                                     f"wrote {str(record['sha256_after'])[:12]}); nothing restored")
+            _put_back(path, str(backup), record, entry.id)
+            return True
         if action == "create":
             current = _sha_or_none(path)
             if current is None:
-                return ""
+                return False
             if current != record["sha256_after"]:
-                return f"{path}: changed since the fix; left as is"
+                raise RestoreRefused(f"{path}: changed since fix {entry.id}; not removed")
             os.unlink(path)
             atomic.fsync_dir(os.path.dirname(path))
-            return ""
+            return True
         if action == "create-dir":
             if os.path.lexists(path) and not backup.exists():
                 _move(path, str(backup))  # generated, but kept rather than deleted
-            return ""
+                return True
+            return False
         if action == "move":
             partial = Path(str(backup) + ".partial")
             if partial.exists():
                 shutil.rmtree(partial, ignore_errors=True)
-            if backup.exists() and not os.path.lexists(path):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                _move(str(backup), path)
-            return ""
-        return f"{path}: unknown action {action}"
+            if os.path.lexists(path):
+                return False
+            if not os.path.lexists(backup):
+                raise RestoreRefused(f"{path}: its copy {backup} is missing from the journal; nothing restored")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _move(str(backup), path)
+            return True
+        raise RestoreRefused(f"{path}: unknown action {action}; nothing restored")
+
+
+def _make_backup(path: str, backup: str, st: os.stat_result) -> tuple:
+    """Keep the original at ``backup``: ("link", None) or ("copy", sha256 of the bytes).
+
+    A hard link costs nothing, whatever the size (issue 13: a 419 MB library was copied
+    twice), and it is safe because the fix renames a new inode over the path: the old inode
+    is then reachable only through the journal.  Only a file with no other names is linked,
+    since a write through another name would change the backup; across filesystems, or where
+    protected_hardlinks refuses, the bytes are copied (hashed while copied).
+    """
+    if st.st_nlink == 1:
+        try:
+            os.link(path, backup, follow_symlinks=False)
+        except OSError:
+            pass
+        else:
+            if os.stat(backup).st_ino == st.st_ino:
+                return "link", None
+            os.unlink(backup)  # the path was replaced between stat and link: copy what is there
+    digest = hashlib.sha256()
+    src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        def fill(fd):
+            for block in iter(lambda: os.read(src, 1 << 20), b""):
+                digest.update(block)
+                _write_all(fd, block)
+        atomic.write_temp(fill, backup, mode=0o600)
+    finally:
+        os.close(src)
+    return "copy", digest.hexdigest()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class _Hasher(threading.Thread):
+    """sha256 of a file in a thread (hashlib releases the GIL on large updates)."""
+
+    def __init__(self, path: str):
+        super().__init__(daemon=True)
+        self.path, self.digest, self.error = path, None, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.digest = sha256_file(self.path)
+        except OSError as exc:
+            self.error = exc
+
+    def join(self, timeout=None) -> str:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+        return self.digest
+
+    def join_quietly(self) -> None:
+        super().join()
+
+
+def _put_back(path: str, backup: str, record: dict, entry_id: str) -> None:
+    """Rename the verified backup over ``path`` (a copy when it lies on another filesystem).
+
+    The bytes renamed into place are the ones hashed: the backup is checked against the
+    sha256 recorded before the fix, then that same inode is renamed (or copied into a temp
+    while hashed, and the temp renamed).  Any mismatch: the temp is removed, nothing written.
+    """
+    want = record["sha256_before"]
+    try:
+        got = sha256_file(backup)
+    except FileNotFoundError:
+        raise RestoreRefused(f"{path}: backup {backup} is missing; nothing restored") from None
+    if got != want:
+        raise RestoreRefused(f"{path}: backup {backup} is damaged (sha256 {got[:12]}, recorded "
+                             f"{str(want)[:12]}); nothing restored")
+    owner = (record["uid"], record["gid"])
+    mode = record["mode"] if record["mode"] is not None else 0o644
+    try:
+        if os.geteuid() == 0 or owner[0] == os.geteuid():
+            try:
+                os.chown(backup, *owner, follow_symlinks=False)
+            except (PermissionError, TypeError):
+                pass
+        os.chmod(backup, stat.S_IMODE(mode))
+        os.rename(backup, path)
+    except OSError as exc:
+        if exc.errno != 18:  # EXDEV: the journal is on another filesystem
+            raise
+        temp = atomic.temp_path_for(path, "undo-" + entry_id)
+        digest = hashlib.sha256()
+        with open(backup, "rb") as src:
+            def fill(fd):
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    digest.update(block)
+                    _write_all(fd, block)
+            atomic.write_temp(fill, temp, mode=mode, owner=owner)
+        if digest.hexdigest() != want:
+            _unlink(temp)
+            raise RestoreRefused(f"{path}: backup {backup} changed while being restored; nothing restored")
+        atomic.replace(temp, path)
+        return
+    atomic.fsync_dir(os.path.dirname(path))
+
+
+def _manifest_problem(entry_id: str, manifest) -> str:
+    """'' when ``manifest`` describes a journal entry; else what is wrong, for one line."""
+    if not isinstance(manifest, dict):
+        return f"is not an object (a JSON {type(manifest).__name__})"
+    if manifest.get("id") != entry_id:
+        return f"names another entry ({str(manifest.get('id'))[:40]!r})"
+    if manifest.get("status") not in STATUSES:
+        return f"has an unknown status {str(manifest.get('status'))[:20]!r}"
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        return f"has no list of files (files: {json.dumps(files)[:20]})"
+    for n, record in enumerate(files):
+        if not isinstance(record, dict):
+            return f"file record {n} is not an object"
+        path = record.get("path")
+        if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+            return f"file record {n} has no absolute path"
+        if record.get("action") not in ACTIONS:
+            return f"file record {n} has an unknown action"
+        if not isinstance(record.get("backup"), str) or not _BACKUP.fullmatch(record["backup"]):
+            return f"file record {n} has a bad backup name"
+        if not isinstance(record.get("state"), str):
+            return f"file record {n} has no state"
+        for key in ("sha256_before", "sha256_after"):
+            value = record.get(key)
+            if value is not None and not (isinstance(value, str) and _SHA.fullmatch(value)):
+                return f"file record {n} has a bad {key}"
+        for key in ("mode", "uid", "gid"):
+            value = record.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                return f"file record {n} has a bad {key}"
+        temp = record.get("temp")
+        if temp is not None and not (isinstance(temp, str) and os.path.dirname(temp) == os.path.dirname(path)
+                                     and atomic.TEMP_TAG in os.path.basename(temp)):
+            return f"file record {n} has a bad temp name"
+        if record["action"] == "modify" and record["state"] in _MAYBE_WRITTEN and not (
+                record.get("sha256_before") and record.get("sha256_after")):
+            return f"file record {n} lacks its sha256"
+    return ""
 
 
 def _undo_problem(entry: Entry, record: dict) -> str:
@@ -400,9 +731,20 @@ def _undo_problem(entry: Entry, record: dict) -> str:
         if current not in allowed:
             return (f"{path} changed since fix {entry.id} (sha256 {str(current)[:12]}, "
                     f"expected {record['sha256_after'][:12]}); nothing restored")
+        if record["action"] == "modify" and current != record["sha256_before"]:
+            backup = entry.dir / record["backup"]
+            got = _sha_or_none(str(backup))
+            if got is None:
+                return f"{path}: backup {backup} is missing; nothing restored"
+            if got != record["sha256_before"]:
+                return (f"{path}: backup {backup} is damaged (sha256 {got[:12]}, recorded "
+                        f"{record['sha256_before'][:12]}); nothing restored")
     elif record["action"] == "move":
-        if os.path.lexists(path) and (entry.dir / record["backup"]).exists():
+        backup = entry.dir / record["backup"]
+        if os.path.lexists(path) and os.path.lexists(backup):
             return f"{path} exists again since fix {entry.id}; move it away first; nothing restored"
+        if not os.path.lexists(path) and not os.path.lexists(backup):
+            return f"{path}: its copy {backup} is missing from the journal; nothing restored"
     return ""
 
 
@@ -430,7 +772,7 @@ def _move(src: str, dest: str) -> None:
 
 def _try_lock(path: Path) -> int | None:
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         return None
     try:
@@ -444,7 +786,7 @@ def _try_lock(path: Path) -> int | None:
 def _sha_or_none(path: str) -> str | None:
     try:
         return sha256_file(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 

@@ -26,6 +26,7 @@ class RelinkAction:
     strategy: str = ""  # in-place, reuse, moved-dynstr, lief (filled by the dry run / fixer)
     growth: int = 0
     changes: list = field(default_factory=list)
+    identity: tuple | None = None  # atomic.file_identity() when planned; the fixer checks it again
 
 
 @dataclass

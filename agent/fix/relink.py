@@ -17,12 +17,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 
 from ..elf.reader import is_elf, read_elf
 from ..errors import BadInput, ELFError, SeedanceError
-from . import dynedit
+from . import atomic, dynedit
 from .plan import RELINK_RULES, FixPlan, RelinkAction, dynamic_diff
 
 FAMILY = re.compile(r"^lib(cudart|cublasLt|cublas|curand|cufftw|cufft|cusparse|cusolverMg|cusolver|"
@@ -213,9 +212,11 @@ class Relinker:
         action = RelinkAction(path=path, renames={}, version_renames={}, target_major=major, targets={},
                               findings=sorted({m for msgs in names.values() for m in msgs}))
         try:
+            # the file as planned from: the fix refuses to write if another run replaced it since
+            action.identity = atomic.file_identity(os.stat(path))
             info = read_elf(path, symbols=True)
-        except ELFError as exc:
-            action.refusal = str(exc)
+        except (ELFError, OSError) as exc:
+            action.refusal = str(exc) if isinstance(exc, ELFError) else f"{path}: {exc.strerror}"
             return action
         problems = []
         for name in names:
@@ -342,11 +343,11 @@ class Relinker:
         return edit
 
     def preview(self, action: RelinkAction) -> list:
-        """The dynamic-entry diff of the edit, from a scratch copy outside the target's directory."""
+        """The dynamic-entry diff of the edit, parsed from a private copy-on-write mapping with
+        the patches applied: nothing is written (a scratch copy of a 419 MB library cost
+        more than patchelf's whole run, issue 13)."""
         edit = self.edit(action)
-        with tempfile.NamedTemporaryFile(prefix="seedance-preview-", suffix=".so") as handle:
-            edit.fill(handle.fileno())
-            return dynamic_diff(read_elf(action.path), read_elf(handle.name))
+        return dynamic_diff(read_elf(action.path), edit.result_info())
 
     def verify(self, action: RelinkAction, temp: str) -> None:
         """Re-parse, check the intended edit, resolve again, dlopen in a child process."""
