@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .errors import RuleError
+from .errors import BadInput, RuleError
 from .model import SEVERITIES, Fact, Finding
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
@@ -126,6 +126,8 @@ def load_rules(directory: Path | str | None = None) -> RuleSet:
     """Load and validate every rules/*.yaml; any problem is one RuleError line."""
     import yaml
 
+    from . import yamlio
+
     directory = Path(directory) if directory else default_rules_dir()
     files = sorted(directory.glob("*.yaml"))
     if not files:
@@ -133,8 +135,11 @@ def load_rules(directory: Path | str | None = None) -> RuleSet:
     rules: list[Rule] = []
     for path in files:
         try:
-            # libyaml's loader when present: ~6x faster than the pure-Python one
-            doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            doc = yamlio.load_file(path)  # bounded: size, depth, alias expansion (issue 10)
+        except RuleError:
+            raise
+        except BadInput as exc:
+            raise RuleError(str(exc)) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""

@@ -105,10 +105,17 @@ def config_facts(path: str) -> list:
     """Facts for every loader-feeding value in one YAML file; BadYaml when it does not parse."""
     import yaml
 
+    from .. import yamlio
+    from ..errors import BadInput
+
     try:
         with open(path, "rb") as handle:
-            text = handle.read(4 << 20).decode("utf-8", "replace")
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+            text = handle.read(yamlio.MAX_BYTES).decode("utf-8", "replace")
+        # Bounded (issue 10): an alias bomb or a 5000-deep file in the config dir is one
+        # skipped config, not a hung check.
+        root = yamlio.compose(text, path)
+    except BadInput as exc:
+        raise BadYaml(str(exc)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

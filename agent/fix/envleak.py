@@ -124,8 +124,10 @@ def _yaml():
 def parse_or_refuse(path: str, text: str):
     from ruamel.yaml.error import YAMLError
 
+    from .. import yamlio
+
     try:
-        return _yaml().load(text)
+        return yamlio.roundtrip_load(_yaml(), text, path)  # bounded (issue 10)
     except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark else ""
@@ -135,9 +137,14 @@ def parse_or_refuse(path: str, text: str):
 
 def plan_config_edit(path: str, findings: list, inject: str | None) -> ConfigEdit | None:
     """The rewritten bytes of one config for its env-leak findings (None: nothing to change)."""
+    from .. import yamlio
+
     with open(path, "rb") as handle:
-        original = handle.read()
-    text = original.decode("utf-8")
+        original = handle.read(yamlio.MAX_BYTES + 1)  # more is refused by parse_or_refuse
+    try:
+        text = original.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{path}: not UTF-8 text (byte {exc.start}), not rewritten") from None
     data = parse_or_refuse(path, text)
     targets = {}  # (key, value) -> finding
     for finding in findings:

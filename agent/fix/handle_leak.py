@@ -79,9 +79,11 @@ def shim_handles_default(env: Mapping[str, str] = os.environ) -> str:
     """The handles mode `seedance run` gives the shim when --handles is not given."""
     import yaml
 
+    from .. import yamlio
+
     path = _settings_paths(env)[1]
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yamlio.load_file(path)  # bounded: size, depth, alias expansion (issue 10)
     except FileNotFoundError:
         return "shared"
     except (OSError, yaml.YAMLError) as exc:
@@ -103,14 +105,17 @@ def _updated(path: Path, section: str | None, values: dict) -> tuple[bytes | Non
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
+    from .. import yamlio
+
     yaml = YAML()
     yaml.preserve_quotes = True
     try:
-        old = path.read_bytes()
+        with open(path, "rb") as handle:
+            old = handle.read(yamlio.MAX_BYTES + 1)  # more is refused by roundtrip_load
     except FileNotFoundError:
         old = None
     try:
-        doc = yaml.load(old) if old else None
+        doc = yamlio.roundtrip_load(yaml, old, str(path)) if old else None
     except YAMLError as exc:
         raise BadInput(f"{path}: not valid YAML, not rewritten: {str(exc).splitlines()[0]}") from None
     if doc is None:
@@ -155,8 +160,8 @@ def apply(mode: str, gc_interval: str | None = None, dry_run: bool = False, env:
         build_config(read_config_file(Path(temp)), {}, env={})  # the agent must be able to load it
 
     def verify_shim(temp: str) -> None:
-        import yaml
-        if (yaml.safe_load(Path(temp).read_text()) or {}).get("handles") != mode:
+        from .. import yamlio
+        if (yamlio.load_file(temp) or {}).get("handles") != mode:
             raise BadInput(f"{temp}: handles is not {mode}")
 
     todo = []

@@ -81,8 +81,10 @@ def load_document(text: str, where: str):
     """Round-trip load; a YAML syntax error becomes one line with the line number."""
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+    from .. import yamlio
+
     try:
-        doc = _yaml().load(text)
+        doc = yamlio.roundtrip_load(_yaml(), text, where)  # bounded (issue 10)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f" line {mark.line + 1}" if mark else ""
@@ -231,7 +233,9 @@ def load_manifest(path: str | Path, text: str | None = None) -> Manifest:
     where = str(path)
     if text is None:
         try:
-            text = path.read_text()
+            from .. import yamlio
+
+            text = yamlio.read_text(path)  # size-capped; not UTF-8 is one BadInput line
         except FileNotFoundError:
             raise BadInput(f"{where}: no manifest.yaml (a plugin is a directory, .tar.gz or wheel "
                            f"with a manifest.yaml)") from None

@@ -119,14 +119,16 @@ def read_config_file(path: Path) -> dict:
     """The agent.yaml mapping, validated; a missing file is an empty mapping."""
     import yaml
 
+    from .. import yamlio
+
     try:
-        text = path.read_text()
+        text = yamlio.read_text(path)  # size-capped, UTF-8 or one BadInput line
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise BadInput(f"{path}: {exc.strerror or exc}") from None
     try:
-        doc = yaml.safe_load(text) or {}
+        doc = yamlio.load(text, str(path)) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark else ""
