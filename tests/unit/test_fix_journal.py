@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from seedance.errors import BadInput
-from seedance.fix.journal import Journal, VerifyFailed, journal_root
+from seedance.fix.journal import DamagedEntry, Journal, RestoreRefused, VerifyFailed, journal_root
 
 
 def sha(path):
@@ -135,3 +135,190 @@ def test_ids_are_validated_before_any_path_is_built(journal):
     for bad in ("../../etc", "x", "20260101-000000-zzzzzz"):
         with pytest.raises(BadInput, match="not a journal entry id"):
             journal.load(bad)
+
+
+# --- nothing is put back unseen (issue 10 item 5, issue 17 "Journal tests") -----------------------
+
+def _fixed(journal, tmp_path, name="lib.so", original=b"\x7fELF original", result=b"\x7fELF result"):
+    target = tmp_path / name
+    target.write_bytes(original)
+    with journal.begin("test") as entry:
+        entry.replace_file(str(target), result)
+    return target, entry
+
+
+def _interrupted(journal, tmp_path, original=b"\x7fELF original", result=b"\x7fELF result"):
+    """An entry whose fixer died after the rename: target holds the result, entry still open."""
+    target = tmp_path / "lib.so"
+    target.write_bytes(original)
+    entry = journal.begin("test")
+    entry.replace_file(str(target), result)
+    entry.release()
+    return target, entry
+
+
+def test_undo_with_the_backup_deleted_is_refused_naming_the_path(journal, tmp_path):
+    target, entry = _fixed(journal, tmp_path)
+    os.unlink(journal.root / entry.id / "files" / "0")
+    with pytest.raises(RestoreRefused, match=rf"{target}: backup .*files/0 is missing; nothing restored"):
+        journal.undo()
+    assert target.read_bytes() == b"\x7fELF result"
+    assert journal.load(entry.id).manifest["status"] == "committed"
+
+
+def test_undo_with_a_damaged_backup_is_refused_and_writes_nothing(journal, tmp_path):
+    target, entry = _fixed(journal, tmp_path)
+    backup = journal.root / entry.id / "files" / "0"
+    with open(backup, "r+b") as handle:  # one flipped byte, same size
+        handle.write(b"\x00")
+    with pytest.raises(RestoreRefused, match=rf"{target}: backup .* is damaged"):
+        journal.undo(entry.id)
+    assert target.read_bytes() == b"\x7fELF result"
+    assert backup.read_bytes() == b"\x00ELF original"
+    assert journal.load(entry.id).manifest["status"] == "committed"
+    assert [n for n in os.listdir(tmp_path) if "seedance-tmp" in n] == []
+
+
+def test_recovery_with_a_damaged_backup_is_refused_and_the_entry_stays_open(journal, tmp_path):
+    target, entry = _interrupted(journal, tmp_path)
+    with open(journal.root / entry.id / "files" / "0", "r+b") as handle:
+        handle.seek(5)
+        handle.write(b"X")
+    [result] = journal.recover_entries()
+    assert result.refused and str(target) in result.refused and "damaged" in result.refused
+    assert target.read_bytes() == b"\x7fELF result"
+    assert journal.load(entry.id).manifest["status"] == "open"
+    with pytest.raises(RestoreRefused, match=rf"{entry.id} cannot be rolled back: {target}: backup"):
+        journal.undo()
+    assert target.read_bytes() == b"\x7fELF result"
+
+
+def test_recovery_leaves_a_target_edited_after_the_crash(journal, tmp_path):
+    target, entry = _interrupted(journal, tmp_path)
+    target.write_bytes(b"the user's own rebuild")
+    [result] = journal.recover_entries()
+    assert f"{target}: changed since fix {entry.id}" in result.refused
+    assert target.read_bytes() == b"the user's own rebuild"
+    assert journal.load(entry.id).manifest["status"] == "open"
+
+
+def test_undo_reports_restored_only_for_what_it_wrote(journal, tmp_path):
+    target, entry = _fixed(journal, tmp_path)
+    target.write_bytes(b"\x7fELF original")  # the user already put the original back
+    result = journal.undo(entry.id)
+    assert result.restored == [] and result.unchanged == [str(target)]
+    assert journal.load(entry.id).manifest["status"] == "undone"
+
+
+@pytest.mark.parametrize("content", [b"[]", b'{"files": null}', b"", b'{"schema": "seedance.journal/v1", "id": "',
+                                     b"\xff\xfe{}", b"[" * 100000, b"null"])
+def test_a_damaged_manifest_is_one_line_for_load_undo_and_recovery(journal, tmp_path, content):
+    target, entry = _fixed(journal, tmp_path)
+    (journal.root / entry.id / "manifest.json").write_bytes(content)
+    read = journal.read(entry.id)
+    assert read.damaged and read.manifest["status"] == "damaged"
+    assert "\n" not in read.damaged
+    with pytest.raises(DamagedEntry, match=rf"journal entry {entry.id}: manifest.json "):
+        journal.undo(entry.id)
+    with pytest.raises(DamagedEntry, match="name the entry to undo"):
+        journal.undo()
+    assert journal.recover_entries() == []
+    assert target.read_bytes() == b"\x7fELF result"
+
+
+def test_a_manifest_with_files_null_in_a_valid_entry_is_damaged(journal, tmp_path):
+    _target, entry = _fixed(journal, tmp_path)
+    path = journal.root / entry.id / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["files"] = None
+    path.write_text(json.dumps(manifest))
+    assert journal.read(entry.id).damaged == "manifest.json has no list of files (files: null)"
+
+
+def test_fix_through_a_symlink_rewrites_the_target_and_keeps_the_link(journal, tmp_path):
+    real = tmp_path / "real" / "libk.so.1.0"
+    real.parent.mkdir()
+    real.write_bytes(b"\x7fELF original")
+    link = tmp_path / "libk.so"
+    link.symlink_to("real/libk.so.1.0")
+    with journal.begin("test") as entry:
+        record = entry.replace_file(str(link), b"\x7fELF fixed")
+    assert os.readlink(link) == "real/libk.so.1.0"
+    assert real.read_bytes() == b"\x7fELF fixed"
+    assert record["path"] == str(real) and record["link"] == str(link)
+    assert sorted(os.listdir(tmp_path)) == ["journal", "libk.so", "real"]
+    journal.undo()
+    assert os.readlink(link) == "real/libk.so.1.0" and real.read_bytes() == b"\x7fELF original"
+
+
+def test_a_second_fix_of_the_same_file_is_refused_while_the_first_holds_it(journal, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    (tmp_path / "alias.so").symlink_to(target)
+    first = journal.begin("first")
+    first.replace_file(str(target), b"first")
+    second = journal.begin("second")
+    with pytest.raises(BadInput, match=rf"{target}: another seedance fix or undo \(pid {os.getpid()}\)"):
+        second.replace_file(str(tmp_path / "alias.so"), b"second")  # same real file, same lock
+    second.commit()
+    first.commit()
+    assert target.read_bytes() == b"first"
+    assert journal.load(second.id).manifest["status"] == "rolled-back"
+
+
+def test_a_file_replaced_since_the_plan_is_not_rewritten(journal, tmp_path):
+    from seedance.fix.atomic import file_identity
+
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    planned = file_identity(os.stat(target))
+    (tmp_path / "other").write_bytes(b"another fix's result")
+    os.rename(tmp_path / "other", target)
+    with pytest.raises(BadInput, match="changed since this fix planned its edit"):
+        with journal.begin("test") as entry:
+            entry.replace_file(str(target), b"stale plan", expect=planned)
+    assert target.read_bytes() == b"another fix's result"
+
+
+def test_the_backup_is_the_original_inode_when_it_can_be(journal, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    inode = os.stat(target).st_ino
+    with journal.begin("test") as entry:
+        record = entry.replace_file(str(target), b"result")
+    backup = journal.root / entry.id / "files" / "0"
+    assert record["backup_kind"] == "link" and os.stat(backup).st_ino == inode
+    assert os.stat(target).st_ino != inode and os.stat(backup).st_nlink == 1
+    assert record["sha256_before"] == hashlib.sha256(b"original").hexdigest()
+    assert record["sha256_after"] == hashlib.sha256(b"result").hexdigest()
+
+
+def test_a_file_with_other_names_is_copied_not_linked(journal, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    os.link(target, tmp_path / "other-name.so")
+    with journal.begin("test") as entry:
+        record = entry.replace_file(str(target), b"result")
+    backup = journal.root / entry.id / "files" / "0"
+    assert record["backup_kind"] == "copy" and os.stat(backup).st_ino != os.stat(tmp_path / "other-name.so").st_ino
+    (tmp_path / "other-name.so").write_bytes(b"changed through the other name")
+    journal.undo()
+    assert target.read_bytes() == b"original"
+
+
+def test_a_journal_on_another_filesystem_copies_and_restores(tmp_path):
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev or not os.access(shm, os.W_OK):
+        pytest.skip("needs /dev/shm on another filesystem than the test's tmp dir")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=shm) as root:
+        journal = Journal(root)
+        target = tmp_path / "lib.so"
+        target.write_bytes(b"original")
+        os.chmod(target, 0o750)
+        with journal.begin("test") as entry:
+            record = entry.replace_file(str(target), b"result")
+        assert record["backup_kind"] == "copy"
+        journal.undo()
+        assert target.read_bytes() == b"original" and stat.S_IMODE(os.stat(target).st_mode) == 0o750
