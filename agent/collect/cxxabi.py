@@ -5,9 +5,17 @@ the standard abbreviation ``Ss``, the new one spells out
 ``NSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE``.  A c10/torch function taking a
 string therefore has two different symbol names, and an extension built with the other
 ABI imports a name torch never exports.  We read the mangled names; nothing is demangled.
+
+torch's own ABI is decided from its c10/at/torch/caffe2-namespaced exports only (issue 11,
+item 4): libc10 of torch < 2.7 (pre-cxx11 wheels) also exports statically linked libstdc++
+helpers in ``std::__cxx11`` (213 of them in torch 2.4.1's libc10, against 62 old-string
+names), so counting every export calls the old ABI new.  The namespaced exports are
+unambiguous: torch 2.4.1's libc10 has 36 old-string names and no new one; torch 2.13's
+has 74 new-string names and no old one.
 """
 from __future__ import annotations
 
+import os
 import re
 
 from ..elf.reader import read_elf
@@ -67,6 +75,11 @@ def _mangling_codes(symbol: str) -> str:
     return "".join(out)
 
 
+def torch_abi_of(defined_names) -> tuple:
+    """(abi, example) of a torch library from its exports, c10/at/torch/caffe2 names only."""
+    return abi_of(name for name in defined_names if name.startswith(TORCH_PREFIXES))
+
+
 def abi_of(symbol_names) -> tuple:
     """(abi, example) from mangled names; (None, None) when no name involves std::string."""
     old = new = None
@@ -95,8 +108,8 @@ class TorchAbiCache:
         if path not in self._abi:
             try:
                 info = read_elf(path, symbols=True)
-                names = (s.name for s in info.symbols if s.defined)
-                self._abi[path] = abi_of(names)[0]
+                names = (s.name for s in info.symbols if s.defined and s.binding != "LOCAL")
+                self._abi[path] = torch_abi_of(names)[0]
             except Exception:  # an unreadable torch is reported by the loader rules, not here
                 self._abi[path] = None
         return self._abi[path]
@@ -109,6 +122,8 @@ def cxx_abi_fact(ext_path: str, ext_info, torch_paths, cache: TorchAbiCache) -> 
     ext_abi, example = abi_of(imports)
     if ext_abi is None:
         return None
+    if _same_directory(ext_path, torch_paths):
+        return None  # torch's own libraries (libtorch_cuda beside libc10) are torch itself
     for torch_path in sorted(torch_paths, key=lambda p: ("libc10" not in p, p)):
         torch_abi = cache.abi(torch_path)
         if torch_abi is not None:
@@ -117,3 +132,8 @@ def cxx_abi_fact(ext_path: str, ext_info, torch_paths, cache: TorchAbiCache) -> 
                          "example_symbol": example},
                         source="collect.cxxabi")
     return None
+
+
+def _same_directory(path: str, others) -> bool:
+    here = os.path.dirname(os.path.realpath(path))
+    return any(os.path.dirname(os.path.realpath(other)) == here for other in others)

@@ -182,7 +182,7 @@ class TorchSymbols:
                         if "libc10" in lib:
                             abi_names.append(sym.name)
             self._defined = names
-            self.abi = cxxabi.abi_of(abi_names)[0]
+            self.abi = cxxabi.torch_abi_of(abi_names)[0]
         return self._defined
 
 
