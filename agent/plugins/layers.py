@@ -80,7 +80,7 @@ def host_summary() -> dict:
 def check_target(target: str, strict: bool, force_arch: str | None, *, store: Store,
                  sources=None, check_deps: bool = True) -> PluginCheck:
     path = Path(target)
-    if archive.kind_of(path) in ("tar", "wheel"):
+    if archive.kind_of(path) in ("tar", "wheel", "zip"):
         with tempfile.TemporaryDirectory(prefix="seedance-check-") as tmp:
             try:
                 root = archive.extract(path, Path(tmp))
