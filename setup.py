@@ -31,6 +31,7 @@ PACKAGE_DIRS = {
     "seedance.trace": "agent/trace",
     "seedance.shim": "shim",
     "seedance.profile": "agent/profile",
+    "seedance.quota": "agent/quota",
 }
 
 setup(

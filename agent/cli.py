@@ -28,6 +28,7 @@ COMMANDS = {
     "bench": "bench",
     "profiler": "profiler",
     "pareto": "pareto",
+    "quota": "quota",
 }
 
 EPILOG = """\
