@@ -9,7 +9,7 @@ Other parts of seedance build on these calls (stable API):
     shim.library_path()            -> Path of libseedance_shim.so (raises NotAvailable)
     shim.binding()                 -> (ffi, lib): cffi ABI binding; the version compiled
                                       into the .so is checked on first use
-    reg = shim.Registry.open()     -> the registry ($XDG_RUNTIME_DIR/seedance/registry.v1;
+    reg = shim.Registry.open()     -> the registry ($XDG_RUNTIME_DIR/seedance/registry.v2;
                                       SEEDANCE_RUNTIME_DIR overrides); None-safe: raises
                                       NotAvailable when there is none yet
     reg.instances()                -> [Instance(slot, pid, start_time, state, alive, exe,

@@ -1,7 +1,9 @@
 """The cffi binding to libseedance_shim.so: started lazily, once, behind a lock.
 
 ABI mode (ffi.dlopen) with the cdef taken from shim/include/seedance_shim.h, the same
-header the C code is compiled with.  On first use the binding refuses a library built
+header the C code is compiled with, pre-parsed into _shim_cffi.py by build_shim.py (cffi's
+out-of-line ABI mode: about 3 ms to import where parsing costs 50 ms or more, issue 13);
+without that module the header is parsed here.  On first use the binding refuses a library built
 from another version (its ABI number and its version string are compiled in), and says
 how to fix it: psutil's __init__ does the same against its C extension.
 """
@@ -56,6 +58,18 @@ def expected_version() -> str:
     return f"{__version__}+abi{header_constant('SD_ABI_VERSION')}"
 
 
+def _ffi():
+    try:
+        from ._shim_cffi import ffi  # generated from the header (build_shim.py --ffi)
+        return ffi
+    except ImportError:
+        from cffi import FFI
+
+        ffi = FFI()
+        ffi.cdef(read_cdef())
+        return ffi
+
+
 def binding():
     """(ffi, lib) for the installed shim; raises NotAvailable when absent or mismatched."""
     global _binding
@@ -63,10 +77,7 @@ def binding():
         return _binding
     with _lock:
         if _binding is None:
-            from cffi import FFI
-
-            ffi = FFI()
-            ffi.cdef(read_cdef())
+            ffi = _ffi()
             path = library_path()
             try:
                 lib = ffi.dlopen(str(path))

@@ -37,20 +37,43 @@ def read_cdef(header: Path = HEADER) -> str:
     return match.group(1)
 
 
-def check_cdef() -> None:
-    """Parse the cdef region with cffi, when the build environment has cffi.
+FFI_MODULE = HERE / "_shim_cffi.py"
 
-    pip builds in an isolated environment that holds only setuptools, and adding a
-    build requirement would need the network; the runtime binding parses the same
-    region on first use, and tests/shim checks it, so nothing can ship unparsed."""
-    try:
-        from cffi import FFI
-    except ImportError:
-        return
+
+def ffi_module_source() -> str:
+    """cffi's out-of-line ABI module for the cdef region: the parsed types, serialised.
+
+    Parsing the cdef costs 50-150 ms at every `seedance run` (issue 13); importing the
+    serialised form costs about 3 ms.  It is generated from the header, never edited,
+    and kept in git so that a build without cffi (pip's isolated build environment holds
+    only setuptools) still ships it; tests/shim/test_build.py fails when it is stale."""
+    import tempfile
+
+    from cffi import FFI
 
     ffi = FFI()
     ffi.cdef(read_cdef())
-    ffi.sizeof("struct sd_slot")
+    ffi.set_source("_shim_cffi", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "_shim_cffi.py"
+        ffi.emit_python_code(str(out))
+        return out.read_text()
+
+
+def check_cdef() -> None:
+    """Parse the cdef region with cffi and refresh _shim_cffi.py, when the build
+    environment has cffi.
+
+    pip builds in an isolated environment that holds only setuptools, and adding a
+    build requirement would need the network; the runtime binding falls back to parsing
+    the same region, and tests/shim checks both, so nothing can ship unparsed."""
+    try:
+        import cffi  # noqa: F401
+    except ImportError:
+        return
+    text = ffi_module_source()
+    if not FFI_MODULE.exists() or FFI_MODULE.read_text() != text:
+        FFI_MODULE.write_text(text)
 
 
 def package_version() -> str:
@@ -120,6 +143,10 @@ def build_standalone(out: str, cc: str | None = None, extra: list[str] | None = 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: build_shim.py OUT.so")
-    print(build_standalone(sys.argv[1]))
+    if len(sys.argv) == 2 and sys.argv[1] == "--ffi":
+        check_cdef()
+        print(FFI_MODULE)
+    elif len(sys.argv) == 2:
+        print(build_standalone(sys.argv[1]))
+    else:
+        sys.exit("usage: build_shim.py OUT.so | --ffi")

@@ -42,6 +42,8 @@ class Group:
     used: dict[int, int]
     refused: dict[int, int]
     peak: dict[int, int]
+    overflow_total: int = 0       # processes that shared the quota without a slot (registry full)
+    overflow_refused: int = 0     # ... that found no overflow entry either: quota'd allocations refused
 
 
 @dataclass(frozen=True)
@@ -162,19 +164,16 @@ class Registry:
             started_ns=int(s.started_ns), exited_ns=int(s.exited_ns), events_dropped=int(s.ring_dropped))
 
     def _held(self, index: int) -> dict[int, int]:
-        held: dict[int, int] = {}
-        for a in self.allocations(index):
-            held[a.device] = held.get(a.device, 0) + a.size
-        return held
+        """Bytes held per device: the sum of the slot's records, added up in C."""
+        held = self.ffi.new("uint64_t[]", self.max_devices)
+        self.lib.seedance_slot_held(self.base, index, held)
+        return _nonzero(held, self.max_devices)
 
     def slots_of_group(self, group_index: int) -> list[int]:
-        """Occupied slots of one quota group; cheap (no record scan), for polling."""
-        out = []
-        for i in range(self.max_slots):
-            s = self._slot(i)
-            if s.state != 0 and s.group == group_index:
-                out.append(i)
-        return out
+        """Occupied slots of one quota group; cheap (one pass in C, no record scan)."""
+        out = self.ffi.new("int[]", self.max_slots)
+        n = self.lib.seedance_group_slots(self.base, group_index, out, self.max_slots)
+        return list(out[0:max(n, 0)])
 
     def instances(self) -> list[Instance]:
         return [inst for i in range(self.max_slots) if (inst := self.instance(i)) is not None]
@@ -182,6 +181,8 @@ class Registry:
     def allocations(self, index: int) -> list[Allocation]:
         """What the instance still holds; for a dead instance, its leaks."""
         s = self._slot(index)
+        if not self._held(index):
+            return []
         libs = self.libraries(index)
         raw = bytes(self.ffi.buffer(s.records))
         out = []
@@ -248,7 +249,8 @@ class Registry:
         nd = self.max_devices
         return Group(index=index, key=int(g.key), owner_pid=int(g.owner_pid), members=int(g.members),
                      limits=_nonzero(g.limit, nd), used=_nonzero(g.used, nd), refused=_nonzero(g.refused, nd),
-                     peak=_nonzero(g.peak, nd))
+                     peak=_nonzero(g.peak, nd), overflow_total=int(g.overflow_total),
+                     overflow_refused=int(g.overflow_refused))
 
     def find_group(self, key: int) -> Group | None:
         for i in range(self.lib.SD_MAX_GROUPS):

@@ -1,19 +1,22 @@
 """seedance run: wrap a command with the CUDA shim (affinity, quotas, per-instance handles).
 
 The program runs unchanged under LD_PRELOAD=libseedance_shim.so (and LD_AUDIT with
---audit).  seedance itself never writes to the program's stdout: notes go to stderr,
-the report to --report-json FILE, events to --events FILE.  The exit code is the
-program's (128+N when killed by signal N).
+--audit).  seedance and the program never share a descriptor: notes go to stderr, the
+report to -o/--report-json FILE, events to --events FILE; when either goes to stdout
+(`-`), the program's stdout goes to stderr, so `seedance run -o - -- prog | jq` always
+reads one clean document.  The exit code is the program's (128+N when killed by signal N).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -30,7 +33,8 @@ examples:
   seedance run --affinity auto --mem-limit 8G -- python serve.py
   seedance run --mem-limit 8G,1:4G --report-json run.json -- ./bench
   seedance run --events ev.jsonl --audit -- python -c 'import torch'
-  SEEDANCE_DISABLE=1 seedance run -- ./app                  shim loaded but bypassed
+  seedance run -o - --mem-limit 1G -- ./app | jq .stats      the report on stdout; the app's stdout on stderr
+  SEEDANCE_DISABLE=1 seedance run -- ./app                  shim loaded but bypassed (said on stderr)
 """
 
 # programs whose job is to start the real workload: without --follow-children it escapes
@@ -49,8 +53,14 @@ def configure_parser(sub):
                              "a comma list of those, or auto (least-loaded device)")
     parser.add_argument("--mem-limit", metavar="SIZE",
                         help="device memory quota: 8G for every device, 1:4G for device 1, or both (8G,1:4G)")
-    parser.add_argument("--events", metavar="FILE", help="write the shim's events as JSON lines")
-    parser.add_argument("--report-json", metavar="FILE", help="write the run report (seedance.report/v1); - for stdout after the program ends")
+    parser.add_argument("--events", metavar="FILE",
+                        help="write the shim's events as JSON lines (- for stdout: the program's stdout "
+                             "then goes to stderr)")
+    parser.add_argument("-o", "--report-json", metavar="FILE", dest="report_json",
+                        help="write the run report (seedance.report/v1) to FILE; - for stdout once the "
+                             "program has ended (the program's stdout then goes to stderr)")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite an output file that is not empty and not a seedance output")
     parser.add_argument("--audit", action="store_true",
                         help="also load the shim as LD_AUDIT: record library searches, loads and CUDA bindings")
     parser.add_argument("--follow-children", action="store_true",
@@ -114,6 +124,47 @@ def setuid_note(exe: str | None) -> str:
         return (f"{exe} is set-user/group-ID: glibc ignores LD_PRELOAD and LD_AUDIT for it "
                 f"(secure-execution mode), so it runs unwrapped")
     return ""
+
+
+PT_INTERP = 3
+
+
+def static_note(exe: str | None, depth: int = 0) -> str:
+    """Why LD_PRELOAD can never reach EXE: an ELF without a program interpreter (static,
+    static-pie) never runs ld.so, which is what reads LD_PRELOAD (issue 10: a static
+    binary was reported wrapped).  A #! script is judged by its interpreter."""
+    if not exe:
+        return ""
+    try:
+        with open(exe, "rb") as f:
+            head = f.read(64)
+            if head[:2] == b"#!" and depth == 0:
+                words = (head + f.read(192)).split(b"\n", 1)[0][2:].split()
+                if not words:
+                    return ""
+                interp = os.fsdecode(words[0])
+                if os.path.basename(interp) == "env" and len(words) > 1:
+                    interp = shutil.which(os.fsdecode(words[1])) or ""
+                note = static_note(interp, depth + 1)
+                return f"its interpreter {note}" if note else ""
+            if head[:4] != b"\x7fELF" or len(head) < 64:
+                return ""
+            end = "<" if head[5] == 1 else ">"
+            if head[4] == 2:   # ELFCLASS64
+                phoff, = struct.unpack_from(end + "Q", head, 0x20)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 0x36)
+            else:
+                phoff, = struct.unpack_from(end + "I", head, 0x1C)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 0x2A)
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except OSError:
+        return ""
+    types = [struct.unpack_from(end + "I", table, i * phentsize)[0] for i in range(len(table) // max(phentsize, 1))]
+    if PT_INTERP in types:
+        return ""
+    return (f"{exe} is statically linked (no program interpreter): ld.so never runs for it, so "
+            f"LD_PRELOAD cannot load the shim and it runs unwrapped")
 
 
 def resolve_affinity(spec: str) -> tuple[str, dict]:
@@ -217,9 +268,9 @@ def driver_device_count() -> int:
 class EventDrain:
     """Drains the event rings of this run's instances into a JSONL file, off the hot path."""
 
-    def __init__(self, registry, group_key: int, path: str, interval: float = 0.05):
+    def __init__(self, registry, group_key: int, out, interval: float = 0.05):
         self.registry, self.group_key, self.interval = registry, group_key, interval
-        self.out = open(path, "w")
+        self.out = out            # an open text stream (OutputTarget.open_stream); closed by its owner
         self.written = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -247,12 +298,19 @@ class EventDrain:
         if self.thread.is_alive():
             self.thread.join()
         self.drain()
-        self.out.close()
+
+
+def prepare_outputs(args):
+    """Check every output path before any work (seedance.output: never destroys a file)."""
+    from ..output import prepare_output
+
+    report = prepare_output(args.report_json, force=args.force, what="report") if args.report_json else None
+    events = prepare_output(args.events, force=args.force, what="event stream") if args.events else None
+    return report, events
 
 
 def execute(args) -> int:
     from .. import shim
-    from ..engine import load_rules
     from ..runreport import RunResult, build_report, leaks_with_apis
     from ..shim.binding import expected_version
     from ..shim.wrap import wrap_env
@@ -265,6 +323,9 @@ def execute(args) -> int:
     exe = shutil.which(cmd[0])
     if exe is None:
         raise BadInput(f"seedance run: {cmd[0]}: command not found")
+    report_out, events_out = prepare_outputs(args)
+    # a stream on stdout: the program's stdout goes to stderr, never into the stream
+    stream_on_stdout = any(t is not None and t.is_stdout for t in (report_out, events_out))
 
     library = shim.library_path()
     shim.binding()  # refuses a library of another version, with the fix
@@ -275,12 +336,17 @@ def execute(args) -> int:
     if not args.follow_children and Path(exe).name in LAUNCHERS:
         print(f"seedance: note: {Path(exe).name} starts other programs, which run unwrapped "
               f"without --follow-children", file=sys.stderr)
-    note = setuid_note(exe)
-    if note:
-        print(f"seedance: {note}", file=sys.stderr)
-        result.wrapped, result.why_unwrapped = False, note
+    for note in (setuid_note(exe), static_note(exe)):
+        if note:
+            print(f"seedance: {note}", file=sys.stderr)
+            result.wrapped, result.why_unwrapped = False, note
+            break
     if env.get("SEEDANCE_DISABLE") == "1":
-        result.wrapped, result.why_unwrapped = False, "SEEDANCE_DISABLE=1: the shim passes every call through"
+        why = "SEEDANCE_DISABLE=1 is set in the environment: the shim passes every call through"
+        if args.mem_limit or args.affinity:
+            why += ", so --mem-limit and --affinity are NOT enforced"
+        print(f"seedance: note: {why}", file=sys.stderr)
+        result.wrapped, result.why_unwrapped = False, why
 
     affinity_value = mem_value = None
     if args.affinity:
@@ -300,38 +366,43 @@ def execute(args) -> int:
         registry = shim.Registry.open()
     except NotAvailable:
         pass
-    drain = None
-    if args.events:
-        if registry is None:
-            # the first wrapped process creates the registry: wait for it in the drain loop
-            drain = _LateDrain(group_key, args.events)
-        else:
-            drain = EventDrain(registry, group_key, args.events)
-        drain.thread.start()
+    with contextlib.ExitStack() as stack:
+        drain = None
+        if events_out is not None:
+            stream = stack.enter_context(events_out.open_stream())
+            # the first line names the stream, so a later --events to the same file knows it
+            stream.write(json.dumps({"schema": "seedance.run-events/v1", "kind": "start", "pid": os.getpid(),
+                                     "argv": cmd}) + "\n")
+            if registry is None:
+                # the first wrapped process creates the registry: wait for it in the drain loop
+                drain = _LateDrain(group_key, stream)
+            else:
+                drain = EventDrain(registry, group_key, stream)
+            drain.thread.start()
 
-    started = time.monotonic()
-    try:
-        child = subprocess.Popen(cmd, env=env)
-    except OSError as exc:
-        raise BadInput(f"seedance run: {cmd[0]}: {exc.strerror or exc}") from None
-    # Ctrl-C reaches the program from the terminal (same process group): seedance only
-    # waits for it to finish and report; SIGTERM/SIGHUP sent to seedance are passed on.
-    forwarded = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        forwarded[sig] = signal.signal(sig, lambda s, f: child.send_signal(s))
-    try:
-        rc = child.wait()
-    finally:
-        for sig, old in forwarded.items():
-            signal.signal(sig, old)
-    result.wall_s = time.monotonic() - started
-    result.exit_code = rc if rc >= 0 else 128 - rc
-    result.signal = -rc if rc < 0 else None
+        started = time.monotonic()
+        try:
+            child = subprocess.Popen(cmd, env=env, stdout=2 if stream_on_stdout else None)
+        except OSError as exc:
+            raise BadInput(f"seedance run: {cmd[0]}: {exc.strerror or exc}") from None
+        # Ctrl-C reaches the program from the terminal (same process group): seedance only
+        # waits for it to finish and report; SIGTERM/SIGHUP sent to seedance are passed on.
+        forwarded = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            forwarded[sig] = signal.signal(sig, lambda s, f: child.send_signal(s))
+        try:
+            rc = child.wait()
+        finally:
+            for sig, old in forwarded.items():
+                signal.signal(sig, old)
+        result.wall_s = time.monotonic() - started
+        result.exit_code = rc if rc >= 0 else 128 - rc
+        result.signal = -rc if rc < 0 else None
 
-    if drain:
-        drain.finish()
-        result.events_file, result.events_written = args.events, drain.written
-        registry = registry or getattr(drain, "registry", None)
+        if drain:
+            drain.finish()
+            result.events_file, result.events_written = args.events, drain.written
+            registry = registry or getattr(drain, "registry", None)
     if registry is None:
         try:
             registry = shim.Registry.open()
@@ -342,21 +413,24 @@ def execute(args) -> int:
         result.registry = str(registry.path)
         group = registry.find_group(group_key)
         if group:
-            instances = [i for i in registry.instances() if i.group == group.index]
-            leaks = {i.slot: leaks_with_apis(registry, i.slot) for i in instances}
+            # only this run's slots, found in C; records are summed only for these
+            instances = [i for i in map(registry.instance, registry.slots_of_group(group.index)) if i]
+            leaks = {i.slot: leaks_with_apis(registry, i.slot) for i in instances if i.current}
     if args.affinity and any(i.visible == [] for i in instances):
         print(f"seedance: note: --affinity {args.affinity} named no device the driver has: "
               f"the program saw none", file=sys.stderr)
-    report = build_report(result, instances, leaks, group, load_rules())
+    if group and (group.overflow_total or group.overflow_refused):
+        print(f"seedance: note: the registry was full: {group.overflow_total + group.overflow_refused} "
+              f"process(es) of this run had no slot of their own; they shared the run's quota"
+              + (f" ({group.overflow_refused} could not even join it: their quota'd allocations were refused)"
+                 if group.overflow_refused else "") + ", and their allocations are not itemised in the report",
+              file=sys.stderr)
+    report = build_report(result, instances, leaks, group, _load_rules)
     for finding in report.sorted_findings():
         if finding.rule == "handle-leak":
             print(f"seedance: {finding.severity}: {finding.rule}: {finding.message}", file=sys.stderr)
-    if args.report_json:
-        text = json.dumps(report.to_dict(), indent=2) + "\n"
-        if args.report_json == "-":
-            sys.stdout.write(text)
-        else:
-            Path(args.report_json).write_text(text)
+    if report_out is not None:
+        report_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     if registry is not None:
         for inst in instances:
             registry.reclaim(inst.slot)
@@ -365,13 +439,20 @@ def execute(args) -> int:
     return result.exit_code
 
 
+def _load_rules():
+    """The rule engine, loaded only when the run produced facts to judge (issue 13)."""
+    from ..engine import load_rules
+
+    return load_rules()
+
+
 class _LateDrain(EventDrain):
     """An EventDrain that opens the registry once the first wrapped process made it."""
 
-    def __init__(self, group_key: int, path: str):
+    def __init__(self, group_key: int, out):
         self.registry = None
         self.group_key, self.interval = group_key, 0.05
-        self.out = open(path, "w")
+        self.out = out
         self.written = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)

@@ -19,10 +19,11 @@
 #include <stddef.h>
 
 /* cdef-begin */
-#define SD_ABI_VERSION 1
+#define SD_ABI_VERSION 2
 #define SD_MAGIC 0x3147455244454553   /* "SEEDREG1" little-endian */
 #define SD_MAX_SLOTS 256
 #define SD_MAX_GROUPS 64
+#define SD_MAX_OVERFLOW 64
 #define SD_MAX_DEVICES 16
 #define SD_MAX_APIS 48
 #define SD_API_NAME_LEN 32
@@ -88,11 +89,23 @@ struct sd_event {
     char text[SD_EVENT_TEXT];
 };
 
+/* A member of a group that found every slot taken (registry full): it shares the group's
+ * quota like any member, but its allocations are recorded only inside the process. */
+struct sd_overflow {
+    int32_t pid;                       /* 0 free; claimed by CAS */
+    uint32_t pad;
+    uint64_t start_time;
+};
+
 struct sd_group {
     uint64_t key;                      /* 0 free; set last when created */
     int32_t owner_pid;
-    uint32_t members;                  /* live slots that point at this group */
+    uint32_t members;                  /* live processes attached: slots and overflow[] entries */
     uint64_t owner_start;
+    uint32_t overflow_total;           /* processes that joined without a slot (registry full) */
+    uint32_t overflow_refused;         /* ... and found overflow[] full too: their quota'd
+                                          allocations were all refused */
+    struct sd_overflow overflow[SD_MAX_OVERFLOW];
     uint64_t limit[SD_MAX_DEVICES];    /* bytes per physical device; 0 = no quota */
     uint64_t used[SD_MAX_DEVICES];     /* reserved before the real allocation */
     uint64_t refused[SD_MAX_DEVICES];  /* allocations refused by the quota */
@@ -154,6 +167,8 @@ int seedance_registry_reclaim(void *base, int slot);
 int seedance_registry_slot_dead(void *base, int slot);
 int seedance_group_open(void *base, uint64_t key, const uint64_t *limits, int ndev);
 int seedance_group_release(void *base, int group);
+int seedance_group_slots(void *base, int group, int *out, int max);
+int seedance_slot_held(void *base, int slot, uint64_t *held);
 uint64_t seedance_proc_start_time(int pid);
 size_t seedance_registry_size(void);
 struct sd_slot *seedance_registry_slot_ptr(void *base, int slot);

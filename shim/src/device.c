@@ -106,7 +106,7 @@ void sd_device_resolve(void)
         goto out; /* cuInit not called yet: try again on the next device call */
     if (n > SD_MAX_DEVICES)
         n = SD_MAX_DEVICES;
-    const char *spec = getenv("SEEDANCE_AFFINITY");
+    const char *spec = sd_cfg.affinity; /* read once, before main (init.c) */
     if (spec && *spec) {
         char buf[512], text[SD_EVENT_TEXT];
         snprintf(buf, sizeof buf, "%s", spec);
@@ -122,7 +122,7 @@ void sd_device_resolve(void)
             sd_visible[nvis++] = d;
         }
         sd_nvisible = nvis;
-        int off = snprintf(text, sizeof text, "affinity %s:", spec);
+        int off = snprintf(text, sizeof text, "affinity %.120s:", spec); /* the event text is 192 bytes */
         for (int k = 0; k < nvis && off > 0 && (size_t)off < sizeof text; k++)
             off += snprintf(text + off, sizeof text - (size_t)off, " %d->%d", k, sd_visible[k]);
         sd_event(SD_EV_REMAP, -1, -1, nvis, 0, 0, 0, text);

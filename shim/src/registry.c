@@ -146,11 +146,15 @@ static int ensure_dir(const char *path)
     return 0;
 }
 
+/* The Python binding asks with the current environment; the shim with the one its
+ * constructor saw (sd_cfg), so a program cannot move its registry after start. */
 SD_EXPORT int seedance_registry_path(char *buf, size_t len)
 {
-    const char *dir = getenv("SEEDANCE_RUNTIME_DIR");
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    const char *home = getenv("HOME");
+    return sd_registry_path_in(getenv("SEEDANCE_RUNTIME_DIR"), getenv("XDG_RUNTIME_DIR"), getenv("HOME"), buf, len);
+}
+
+int sd_registry_path_in(const char *dir, const char *xdg, const char *home, char *buf, size_t len)
+{
     char d[512];
     int rc;
     if (dir && *dir) {
@@ -212,7 +216,7 @@ static int header_compatible(const struct sd_header *h)
 static struct sd_header *map_registry(void)
 {
     char path[600];
-    int rc = seedance_registry_path(path, sizeof path);
+    int rc = sd_registry_path_in(sd_cfg.runtime_dir, sd_cfg.xdg_runtime, sd_cfg.home, path, sizeof path);
     if (rc < 0) {
         sd_note("no registry directory (%s): process-local accounting", strerror(-rc));
         return NULL;
@@ -280,6 +284,8 @@ void sd_registry_unlock(void)
     if (sd_registry)
         unlock_header(sd_registry);
 }
+
+static void overflow_sweep_locked(struct sd_group *g);
 
 static int pid_alive(int pid, uint64_t start)
 {
@@ -355,6 +361,7 @@ SD_EXPORT int seedance_group_release(void *base, int i)
         return -EINVAL;
     struct sd_group *g = group_at(base, i);
     lock_header(base);
+    overflow_sweep_locked(g);
     int busy = __atomic_load_n(&g->members, __ATOMIC_ACQUIRE) != 0;
     if (!busy)
         __atomic_store_n(&g->key, 0, __ATOMIC_RELEASE);
@@ -412,11 +419,35 @@ static int reclaim_locked(void *base, int i)
                 __atomic_fetch_sub(&g->members, 1, __ATOMIC_ACQ_REL);
         }
         /* the last member of a group whose owner (seedance run) is gone: free the group */
+        overflow_sweep_locked(g);
         if (__atomic_load_n(&g->key, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g->members, __ATOMIC_ACQUIRE) &&
             !pid_alive(g->owner_pid, g->owner_start))
             __atomic_store_n(&g->key, 0, __ATOMIC_RELEASE);
     }
     zero_slot(s);
+    return 0;
+}
+
+/* For readers (seedance run after the program, the agent): the slots of one group and
+ * what a slot holds, without a Python loop over 256 slots x 8192 records (issue 13). */
+SD_EXPORT int seedance_group_slots(void *base, int group, int *out, int max)
+{
+    int n = 0;
+    if (!base)
+        return -EINVAL;
+    for (int i = 0; i < SD_MAX_SLOTS && n < max; i++) {
+        struct sd_slot *s = slot_at(base, i);
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SD_SLOT_FREE && s->group == group)
+            out[n++] = i;
+    }
+    return n;
+}
+
+SD_EXPORT int seedance_slot_held(void *base, int i, uint64_t *held)
+{
+    if (!base || i < 0 || i >= SD_MAX_SLOTS)
+        return -EINVAL;
+    sum_records(slot_at(base, i), held);
     return 0;
 }
 
@@ -502,22 +533,62 @@ static int parse_limits(const char *spec, uint64_t *limits)
     return any ? 0 : -1;
 }
 
-static void attach_group(void *base, int pid, uint64_t start)
+/* An overflow entry of this process in group g (shared by its LD_AUDIT and LD_PRELOAD
+ * copies, like a slot); -1 when every entry is taken.  *joined: it was there already. */
+static int overflow_claim(struct sd_group *g, int pid, uint64_t start, int *joined)
 {
-    const char *key_s = getenv("SEEDANCE_GROUP");
-    const char *limit_s = getenv("SEEDANCE_MEM_LIMIT");
+    *joined = 0;
+    for (int i = 0; i < SD_MAX_OVERFLOW; i++)
+        if (__atomic_load_n(&g->overflow[i].pid, __ATOMIC_ACQUIRE) == pid && g->overflow[i].start_time == start) {
+            *joined = 1;
+            return i;
+        }
+    for (int i = 0; i < SD_MAX_OVERFLOW; i++) {
+        int32_t expected = 0;
+        if (__atomic_compare_exchange_n(&g->overflow[i].pid, &expected, pid, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED)) {
+            g->overflow[i].start_time = start;
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Overflow members whose process is gone (SIGKILL: no destructor ran) stop counting as
+ * members.  What they had reserved stays reserved: their records lived only in their
+ * own memory, so the bytes are unknown; the quota errs on the side of refusing, and the
+ * group goes with its run.  Under the lock. */
+static void overflow_sweep_locked(struct sd_group *g)
+{
+    for (int i = 0; i < SD_MAX_OVERFLOW; i++) {
+        int32_t pid = __atomic_load_n(&g->overflow[i].pid, __ATOMIC_ACQUIRE);
+        if (pid && !pid_alive(pid, g->overflow[i].start_time) &&
+            __atomic_compare_exchange_n(&g->overflow[i].pid, &pid, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED) &&
+            __atomic_load_n(&g->members, __ATOMIC_ACQUIRE))
+            __atomic_fetch_sub(&g->members, 1, __ATOMIC_ACQ_REL);
+    }
+}
+
+static int sd_overflow_index = -1;   /* this process's entry in sd_group->overflow[], -1 none */
+
+/* Join (or create) the quota group of this run.  `slotted`: this process has a registry
+ * slot; without one (registry full) it still shares the group's quota through an
+ * overflow entry: every process of the run is held to the same quota, never to a
+ * private one of its own (issue 10: --mem-limit 1000 once let 5400 bytes out). */
+static void attach_group(void *base, int pid, uint64_t start, int slotted)
+{
     uint64_t limits[SD_MAX_DEVICES] = {0};
-    int have_limits = limit_s && *limit_s;
-    if (have_limits && parse_limits(limit_s, limits) != 0) {
-        sd_note("SEEDANCE_MEM_LIMIT=%s is not understood: no quota", limit_s);
+    int have_limits = sd_cfg.mem_limit[0] != '\0';
+    if (have_limits && parse_limits(sd_cfg.mem_limit, limits) != 0) {
+        sd_note("SEEDANCE_MEM_LIMIT=%s is not understood: no quota", sd_cfg.mem_limit);
         have_limits = 0;
     }
-    uint64_t key = key_s && *key_s ? strtoull(key_s, NULL, 16) : 0;
+    uint64_t key = sd_cfg.group_key;
     if (!key && !have_limits)
         return;
     if (!key)
         key = ((uint64_t)pid << 32) ^ start ^ 0x5eedull;
-    if (!base) { /* no registry: the quota still holds for this process */
+    if (!base) { /* no registry at all: the quota still holds for this process */
         memcpy(sd_local_group.limit, limits, sizeof limits);
         sd_local_group.key = key;
         sd_group = &sd_local_group;
@@ -526,20 +597,48 @@ static void attach_group(void *base, int pid, uint64_t start)
     int g = group_find(base, key);
     if (g < 0) {
         lock_header(base);
-        const char *hold = getenv("SEEDANCE_TEST_HOLD_LOCK_MS"); /* tests: die holding the lock */
-        if (hold && *hold)
-            usleep((useconds_t)atoi(hold) * 1000);
-        const char *owner_s = getenv("SEEDANCE_GROUP_OWNER");
-        g = group_open_locked(base, key, limits, SD_MAX_DEVICES, owner_s ? atoi(owner_s) : pid);
+#ifdef SEEDANCE_TEST_HOOKS
+        if (sd_cfg.hold_lock_ms > 0) /* tests: die holding the lock (tests/shim) */
+            usleep((useconds_t)sd_cfg.hold_lock_ms * 1000);
+#endif
+        g = group_open_locked(base, key, limits, SD_MAX_DEVICES, sd_cfg.owner_pid ? sd_cfg.owner_pid : pid);
         unlock_header(base);
     }
     if (g < 0) {
-        sd_note("quota group table full: process-local quota");
+        /* 64 runs at once: refuse what a quota covers rather than grant a private quota */
+        sd_warn("quota group table full (%d groups): allocations under SEEDANCE_MEM_LIMIT are refused",
+                SD_MAX_GROUPS);
         memcpy(sd_local_group.limit, limits, sizeof limits);
+        memcpy(sd_local_group.used, limits, sizeof limits);
         sd_group = &sd_local_group;
         return;
     }
-    sd_group = group_at(base, g);
+    struct sd_group *group = group_at(base, g);
+    if (!slotted) {
+        int joined;
+        int entry = overflow_claim(group, pid, start, &joined);
+        if (entry < 0) {
+            /* not even an overflow entry: a member nobody could account for; refuse
+             * every allocation a limit covers (a quota'd device shows as full) */
+            __atomic_fetch_add(&group->overflow_refused, 1, __ATOMIC_ACQ_REL);
+            sd_warn("registry full (%d slots, %d overflow entries): allocations under SEEDANCE_MEM_LIMIT "
+                    "are refused", SD_MAX_SLOTS, SD_MAX_OVERFLOW);
+            memcpy(sd_local_group.limit, group->limit, sizeof sd_local_group.limit);
+            memcpy(sd_local_group.used, group->limit, sizeof sd_local_group.used);
+            sd_group = &sd_local_group;
+            return;
+        }
+        sd_overflow_index = entry;
+        if (!joined) {
+            __atomic_fetch_add(&group->overflow_total, 1, __ATOMIC_ACQ_REL);
+            __atomic_fetch_add(&group->members, 1, __ATOMIC_ACQ_REL);
+            sd_warn("registry full (%d live instances): this process shares its run's quota without a "
+                    "slot; its allocations are not itemised", SD_MAX_SLOTS);
+        }
+        sd_group = group;
+        return;
+    }
+    sd_group = group;
     __atomic_fetch_add(&sd_group->members, 1, __ATOMIC_ACQ_REL);
     if (sd_slot)
         sd_slot->group = g;
@@ -569,12 +668,10 @@ int sd_registry_attach(void)
                 sd_group = group_at(sd_registry, s->group);
             return 0;
         }
-        attach_group(sd_registry, pid, start);
+        attach_group(sd_registry, pid, start, 1);
         __atomic_store_n(&s->state, SD_SLOT_LIVE, __ATOMIC_RELEASE);
         return 0;
     }
-    if (sd_registry)
-        sd_note("registry full: process-local accounting");
     memset(&sd_local_slot, 0, sizeof sd_local_slot);
     sd_local_slot.pid = pid;
     sd_local_slot.start_time = start;
@@ -582,15 +679,34 @@ int sd_registry_attach(void)
     sd_local_slot.group = -1;
     sd_local_slot.state = SD_SLOT_LIVE;
     sd_slot = &sd_local_slot;
-    attach_group(NULL, pid, start);
+    attach_group(sd_registry, pid, start, 0);
+    if (sd_registry && !sd_group)
+        sd_warn("registry full (%d live instances): this process is not accounted", SD_MAX_SLOTS);
     return -1;
 }
 
 void sd_registry_detach_at_exit(void)
 {
     struct sd_slot *s = sd_slot;
-    if (!s || s == &sd_local_slot)
+    if (!s)
         return;
+    if (s == &sd_local_slot) {
+        /* an overflow member: give back what it still holds (its own records), and its
+         * entry; the copy that clears the entry drops the membership */
+        struct sd_group *g = sd_group;
+        if (!g || g == &sd_local_group || sd_overflow_index < 0 || s->pid != (int)getpid())
+            return;
+        uint64_t held[SD_MAX_DEVICES];
+        sum_records(s, held);
+        for (int d = 0; d < SD_MAX_DEVICES; d++)
+            if (held[d])
+                __atomic_fetch_sub(&g->used[d], held[d], __ATOMIC_ACQ_REL);
+        int32_t pid = s->pid;
+        if (__atomic_compare_exchange_n(&g->overflow[sd_overflow_index].pid, &pid, 0, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            __atomic_fetch_sub(&g->members, 1, __ATOMIC_ACQ_REL);
+        return;
+    }
     /* both copies (audit, preload) get here; the first one to mark the slot does it */
     uint32_t expected = SD_SLOT_LIVE;
     if (s->pid != (int)getpid() || !__atomic_compare_exchange_n(&s->state, &expected, SD_SLOT_CLAIMING, 0,

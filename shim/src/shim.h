@@ -48,6 +48,31 @@ struct sd_hook_info {
 };
 SD_HIDDEN extern const struct sd_hook_info sd_hooks[SD_HOOK_COUNT];
 
+/* The configuration, read once from the environment in the constructor (before main):
+ * a program that changes SEEDANCE_* later (unsetenv("SEEDANCE_MEM_LIMIT"),
+ * setenv("SEEDANCE_DISABLE", "1")) before its first CUDA call changes nothing (issue 10).
+ * Strings are copied: the environment they came from may be freed or rewritten. */
+struct sd_config {
+    int disable;            /* SEEDANCE_DISABLE=1 */
+    int verbose;            /* SEEDANCE_VERBOSE=1 */
+    int events;             /* SEEDANCE_EVENTS=1 */
+    int follow;             /* SEEDANCE_FOLLOW=1 */
+    int own_handles;        /* SEEDANCE_HANDLES=per-instance */
+    int owner_pid;          /* SEEDANCE_GROUP_OWNER: the `seedance run` that owns the group, 0 none */
+    uint64_t group_key;     /* SEEDANCE_GROUP (hex), 0 none */
+    char version[64];       /* SEEDANCE_SHIM_VERSION, "" none */
+    char mem_limit[256];    /* SEEDANCE_MEM_LIMIT */
+    char affinity[512];     /* SEEDANCE_AFFINITY */
+    char runtime_dir[512];  /* SEEDANCE_RUNTIME_DIR, XDG_RUNTIME_DIR, HOME: the registry path */
+    char xdg_runtime[512];
+    char home[512];
+#ifdef SEEDANCE_TEST_HOOKS
+    int hold_lock_ms;       /* tests only: sleep inside the registry lock (never in the product) */
+#endif
+};
+SD_HIDDEN extern struct sd_config sd_cfg;
+SD_HIDDEN void sd_read_config(void);
+
 /* mode: the whole fast-path test is one load of sd_mode */
 enum { SD_MODE_UNINIT = 0, SD_MODE_ACTIVE = 1, SD_MODE_PASSTHROUGH = 2 };
 SD_HIDDEN extern int sd_mode;
@@ -59,6 +84,7 @@ SD_HIDDEN extern struct sd_group *sd_group;
 SD_HIDDEN extern struct sd_header *sd_registry;
 SD_HIDDEN void sd_init(void);
 SD_HIDDEN void sd_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+SD_HIDDEN void sd_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2))); /* note + stderr */
 
 /* real entry points: resolved lazily, then one relaxed load */
 SD_HIDDEN extern void *sd_real_fn[SD_HOOK_COUNT];
@@ -77,6 +103,7 @@ SD_HIDDEN void *sd_real_dlsym(void *handle, const char *name);
 SD_HIDDEN void *sd_driver_handle(void);
 
 /* registry.c */
+SD_HIDDEN int sd_registry_path_in(const char *dir, const char *xdg, const char *home, char *buf, size_t len);
 SD_HIDDEN int sd_registry_attach(void);
 SD_HIDDEN void sd_registry_detach_at_exit(void);
 SD_HIDDEN void sd_registry_after_fork(void);

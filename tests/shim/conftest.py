@@ -41,8 +41,15 @@ def built(tmp_path_factory):
     os.symlink("libcudart.so.12", out / "libcudart.so")
     _cc("-O2", ROOT / "tests/shim/sdrt.c", "-o", out / "sdrt", f"-L{out}", "-lcudart")
     from seedance import shim
+    from seedance.shim.build_shim import build_standalone
+
+    # the test build: the product's sources plus the hooks only tests may use (issue 17:
+    # SEEDANCE_TEST_HOLD_LOCK_MS never ships in the product library)
+    test_shim = out / "hooks" / "libseedance_shim.so"
+    test_shim.parent.mkdir()
+    build_standalone(str(test_shim), extra=["-DSEEDANCE_TEST_HOOKS"])
     return {"dir": out, "linked": out / "sdtest_linked", "dlsym": out / "sdtest", "runtime": out / "sdrt",
-            "shim": shim.library_path()}
+            "shim": shim.library_path(), "test_shim": test_shim}
 
 
 class Ledger:

@@ -335,6 +335,13 @@ static void step(const char *s)
         printf("gpa result=%d status=%d lib=%s sym=%s\n", r, status, lib ? lib + 1 : "-",
                fn && dladdr(fn, &info) && info.dli_sname ? info.dli_sname : "-");
 #endif
+    } else if (strncmp(s, "setenv:", 7) == 0) { /* setenv:NAME=VALUE: the program changes its env */
+        char name[128];
+        const char *eq = strchr(s + 7, '=');
+        snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - (s + 7)) : 0, s + 7);
+        printf("setenv result=%d\n", eq ? setenv(name, eq + 1, 1) : -1);
+    } else if (strncmp(s, "unsetenv:", 9) == 0) {
+        printf("unsetenv result=%d\n", unsetenv(s + 9));
     } else if (strcmp(s, "stdout") == 0) {
         printf("stdout marker\n");
     } else if (strncmp(s, "sleep:", 6) == 0) {

@@ -194,13 +194,14 @@ def test_group_of_a_dead_owner_goes_with_its_last_member(built, env):
 
 
 def test_sigkill_while_holding_registry_lock_does_not_deadlock(built, env):
-    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_MEM_LIMIT="1M")
+    env.update(LD_PRELOAD=str(built["test_shim"]), SEEDANCE_MEM_LIMIT="1M")
     holder_env = dict(env, SEEDANCE_GROUP="aaaa", SEEDANCE_TEST_HOLD_LOCK_MS="60000")
     holder = subprocess.Popen([str(built["linked"]), "init", "sleep:60000"], env=holder_env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # wait until the holder sits inside the lock (it has claimed its slot by then)
-        rt = os.path.join(env["SEEDANCE_RUNTIME_DIR"], "registry.v1")
+        from seedance.shim.binding import header_constant
+        rt = os.path.join(env["SEEDANCE_RUNTIME_DIR"], f"registry.v{header_constant('SD_ABI_VERSION')}")
         for _ in range(200):
             if os.path.exists(rt):
                 break
@@ -433,3 +434,78 @@ def test_per_instance_handles_give_the_instance_a_context_of_its_own(built, env,
     assert fixed.returncode == 0, fixed.stderr
     assert ownctx()["destroy"] == 0
     assert ownctx("--handles", "shared")["destroy"] == 201
+
+
+# -- issue 10, defect 6: the quota cannot be escaped ----------------------------------------
+
+@pytest.mark.parametrize("change", [["unsetenv:SEEDANCE_MEM_LIMIT"], ["setenv:SEEDANCE_DISABLE=1"],
+                                    ["unsetenv:SEEDANCE_GROUP", "setenv:SEEDANCE_MEM_LIMIT=1G"],
+                                    ["setenv:SEEDANCE_AFFINITY=0"]])
+def test_environment_changed_before_the_first_cuda_call_changes_nothing(built, env, ledger, change):
+    """The configuration is read by the constructor, before main (the program's own
+    setenv/unsetenv run after it)."""
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_GROUP="e5c", SEEDANCE_MEM_LIMIT="1000",
+               SEEDANCE_AFFINITY="1")
+    p = subprocess.run([str(built["linked"]), *change, "init", "ctx:0", "alloc:5000", "alloc:900"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    lines = parse_lines(p.stdout)
+    assert all(r["result"] == 0 for r in lines[:len(change)]), p.stdout
+    assert [r["result"] for r in lines[-2:]] == [2, 0], p.stdout        # over the quota: refused
+    seen = ledger.read()
+    assert seen["allocs"][:2] == [0, 1] and seen["high_water"][1] == 900    # on physical 1 only
+
+
+def test_escape_through_seedance_run_is_refused_too(built, env, ledger, tmp_path):
+    report = tmp_path / "r.json"
+    p = seedance_run(env, "--mem-limit", "1000", "--report-json", report, "--", built["linked"],
+                     "unsetenv:SEEDANCE_MEM_LIMIT", "setenv:SEEDANCE_DISABLE=1", "init", "ctx:0", "alloc:5000")
+    assert parse_lines(p.stdout)[-1]["result"] == 2
+    assert ledger.read()["allocs"][0] == 0
+    data = json.loads(report.read_text())
+    assert data["stats"]["quota_refusals"] == 1 and data["run"]["wrapped"] is True
+
+
+def test_inherited_disable_is_said_on_stderr(built, env, ledger):
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_DISABLE="1", SEEDANCE_MEM_LIMIT="100")
+    p = subprocess.run([str(built["linked"]), "init", "ctx:0", "alloc:1000"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert parse_lines(p.stdout)[-1]["result"] == 0 and ledger.read()["allocs"][0] == 1   # bypassed ...
+    assert "SEEDANCE_DISABLE=1" in p.stderr and "NOT enforced" in p.stderr               # ... but said
+    assert "SEEDANCE_DISABLE" not in p.stdout
+    # through seedance run: said once, by seedance run, and the report says unwrapped
+    del env["LD_PRELOAD"]
+    p = seedance_run(env, "--mem-limit", "100", "--", built["linked"], "init", "ctx:0", "alloc:1000")
+    assert p.stderr.count("SEEDANCE_DISABLE=1") == 1, p.stderr
+
+
+def test_full_registry_shares_the_quota_and_says_so(built, env, ledger, tmp_path):
+    """256 live instances hold every slot; the processes of a new run still share one
+    quota (before: each got a private one, --mem-limit 1000 let 5400 bytes out and the
+    report said peak 1000)."""
+    from seedance.shim.binding import header_constant
+
+    slots = header_constant("SD_MAX_SLOTS")
+    holder_env = dict(env, LD_PRELOAD=str(built["shim"]))
+    holders = []
+    try:
+        for _ in range(slots):
+            holders.append(subprocess.Popen([str(built["linked"]), "init", "sleep:120000"], env=holder_env,
+                                            stdout=subprocess.PIPE, text=True))
+        assert all(h.stdout.readline() == "init result=0\n" for h in holders)   # each holds a slot now
+        report = tmp_path / "r.json"
+        script = f"for i in 1 2 3 4 5 6; do {built['linked']} init ctx:0 alloc:900 sleep:1500 & done; wait"
+        p = seedance_run(env, "--mem-limit", "1000", "--follow-children", "--report-json", report,
+                         "--", "sh", "-c", script, timeout=120)
+    finally:
+        for h in holders:
+            h.kill()
+        for h in holders:
+            h.wait()
+    results = [r["result"] for r in parse_lines(p.stdout) if r["step"] == "alloc"]
+    assert sorted(results) == [0, 2, 2, 2, 2, 2], p.stdout + p.stderr    # the six share 1000 bytes
+    seen = ledger.read()
+    assert seen["allocs"][0] == 1 and seen["high_water"][0] == 900
+    data = json.loads(report.read_text())
+    assert data["devices"][0]["peak_bytes"] == seen["high_water"][0]
+    assert data["run"]["instances_without_slot"] == 6
+    assert "registry full" in p.stderr
