@@ -56,6 +56,9 @@ setup(
         "packaging>=23",
         "nvidia-ml-py>=12",
         "prometheus_client>=0.20",
+        # closure pictures (check --graph) and call graphs (profile calls): the Python
+        # package writes DOT, Debian's graphviz renders it (Makefile APT_PACKAGES)
+        "graphviz>=0.20",
     ],
     # `seedance agent run --otlp-endpoint`: imported only when an endpoint is configured
     extras_require={"otlp": ["opentelemetry-sdk>=1.20", "opentelemetry-exporter-otlp-proto-http>=1.20"]},
