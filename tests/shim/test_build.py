@@ -50,3 +50,21 @@ def test_hook_signatures_match_cuda_h(source, tmp_path):
     p = subprocess.run(["cc", "-fsyntax-only", "-Werror", "-DSD_CHECK_WITH_CUDA_H", f"-I{CUDA_INCLUDE}",
                         str(ROOT / "shim/src" / source)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_product_library_has_no_test_hooks():
+    """Issue 17: test-only knobs are compiled only into the tests' build (-DSEEDANCE_TEST_HOOKS)."""
+    from seedance import shim
+
+    data = shim.library_path().read_bytes()
+    assert b"SEEDANCE_TEST_" not in data
+    assert b"SEEDANCE_MEM_LIMIT" in data          # the oracle can see strings at all
+
+
+def test_preparsed_cffi_module_matches_the_header():
+    """shim/_shim_cffi.py is generated from seedance_shim.h; a stale copy would misread the registry."""
+    pytest.importorskip("cffi")
+    from seedance.shim import build_shim
+
+    assert build_shim.FFI_MODULE.read_text() == build_shim.ffi_module_source(), \
+        "run `python shim/build_shim.py --ffi` (or reinstall) to regenerate shim/_shim_cffi.py"

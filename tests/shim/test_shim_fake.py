@@ -334,7 +334,7 @@ def test_run_report_follows_the_report_schema(built, env, tmp_path):
     schema = json.loads((Path(__file__).resolve().parents[2] / "agent/schemas/report.schema.json").read_text())
     p = seedance_run(env, "--affinity", "1", "--mem-limit", "1000", "--report-json", "-",
                      *steps(built, "linked", "direct", "init", "ctx:0", "alloc:600", "alloc:600", "kill"))
-    doc = json.loads(p.stdout[p.stdout.index("{"):])     # the program's lines come first
+    doc = json.loads(p.stdout)          # the program's lines went to stderr (issue 10, defect 7)
     jsonschema.validate(doc, schema)
     assert {f["rule"] for f in doc["findings"]} == {"handle-leak", "quota-refused"}
 
@@ -509,3 +509,74 @@ def test_full_registry_shares_the_quota_and_says_so(built, env, ledger, tmp_path
     assert data["devices"][0]["peak_bytes"] == seen["high_water"][0]
     assert data["run"]["instances_without_slot"] == 6
     assert "registry full" in p.stderr
+
+
+# -- issue 10, defect 7: streams never share a descriptor with the program ------------------
+
+def test_report_on_stdout_is_one_clean_document(built, env):
+    p = seedance_run(env, "-o", "-", "--mem-limit", "1G", *steps(built, "linked", "direct", "stdout", "init"))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)                    # nothing but the report on stdout
+    assert doc["schema"] == "seedance.report/v1" and doc["command"] == "run"
+    assert "stdout marker" in p.stderr and "init result=0" in p.stderr
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed")
+def test_report_pipeline_through_jq(built, env):
+    """The pipeline of the docs, run by a real shell and a real jq."""
+    seedance = Path(sys.executable).parent / "seedance"
+    line = f"{seedance} run --report-json - -- {built['linked']} stdout init | jq -c .stats.instances"
+    p = subprocess.run(["sh", "-c", line], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout == "1\n", p.stdout + p.stderr
+
+
+def test_events_on_stdout_are_json_lines_only(built, env):
+    p = seedance_run(env, "--events", "-", *steps(built, "linked", "direct", "stdout", "init", "ctx:0", "alloc:64",
+                                                    "free:all"))
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines()]
+    assert rows[0]["schema"] == "seedance.run-events/v1"
+    assert [r["kind"] for r in rows].count("alloc") == 1 and "stdout marker" in p.stderr
+
+
+def test_report_never_overwrites_a_file_that_is_not_ours(built, env, tmp_path):
+    victim = tmp_path / "prog"
+    shutil.copy(built["linked"], victim)
+    before = victim.read_bytes()
+    p = seedance_run(env, "-o", victim, "--", built["linked"], "init")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "init result" not in p.stdout          # refused before the program ran
+    assert victim.read_bytes() == before
+    # a report of ours is replaced; --force replaces anything
+    p = seedance_run(env, "-o", victim, "--force", "--", built["linked"], "init")
+    assert p.returncode == 0 and json.loads(victim.read_text())["command"] == "run"
+    events = tmp_path / "ev.jsonl"
+    for _ in range(2):                            # a stream of ours may be written again
+        p = seedance_run(env, "--events", events, "--", built["linked"], "init")
+        assert p.returncode == 0, p.stderr
+
+
+def test_report_json_needs_its_argument(env):
+    p = seedance_run(env, "--report-json")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_static_binary_is_reported_unwrapped(built, env, tmp_path):
+    src = tmp_path / "static.c"
+    src.write_text("#include <stdio.h>\nint main(void) { puts(\"static\"); return 0; }\n")
+    exe = tmp_path / "static"
+    c = subprocess.run(["cc", "-static", str(src), "-o", str(exe)], capture_output=True, text=True)
+    if c.returncode != 0:
+        pytest.skip(f"cannot link statically here: {c.stderr.strip()[:200]}")
+    # the oracle: ld.so itself says it is not a dynamic executable
+    ldd = subprocess.run(["ldd", str(exe)], capture_output=True, text=True, errors="replace")
+    assert "not a dynamic executable" in ldd.stdout + ldd.stderr
+    report = tmp_path / "r.json"
+    p = seedance_run(env, "--mem-limit", "1G", "-o", report, "--", exe)
+    assert p.returncode == 0 and p.stdout == "static\n"
+    run = json.loads(report.read_text())["run"]
+    assert run["wrapped"] is False and "statically linked" in run["why_unwrapped"]
+    assert "statically linked" in p.stderr
+    # and a dynamic one is not
+    p = seedance_run(env, "-o", report, "--", built["linked"], "init")
+    assert json.loads(report.read_text())["run"]["wrapped"] is True
