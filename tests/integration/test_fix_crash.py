@@ -122,3 +122,115 @@ def test_env_leak_with_drop_in_killed_at_each_step(step, tmp_path):
     finally:
         import shutil
         shutil.rmtree(home, ignore_errors=True)
+
+
+# --- refusals that write nothing (issue 10 item 5, issue 17 "Journal tests") ---------------------
+
+def one_line_exit_2(proc):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def fixed(scenario, tmp_path, step=None):
+    """Run the fix (killed at ``step`` when given); returns (env, journal entry dir)."""
+    d = scenario["dir"]
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "LD_LIBRARY_PATH": ""}
+    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", d / "libapp.so",
+                   env={**env, **({"SEEDANCE_FIX_CRASH_AT": step} if step else {})})
+    assert proc.returncode == (-9 if step else 0), proc.stdout + proc.stderr
+    root = tmp_path / "state" / "seedance" / "journal"
+    [entry] = [p for p in root.iterdir() if p.name != "locks"]
+    return env, entry
+
+
+def restore_original(scenario):
+    kern = scenario["dir"] / "libkern.so"
+    if sha(kern) != scenario["original"]:
+        # the module's fixture is shared: rebuild the original from the first run's journal-free copy
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", kern, scenario["dir"] / "kern.c",
+                        f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{CU12}"], check=True)
+    assert sha(kern) == scenario["original"]
+
+
+def test_undo_after_the_target_was_edited_is_refused_with_the_reason(scenario, tmp_path):
+    kern = scenario["dir"] / "libkern.so"
+    env, entry = fixed(scenario, tmp_path)
+    try:
+        with open(kern, "ab") as handle:  # the user's own change after the fix
+            handle.write(b"\0user")
+        edited = sha(kern)
+        undo = run_cli("fix", "undo", env=env)
+        one_line_exit_2(undo)
+        assert f"{kern} changed since fix {entry.name}" in undo.stderr and "nothing restored" in undo.stderr
+        assert sha(kern) == edited and "restored" not in undo.stdout
+        assert json.loads((entry / "manifest.json").read_text())["status"] == "committed"
+    finally:
+        restore_original(scenario)
+
+
+@pytest.mark.parametrize("damage", ["delete", "corrupt"])
+def test_undo_with_a_missing_or_damaged_backup_is_refused_naming_the_path(scenario, tmp_path, damage):
+    kern = scenario["dir"] / "libkern.so"
+    env, entry = fixed(scenario, tmp_path)
+    try:
+        backup = entry / "files" / "0"
+        if damage == "delete":
+            backup.unlink()
+        else:
+            with open(backup, "r+b") as handle:
+                handle.seek(100)
+                handle.write(b"\xde\xad")
+        undo = run_cli("fix", "undo", env=env)
+        one_line_exit_2(undo)
+        assert f"{kern}: backup {backup} is {'missing' if damage == 'delete' else 'damaged'}" in undo.stderr
+        assert sha(kern) == scenario["result"] and not undo.stdout
+        history = json.loads(run_cli("fix", "history", "--json", env=env).stdout)
+        assert [e["status"] for e in history] == ["committed"]
+    finally:
+        restore_original(scenario)
+
+
+def test_recovery_with_a_damaged_backup_is_refused_and_writes_nothing(scenario, tmp_path):
+    kern = scenario["dir"] / "libkern.so"
+    env, entry = fixed(scenario, tmp_path, step="after-rename")
+    try:
+        assert sha(kern) == scenario["result"]
+        backup = entry / "files" / "0"
+        with open(backup, "r+b") as handle:
+            handle.write(b"\0")
+        damaged = sha(backup)
+        history = run_cli("fix", "history", env=env)  # recovery runs first, and refuses
+        assert history.returncode == 0, history.stderr
+        assert history.stderr.count("\n") == 1 and "Traceback" not in history.stderr
+        assert f"not rolled back: {kern}: backup {backup} is damaged" in history.stderr
+        assert f"{entry.name}  open" in history.stdout
+        undo = run_cli("fix", "undo", env=env)
+        one_line_exit_2(undo)
+        assert f"{entry.name} cannot be rolled back: {kern}: backup" in undo.stderr
+        assert sha(kern) == scenario["result"] and sha(backup) == damaged
+        assert not temps(scenario["dir"])
+    finally:
+        restore_original(scenario)
+
+
+@pytest.mark.parametrize("cut", ["truncated", "empty-list", "files-null", "not-utf8"])
+def test_a_damaged_manifest_is_one_line_in_history_and_undo(scenario, tmp_path, cut):
+    kern = scenario["dir"] / "libkern.so"
+    env, entry = fixed(scenario, tmp_path)
+    try:
+        manifest = entry / "manifest.json"
+        text = manifest.read_bytes()
+        manifest.write_bytes({"truncated": text[:len(text) // 2], "empty-list": b"[]",
+                              "files-null": text.replace(b'"files": [', b'"files": null, "x": [', 1),
+                              "not-utf8": b"\xff" + text}[cut])
+        history = run_cli("fix", "history", env=env)
+        assert history.returncode == 0 and not history.stderr, history.stderr
+        assert history.stdout.count("\n") == 1 and history.stdout.startswith(f"{entry.name}  damaged  ")
+        undo = run_cli("fix", "undo", env=env)
+        one_line_exit_2(undo)
+        assert f"journal entry {entry.name}: manifest.json" in undo.stderr
+        named = run_cli("fix", "undo", entry.name, env=env)
+        one_line_exit_2(named)
+        assert sha(kern) == scenario["result"]
+    finally:
+        restore_original(scenario)

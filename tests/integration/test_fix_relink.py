@@ -239,3 +239,58 @@ def test_pid_aligns_with_the_runtime_a_running_process_maps(tmp_path, env):
     assert f"{libs['app']}: -> CUDA 12" in fix.stdout, fix.stdout
     gone = run_cli("fix", "cuda-mismatch", "--auto-relink", "--pid", child.pid, libs["app"], env=env)
     assert gone.returncode == 2 and "no such process" in gone.stderr
+
+
+# --- symlinks and concurrent fixes (issue 10 item 5) ---------------------------------------------
+
+def build_linked(d: Path) -> dict:
+    """libapp.so (CUDA 13) needs libkern.so, a symlink to real/libkern.so.1.0 (CUDA 12)."""
+    real = d / "real"
+    real.mkdir()
+    kern = gcc(real / "libkern.so.1.0", "int cudaGetDeviceCount(int*);\n"
+                                         "int kern_count(void){int n=0; cudaGetDeviceCount(&n); return n;}\n",
+               f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{CU12}", "-Wl,-soname,libkern.so")
+    (d / "libkern.so").symlink_to("real/libkern.so.1.0")
+    app = gcc(d / "libapp.so", "int cudaGetDeviceCount(int*); int kern_count(void);\n"
+                               "int app(void){int n; cudaGetDeviceCount(&n); return kern_count();}\n",
+              "-L/usr/local/cuda/lib64", "-l:libcudart.so.13", f"-L{d}", "-lkern", f"-Wl,-rpath,{d}")
+    return {"kern": kern, "link": d / "libkern.so", "app": app}
+
+
+def test_a_symlinked_library_is_fixed_in_its_target_and_the_link_stays(tmp_path, env):
+    libs = build_linked(tmp_path)
+    original = sha(libs["kern"])
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", libs["app"], env=env)
+    assert fix.returncode == 0, fix.stdout + fix.stderr
+    assert os.path.islink(libs["link"]) and os.readlink(libs["link"]) == "real/libkern.so.1.0"
+    assert sha(libs["kern"]) != original
+    ldd = subprocess.run(["ldd", str(libs["kern"])], capture_output=True, text=True).stdout
+    assert "libcudart.so.13" in ldd and "libcudart.so.12" not in ldd
+    loaded = subprocess.run([sys.executable, "-c", MAPPED, str(libs["app"])], capture_output=True, text=True)
+    assert [os.path.basename(p) for p in loaded.stdout.split()] == ["libcudart.so.13"], loaded.stderr
+    assert sorted(os.listdir(tmp_path / "real")) == ["libkern.so.1.0", "libkern.so.1.c"]  # no temp left
+    undo = run_cli("fix", "undo", env=env)
+    assert undo.returncode == 0, undo.stderr
+    assert f"restored {libs['kern']}" in undo.stdout
+    assert os.path.islink(libs["link"]) and sha(libs["kern"]) == original
+
+
+def test_six_concurrent_fixes_of_one_library_commit_once(tmp_path, env):
+    libs = build_mixed(tmp_path)
+    original = sha(libs["kern"])
+    cmd = [str(Path(sys.executable).with_name("seedance")), "fix", "cuda-mismatch", "--auto-relink", str(libs["app"])]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **env}) for _ in range(6)]
+    outputs = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    for code, _out, err in outputs:
+        assert "Traceback" not in err and code in (0, 2), (code, err)
+    history = json.loads(run_cli("fix", "history", "--json", env=env).stdout)
+    committed = [e for e in history if e["status"] == "committed"]
+    assert len(committed) == 1, [(e["status"], e["note"]) for e in history]
+    refused = [err for code, _out, err in outputs if code == 2]
+    assert all("not touched" in err or "changed since this fix planned" in err or "not rewritten" in err
+               for err in refused), refused
+    assert run_cli("fix", "undo", env=env).returncode == 0
+    assert sha(libs["kern"]) == original  # one undo gets back
+    again = run_cli("fix", "undo", env=env)
+    assert again.returncode == 2 and "nothing to undo" in again.stderr
