@@ -56,6 +56,10 @@ setup(
         "packaging>=23",
         "nvidia-ml-py>=12",
         "prometheus_client>=0.20",
+        # fatbin images are LZ4 (CUDA <= 12) or Zstandard (CUDA 12.8+/13) compressed: reading
+        # their kernels needs both (issue 11); pure-Python LZ4 remains the fallback
+        "zstandard>=0.20",
+        "lz4>=4",
         # closure pictures (check --graph) and call graphs (profile calls): the Python
         # package writes DOT, Debian's graphviz renders it (Makefile APT_PACKAGES)
         "graphviz>=0.20",

@@ -57,7 +57,7 @@ def gpu_context(options: CheckOptions) -> cuda.GpuInfo:
             raise UsageError(f"--arch: {exc}") from None
     if options.driver_version:
         try:
-            cuda.version_tuple(options.driver_version)
+            cuda.parse_driver_version(options.driver_version)
         except ValueError as exc:
             raise UsageError(f"--driver-version: {exc}") from None
         gpu.driver_version, gpu.driver_source = options.driver_version, "--driver-version"
@@ -74,6 +74,7 @@ class Scanner:
         self.dedup = closure_facts.FactDedup()
         self.torch_abi = cxxabi.TorchAbiCache()
         self.fatbin_seen: set = set()
+        self.static_runtime_seen: set = set()  # objects checked for a linked-in CUDA runtime
         self.objects_seen: set = set()
         self.explicit: set = set()  # files named on the command line: unreadable -> exit 2
         self.torch_preloads: dict = {}  # torch library -> its closure, loaded before extensions
@@ -261,6 +262,7 @@ class Scanner:
         runtimes = closure_facts.closure_runtimes(result)
         closure_facts.note_runtime_mix(result, runtimes, self.dedup)
         add(closure_facts.driver_facts(runtimes, self.gpu, self.dedup))
+        add(cuda.static_runtime_facts(result.objects, self.gpu, self.static_runtime_seen))
         if self.gpu.targets:
             for obj_path, info in result.objects.items():
                 if obj_path not in self.fatbin_seen and fatbin.has_fatbin(info):
@@ -319,7 +321,7 @@ class Scanner:
         except ELFError as exc:
             self.errors.append({"path": path, "error": str(exc)})
             return []
-        return fatbin.fatbin_facts(path, entries, self.gpu.targets)
+        return fatbin.fatbin_facts(path, entries, self.gpu.targets, driver=self.gpu.driver_version)
 
     def _cxx_abi(self, path: str, result, torch_paths) -> None:
         info = next(iter(result.objects.values()), None)

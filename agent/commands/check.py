@@ -34,7 +34,9 @@ def configure_parser(sub):
     parser.add_argument("--pid", type=_pid, action="append", default=[], metavar="PID",
                         help="check a running process (repeatable)")
     parser.add_argument("--arch", metavar="sm_XX", help="GPU architecture to check fatbins against (default: NVML)")
-    parser.add_argument("--driver-version", metavar="X.Y", help="driver version to check runtimes against (default: NVML)")
+    parser.add_argument("--driver-version", metavar="VERSION",
+                        help="the driver to judge against: a driver version (535.104.05), a branch (535) or "
+                             "the CUDA version nvidia-smi prints (12.4) (default: NVML)")
     parser.add_argument("--strict", action="store_true",
                         help="also report strict-only rules; exit 1 on warnings too")
     parser.add_argument("--report-json", nargs="?", const="-", metavar="FILE",
