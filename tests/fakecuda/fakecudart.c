@@ -4,6 +4,21 @@
  * Like the real runtime it loads the driver with dlopen(RTLD_LOCAL) and fetches every
  * driver entry point through cuGetProcAddress_v2, so the shim sees the runtime's driver
  * calls only through that path.  Error codes are driver_types.h's.
+ *
+ * Why a stand-in at all (issue 17): the real runtime refuses the fake driver.  Measured
+ * with libcudart.so.12 12.9.79 from the nvidia-cuda-runtime-cu12 wheel over
+ * tests/fakecuda/fakecuda.c: it dlsyms only cuGetProcAddress_v2, then asks it for 419
+ * entry points (the fake answers about 40), and every runtime call returns 36,
+ * cudaErrorCallRequiresNewerDriver.  The one answer that decides it is cuGetExportTable:
+ * with a stub for every other missing entry point it is still 36; with a stub for
+ * cuGetExportTable alone, the runtime gets past the check and returns the stub's error
+ * instead (801).  cuGetExportTable hands the runtime NVIDIA-private function tables,
+ * keyed by undocumented UUIDs, whose layouts no public header describes, so no fake
+ * driver can satisfy it honestly.  (Not cudaErrorInsufficientDriver, 35: the fake's
+ * cuDriverGetVersion says 13000, newer than the runtime.)
+ * tests/shim/test_build.py::test_real_runtime_still_refuses_the_fake_driver keeps this
+ * reason checked; tests/gpu/test_shim_gpu.py runs the same paths (sdrt.c) through the
+ * real runtime on a real driver.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

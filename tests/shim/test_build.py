@@ -68,3 +68,32 @@ def test_preparsed_cffi_module_matches_the_header():
 
     assert build_shim.FFI_MODULE.read_text() == build_shim.ffi_module_source(), \
         "run `python shim/build_shim.py --ffi` (or reinstall) to regenerate shim/_shim_cffi.py"
+
+
+def _wheel_cudart() -> Path | None:
+    try:
+        import nvidia.cuda_runtime as runtime
+    except ImportError:
+        return None
+    for base in map(Path, runtime.__path__):
+        if (base / "lib" / "libcudart.so.12").exists():
+            return base / "lib"
+    return None
+
+
+def test_real_runtime_still_refuses_the_fake_driver(built, env):
+    """The reason tests/fakecuda/fakecudart.c exists, checked: the real libcudart over the
+    fake driver answers cudaErrorCallRequiresNewerDriver (36), because the fake has no
+    cuGetProcAddress answer for cuGetExportTable.  If this ever passes, drop the stand-in."""
+    lib = _wheel_cudart()
+    if lib is None:
+        pytest.skip("the nvidia-cuda-runtime-cu12 wheel is not installed")
+    exe = built["dir"] / "sdrt_real"
+    subprocess.run(["cc", "-O2", str(ROOT / "tests/shim/sdrt.c"), "-o", str(exe), f"-L{lib}", "-l:libcudart.so.12"],
+                   check=True, capture_output=True)
+    run_env = dict(env, LD_LIBRARY_PATH=f"{lib}:{built['dir']}")   # the wheel's runtime first
+    p = subprocess.run([str(exe), "4096"], env=run_env, capture_output=True, text=True, timeout=60)
+    assert p.stdout.splitlines()[0] == "count result=36 count=-1", p.stdout + p.stderr
+    # the fake driver is the one answering: the stand-in runtime over it works
+    p = subprocess.run([str(built["runtime"]), "4096"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.stdout.splitlines()[0] == "count result=0 count=2", p.stdout + p.stderr
