@@ -322,3 +322,23 @@ def test_a_journal_on_another_filesystem_copies_and_restores(tmp_path):
         assert record["backup_kind"] == "copy"
         journal.undo()
         assert target.read_bytes() == b"original" and stat.S_IMODE(os.stat(target).st_mode) == 0o750
+
+
+@pytest.mark.parametrize("spoiled", ["edited", "backup-damaged"])
+def test_a_refusal_of_the_first_file_stops_undo_before_the_last_is_written(journal, tmp_path, spoiled):
+    """Undo restores newest first; every file is judged before any is written, so a refusal
+    about the first file (restored last) leaves the second one as the fix left it."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"a0")
+    b.write_bytes(b"b0")
+    with journal.begin("test") as entry:
+        entry.replace_file(str(a), b"a1")
+        entry.replace_file(str(b), b"b1")
+    if spoiled == "edited":
+        a.write_bytes(b"user")
+    else:
+        (journal.root / entry.id / "files" / "0").write_bytes(b"zz")
+    with pytest.raises(RestoreRefused, match=rf"{a}"):
+        journal.undo(entry.id)
+    assert b.read_bytes() == b"b1" and a.read_bytes() == (b"user" if spoiled == "edited" else b"a1")
+    assert journal.load(entry.id).manifest["status"] == "committed"
