@@ -85,6 +85,63 @@ def test_real_driver_quota_and_remap(sdtest, tmp_path):
     assert len(data["remap"]) == 1 and len(data["remap"][0]["logical_to_physical"]) == 1
 
 
+def _real_cudart() -> Path | None:
+    """A real libcudart: the nvidia-cuda-runtime-cu12 wheel's, else the toolkit's."""
+    try:
+        import nvidia.cuda_runtime as runtime
+        for base in map(Path, runtime.__path__):
+            if (base / "lib" / "libcudart.so.12").exists():
+                return base / "lib" / "libcudart.so.12"
+    except ImportError:
+        pass
+    for lib in (Path("/usr/local/cuda/lib64/libcudart.so"), Path("/usr/local/cuda/lib/libcudart.so")):
+        if lib.exists():
+            return lib
+    return None
+
+
+@pytest.fixture(scope="module")
+def sdrt_real(tmp_path_factory):
+    """tests/shim/sdrt.c linked against the REAL runtime: the paths tests/shim drives
+    through the stand-in tests/fakecuda/fakecudart.c (which exists only because the real
+    runtime refuses the fake driver, issue 17)."""
+    lib = _real_cudart()
+    if lib is None or shutil.which("cc") is None:
+        pytest.skip("needs a real libcudart (nvidia-cuda-runtime-cu12 wheel or /usr/local/cuda) and a C compiler")
+    out = tmp_path_factory.mktemp("gpu-rt") / "sdrt_real"
+    subprocess.run(["cc", "-O2", str(ROOT / "tests/shim/sdrt.c"), "-o", str(out), f"-L{lib.parent}",
+                    f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"], check=True)
+    return out
+
+
+def test_real_runtime_remap_quota_and_caller(sdrt_real, tmp_path):
+    """cudaMalloc through the real libcudart (which reaches the driver only through
+    cuGetProcAddress): remapped, held to the quota, attributed to the program."""
+    report = tmp_path / "r.json"
+    target = GPUS - 1
+    mib = 1 << 20
+    p = run("--affinity", f"gpu:{target}", "--mem-limit", "64M", "--report-json", report, "--",
+            sdrt_real, str(4 * mib), f"k{5 * mib}", str(60 * mib))
+    lines = p.stdout.splitlines()
+    assert lines[0] == "count result=0 count=1", p.stdout + p.stderr
+    mallocs = [line for line in lines if line.startswith("malloc")]
+    assert mallocs == ["malloc result=0", "malloc result=0", "malloc result=2"], p.stdout   # 5 + 60 > 64 MiB
+    data = json.loads(report.read_text())
+    assert data["calls_by_api"]["cudaMalloc"] == 3
+    assert str(sdrt_real) in data["allocations_by_library"]          # the caller, not libcudart
+    leaks = [f for f in data["findings"] if f["rule"] == "handle-leak"
+             and f["evidence"]["library"] == str(sdrt_real)]
+    assert [f["evidence"]["bytes"] for f in leaks] == [5 * mib]
+    assert data["stats"]["quota_refusals"] >= 1
+
+
+def test_real_runtime_environment_changes_after_start_change_nothing(sdtest, tmp_path):
+    """The quota is read before main on the real driver too (issue 10)."""
+    p = run("--mem-limit", "1M", "--", sdtest, "--via", "procaddr", "unsetenv:SEEDANCE_MEM_LIMIT",
+            "setenv:SEEDANCE_DISABLE=1", "init", "ctx:0", f"alloc:{8 << 20}")
+    assert p.stdout.splitlines()[-1] == "alloc result=2", p.stdout + p.stderr
+
+
 def test_torch_allocates_on_remapped_device(tmp_path):
     why = _torch_cuda()
     if why:
