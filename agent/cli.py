@@ -26,6 +26,7 @@ COMMANDS = {
     "status": "status",
     "plugin": "plugin",
     "bench": "bench",
+    "profile": "profile",
     "profiler": "profiler",
     "pareto": "pareto",
     "quota": "quota",
