@@ -22,8 +22,8 @@ class SeedanceError(Exception):
         super().__init__(message)
         self.message = message
 
-    def __str__(self) -> str:  # one line, always
-        return " ".join(self.message.split())
+    def __str__(self) -> str:  # one line, always: a newline from a file name is shown as \\n
+        return escape_path(self.message)
 
 
 class UsageError(SeedanceError):

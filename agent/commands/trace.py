@@ -2,10 +2,13 @@
 memory it still holds when it exits, live, with eBPF (bcc).
 
 usage: seedance trace [--pid PID ... | -- CMD ARGS] [--backend auto|ebpf|audit]
-                      [--json] [--duration S] [--report-json FILE] [--strict]
+                      [--json] [-o FILE] [--duration S] [--report-json FILE] [--strict]
 
-Events stream as lines (or JSONL with --json); findings come from the same rules as
-`seedance check` and print as they are raised.  Without eBPF (no bcc, not root, no
+Events stream as lines (or JSONL with --json) to stdout or, as strace and bpftrace have
+it, to -o FILE; findings come from the same rules as `seedance check` and print as they
+are raised.  While the stream (or --report-json -) owns stdout, the traced command's
+stdout goes to stderr, so `seedance trace --json -- ./app | jq` never sees the program's
+own lines (issue 10, defect 7).  Without eBPF (no bcc, not root, no
 kernel headers, lockdown), --backend auto says why in one line and traces a launched
 command through the shim's LD_AUDIT module instead.  Ctrl-C detaches every probe.
 """
@@ -13,15 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 
-from ..errors import NotAvailable, UsageError
+from ..errors import NotAvailable, UsageError, escape_path
 
 EPILOG = """\
 examples:
   seedance trace -- python train.py           trace a command from its first library
   seedance trace --pid 4242 --duration 30     attach to a running process for 30 s
   seedance trace --json -- ./app | jq 'select(.event=="finding")'
+  seedance trace --json -o events.jsonl -- ./app   the stream to a file, the program's stdout kept
   seedance trace --report-json r.json -- ./app   findings in the check's report schema
   seedance trace --backend audit -- ./app     no eBPF: LD_AUDIT only (no root needed)
   seedance trace                              every process on this host, until Ctrl-C
@@ -41,9 +47,14 @@ def configure_parser(sub):
     parser.add_argument("--backend", choices=("auto", "ebpf", "audit"), default="auto",
                         help="auto: eBPF, else LD_AUDIT for a launched command (default)")
     parser.add_argument("--json", action="store_true", help="stream events and findings as JSON lines")
+    parser.add_argument("-o", "--output", metavar="FILE", default="-",
+                        help="write the stream to FILE instead of stdout (then the traced command "
+                             "keeps its stdout)")
     parser.add_argument("--duration", type=_seconds, metavar="S", help="stop tracing after S seconds")
     parser.add_argument("--report-json", metavar="FILE",
                         help="write the seedance.report/v1 JSON to FILE ('-': stdout, after the stream)")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite -o/--report-json FILE even if it is not a seedance output")
     parser.add_argument("--strict", action="store_true",
                         help="also report strict-only rules; exit 1 on warnings too")
     parser.add_argument("--quiet", "-q", action="store_true", help="print findings only, not every event")
@@ -74,7 +85,7 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:  # nan compares false with everything
         raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
     return value
 
@@ -91,6 +102,15 @@ def execute(args) -> int:
         raise UsageError("seedance trace: give --pid or a command, not both")
     if args.cmd and not command:
         raise UsageError("seedance trace: no command after --")
+
+    # every output path is checked before a probe is compiled or a command launched
+    from ..output import prepare_output
+    args.stream_target = prepare_output(args.output, force=args.force, what="trace stream")
+    args.report_target = (prepare_output(args.report_json, force=args.force)
+                          if args.report_json else None)
+    if (args.report_target and not args.report_target.is_stdout and not args.stream_target.is_stdout
+            and args.report_target.real == args.stream_target.real):
+        raise UsageError("seedance trace: -o and --report-json name the same file")
 
     from ..trace import env
 
@@ -115,42 +135,61 @@ def execute(args) -> int:
 
 
 class _Output:
-    """Renders the stream: one line per event (or a JSON object), findings as raised."""
+    """Renders the stream into one handle: a line per event (or a JSON object), findings
+    as raised.  Notices go to stderr, never into the stream."""
 
-    def __init__(self, as_json: bool, quiet: bool):
+    def __init__(self, handle, as_json: bool, quiet: bool):
+        self.handle = handle
         self.as_json = as_json
         self.quiet = quiet
+
+    def _line(self, text: str) -> None:
+        self.handle.write(text + "\n")
+        self.handle.flush()
 
     def event(self, event) -> None:
         if self.quiet:
             return
         if self.as_json:
-            print(json.dumps(event.to_dict(), default=str), flush=True)
+            self._line(json.dumps(event.to_dict(), default=str))
         else:
-            print(event.line(), flush=True)
+            self._line(escape_path(event.line()))
 
     def finding(self, finding) -> None:
         if self.as_json:
-            print(json.dumps({"event": "finding", **finding.to_dict()}, default=str), flush=True)
+            self._line(json.dumps({"event": "finding", **finding.to_dict()}, default=str))
         else:
-            print(f"{finding.severity.upper():<7} {finding.layer} {finding.rule}: {finding.message}", flush=True)
+            self._line(escape_path(f"{finding.severity.upper():<7} {finding.layer} {finding.rule}: {finding.message}"))
             if finding.evidence.get("loader_message"):
-                print(f"        loader: {finding.evidence['loader_message']}", flush=True)
+                self._line(f"        loader: {escape_path(finding.evidence['loader_message'])}")
 
     @staticmethod
     def notice(text: str) -> None:
-        print(f"seedance trace: {text}", file=sys.stderr, flush=True)
+        print(f"seedance trace: {escape_path(text)}", file=sys.stderr, flush=True)
 
 
 def _trace(args, command: list, backend: str) -> int:
     from ..engine import load_rules
+
+    rules = load_rules()
+    with args.stream_target.open_stream() as handle:
+        if not args.stream_target.is_stdout and not args.json:
+            # a header, so a rerun may replace the file (seedance.output.is_ours)
+            what = " ".join(command) if command else \
+                ("pid " + " ".join(map(str, args.pid)) if args.pid else "every process")
+            handle.write(escape_path(f"# seedance trace: {what}") + "\n")
+        return _trace_into(args, command, backend, rules, _Output(handle, args.json, args.quiet))
+
+
+def _trace_into(args, command: list, backend: str, rules, out) -> int:
     from ..model import Report
     from ..trace.facts import LiveFacts, mapped_lib_facts
 
-    rules = load_rules()
     report = Report(command="trace")
-    out = _Output(args.json, args.quiet)
     live = LiveFacts()
+    # the stream (or the report) owns stdout: the traced command writes its own to stderr
+    child_stdout = 2 if args.stream_target.is_stdout or (args.report_target and args.report_target.is_stdout) \
+        else None
 
     def judge(facts) -> None:
         for fact in facts:
@@ -174,7 +213,7 @@ def _trace(args, command: list, backend: str) -> int:
 
         session = TraceSession(pids=args.pid, command=command, duration=args.duration,
                                on_notice=out.notice, files=live.files, cuda_events=not args.quiet,
-                               buffer_pages=args.buffer_pages,
+                               buffer_pages=args.buffer_pages, child_stdout=child_stdout,
                                on_tick=lambda: judge(mapped_lib_facts(live.live_pids())))
         for pid in args.pid:
             judge(live.seed(pid))
@@ -190,7 +229,8 @@ def _trace(args, command: list, backend: str) -> int:
     if summary is None:
         from ..trace.audit import run_audit
 
-        summary = run_audit(command, on_event, on_notice=out.notice, duration=args.duration)
+        summary = run_audit(command, on_event, on_notice=out.notice, duration=args.duration,
+                            child_stdout=child_stdout)
     judge(mapped_lib_facts(live.live_pids()))
 
     report.stats = {"events": summary.events, "lost_events": summary.lost, "backend": summary.backend,
@@ -203,7 +243,8 @@ def _trace(args, command: list, backend: str) -> int:
         pass
     out.notice(f"{summary.events} events, {summary.lost} lost, {len(report.findings)} findings "
                f"({summary.backend}; {summary.stop_reason or 'done'})")
-    if args.report_json:
-        from ..render import write_json
-        write_json(report, args.report_json)
+    if args.report_target is not None:
+        from ..render import report_json
+        out.handle.flush()
+        args.report_target.write_text(report_json(report))
     return report.exit_code(args.strict)

@@ -62,8 +62,9 @@ def to_trace_event(raw: dict, audit_objects: dict) -> TraceEvent | None:
     return None
 
 
-def run_audit(command: list, on_event, on_notice=None, duration=None) -> TraceSummary:
-    """Launch ``command`` with the shim as LD_AUDIT (and LD_PRELOAD); stream its events."""
+def run_audit(command: list, on_event, on_notice=None, duration=None, child_stdout=None) -> TraceSummary:
+    """Launch ``command`` with the shim as LD_AUDIT (and LD_PRELOAD); stream its events.
+    ``child_stdout``: a descriptor for the command's stdout (2 while the stream owns ours)."""
     notice = on_notice or (lambda text: None)
     shim = _shim()
     library = shim.library_path()  # NotAvailable when the shim is not built
@@ -98,7 +99,7 @@ def run_audit(command: list, on_event, on_notice=None, duration=None) -> TraceSu
     registry = None
     try:
         try:
-            child = subprocess.Popen(command, env=env)
+            child = subprocess.Popen(command, env=env, stdout=child_stdout)
         except OSError as exc:
             raise BadInput(f"{command[0]}: cannot run: {(exc.strerror or str(exc)).lower()}") from None
         notice(f"LD_AUDIT: {library} traces pid {child.pid}")

@@ -68,8 +68,11 @@ class TraceSession:
     """``run(on_event)`` traces until the target ends, the duration passes or a signal."""
 
     def __init__(self, pids=(), command=None, duration=None, on_notice=None, files=None,
-                 on_tick=None, cuda_events=True, buffer_pages=256):
+                 on_tick=None, cuda_events=True, buffer_pages=256, child_stdout=None):
         self.pids = [int(p) for p in pids]
+        # a descriptor to give the launched command as its stdout (2 when the JSON stream
+        # owns ours: the program must never write into it, issue 10 defect 7)
+        self.child_stdout = child_stdout
         self.command = list(command or [])
         self.duration = duration
         self.on_notice = on_notice or (lambda text: None)
@@ -178,6 +181,8 @@ class TraceSession:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.read(read_end, 1)
                 os.close(read_end)
+                if self.child_stdout is not None:
+                    os.dup2(self.child_stdout, 1)
                 os.execvp(self.command[0], self.command)
             except OSError as exc:
                 os.write(status_write, (exc.strerror or str(exc)).encode())
