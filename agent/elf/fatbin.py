@@ -10,7 +10,7 @@ Layout (little-endian, as nvcc 11-13 write it; checked against `cuobjdump --list
 Flags: 0x2000 an LZ4 payload, 0x8000 a Zstandard one (see fatbin_payload), 0x100000 an
 arch-specific 'a' target, 0x200000 a family 'f' target.
 Containers are concatenated in .nv_fatbin (executables and shared objects) or
-__nv_relfatbin (relocatable objects); .nvFatBinSegment holds one wrapper per container, and
+__nv_relfatbin (relocatable objects of -rdc builds); .nvFatBinSegment holds one wrapper per container, and
 the runtime registers each container as its own module (__cudaRegisterFatBinary): every
 translation unit, and the device-link step, brings its own.  So code is judged per module:
 one module that cannot run on the device is enough for a kernel launch to fail.
@@ -31,6 +31,7 @@ FLAG_COMPRESSED = FLAG_LZ4 | FLAG_ZSTD
 FLAG_ARCH_SPECIFIC = 0x100000
 FLAG_FAMILY = 0x200000
 SECTIONS = (".nv_fatbin", "__nv_relfatbin", ".nvFatBinSegment")
+ET_REL = 1
 
 _CONTAINER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
@@ -88,7 +89,11 @@ def inventory(path: str, data, sections: dict, fail) -> list:
     """
     entries: list = []
     module = 0
-    for name in (".nv_fatbin", "__nv_relfatbin"):
+    # A linked object keeps its inputs' __nv_relfatbin (pre-device-link images) beside the
+    # .nv_fatbin the runtime registers (__cudaRegisterLinkedBinary); only relocatable
+    # objects are judged by theirs, as cuobjdump lists them.
+    relocatable = len(data) >= 18 and struct.unpack_from("<H", data, 16)[0] == ET_REL
+    for name in (".nv_fatbin", "__nv_relfatbin") if relocatable else (".nv_fatbin",):
         if name not in sections:
             continue
         _type, offset, size, _addr, _link, _ent = sections[name]
