@@ -8,19 +8,26 @@ library is reported once, not once per object that loads it.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from ..model import Fact
+from ..resolve.names import same_library
 from . import cuda
 
 
 class FactDedup:
-    """Remembers which facts were already emitted during one scan."""
+    """Remembers which facts were already emitted during one scan.
+
+    Objects are keyed by inode, not path: the same library reached through two aliases
+    (``functorch/../torch/lib``, a symlinked directory) is one object and is reported once
+    (issue 11, item 6)."""
 
     def __init__(self):
-        self.needed: set = set()
+        self.needed: dict = {}  # (identity of requester, name) -> NeededSeen
         self.versions: set = set()
         self.undefined: set = set()
         self.drivers: set = set()
+        self._ids: dict = {}
         # frozenset of libcudart paths -> (closure size, root): the mix is reported at the
         # smallest closure that contains it, i.e. where the second runtime comes in.
         self.runtime_mixes: dict = {}
@@ -31,21 +38,82 @@ class FactDedup:
         bucket.add(key)
         return True
 
+    def identity(self, path: str):
+        """(dev, inode) of a file, or its normalised path when it cannot be stat'ed."""
+        known = self._ids.get(path)
+        if known is None:
+            try:
+                st = os.stat(path)
+                known = (st.st_dev, st.st_ino)
+            except OSError:
+                known = os.path.normpath(path)
+            self._ids[path] = known
+        return known
 
-def needed_facts(closure, dedup: FactDedup, skip_names=()) -> list:
-    """``skip_names``: objects the scan preloaded itself (not NEEDED entries of anyone)."""
-    facts = []
+
+@dataclass
+class NeededSeen:
+    """Every way one NEEDED entry of one object was resolved during a scan."""
+    standalone: object = None  # Resolution with the requester loaded as the main program
+    via_loader: object = None  # a Resolution that found it in another root's closure
+    loader: str | None = None  # that root
+    first: object = None
+    context: str = ""  # 'preloaded' when the scan modelled a package's preload
+    reason: str = ""
+    package: str = ""
+
+
+def note_needed(closure, dedup: FactDedup, skip_names=(), preloaded_by: dict | None = None) -> None:
+    """Remember how each NEEDED of the closure resolved; facts come from needed_facts().
+
+    ``skip_names``: objects the scan preloaded itself (not NEEDED entries of anyone).
+    ``preloaded_by``: provider path -> (reason, package) for the providers that a package
+    loads before this object (collect/practice.py)."""
+    root_id = dedup.identity(closure.root)
     for res in closure.resolutions:
         if res.name in skip_names and res.requester == closure.root:
             continue
-        if not dedup.first(dedup.needed, (res.requester, res.name)):
-            continue
-        facts.append(Fact("needed", {"path": res.requester},
-                          {"name": res.name, "resolved": res.path is not None,
-                           "resolved_path": res.path, "has_soname": bool(res.soname),
-                           "soname": res.soname, "source": res.source,
-                           "tried": list(res.tried), "search_order": list(res.search_order)},
-                          source="collect.closure"))
+        requester_id = dedup.identity(res.requester)
+        seen = dedup.needed.get((requester_id, res.name))
+        if seen is None:
+            seen = dedup.needed[(requester_id, res.name)] = NeededSeen(first=res)
+        if requester_id == root_id:
+            if seen.standalone is None or (seen.standalone.path is None and res.path is not None):
+                seen.standalone = res
+                hint = (preloaded_by or {}).get(res.path) if res.source == "loaded" else None
+                if hint:
+                    seen.context, seen.reason, seen.package = "preloaded", hint[0], hint[1]
+        elif res.path is not None and seen.via_loader is None:
+            seen.via_loader, seen.loader = res, closure.root
+
+
+def needed_facts(dedup: FactDedup, explain_missing=None) -> list:
+    """One needed fact per (object, NEEDED name), after every closure of the scan is seen.
+
+    An object is judged as it is loaded in practice (issue 11, item 7): a NEEDED that fails
+    when the object is loaded on its own, but that its loader in the scanned tree resolves
+    (an inherited DT_RPATH, a SONAME already loaded) or that a package preloads, is
+    resolved, with the reason in ``context``.  ``explain_missing(resolution)`` -> dict adds
+    what is known about a NEEDED that nothing resolves (collect/practice.py)."""
+    facts = []
+    for seen in dedup.needed.values():
+        res = seen.standalone or seen.first
+        subject = res.requester  # the object's own path (a root's), not an alias it was reached by
+        context, reason, package, loader = seen.context, seen.reason, seen.package, None
+        if res.path is None and seen.via_loader is not None:
+            res, loader = seen.via_loader, seen.loader
+            context = "loader"
+            how = {"rpath": "through the DT_RPATH it inherits from", "loaded": "already loaded by"}
+            reason = f"found {how.get(res.source, 'via ' + res.source + ' when loaded by')} {loader}"
+        data = {"name": res.name, "resolved": res.path is not None,
+                "resolved_path": res.path, "has_soname": bool(res.soname),
+                "soname": res.soname, "same_library": same_library(res.name, res.soname or ""),
+                "source": res.source, "tried": list(res.tried),
+                "search_order": list(res.search_order), "context": context, "reason": reason,
+                "package": package, "loader": loader or "", "installed_at": [], "where": ""}
+        if res.path is None and explain_missing is not None:
+            data.update(explain_missing(res))
+        facts.append(Fact("needed", {"path": subject}, data, source="collect.closure"))
     return facts
 
 
@@ -54,7 +122,8 @@ def version_facts(closure, dedup: FactDedup) -> list:
     for check in closure.version_checks:
         if check.provider is None:
             continue  # the NEEDED itself is unresolved: needed-unresolved already says so
-        if not dedup.first(dedup.versions, (check.requester, check.file, check.version)):
+        key = (dedup.identity(check.requester), check.file, check.version)
+        if not dedup.first(dedup.versions, key):
             continue
         facts.append(Fact("version_need", {"path": check.requester},
                           {"file": check.file, "version": check.version, "weak": bool(check.weak),
@@ -64,15 +133,39 @@ def version_facts(closure, dedup: FactDedup) -> list:
     return facts
 
 
-def undefined_facts(closure, dedup: FactDedup) -> list:
+# ``cause`` of an undefined_symbol fact
+NODE_LACKS_SYMBOL = "node-lacks-symbol"  # X@V, the provider defines V but not X: load fails
+NO_DEFINITION = "no-definition"  # nothing in the closure (nor its host) defines it
+
+
+def gap_facts(closure, gaps, dedup: FactDedup) -> list:
+    """undefined_symbol facts for references X@V whose provider defines node V but not X."""
     facts = []
     size = len(closure.objects)
-    for requester, symbol, version in closure.undefined:
-        if not dedup.first(dedup.undefined, (requester, symbol, version)):
+    for gap in gaps:
+        key = (dedup.identity(gap.requester), gap.symbol, gap.version)
+        if not dedup.first(dedup.undefined, key):
+            continue
+        facts.append(Fact("undefined_symbol", {"path": gap.requester},
+                          {"symbol": gap.symbol, "version": gap.version, "provided": False,
+                           "closure_size": size, "cause": NODE_LACKS_SYMBOL,
+                           "provider": gap.provider, "host": ""},
+                          source="collect.closure"))
+    return facts
+
+
+def undefined_facts(closure, dedup: FactDedup, undefined=None, host: str = "") -> list:
+    """``undefined``: (requester, symbol, version) to report, default closure.undefined;
+    ``host``: the program whose symbols were also in scope (an interpreter), for the text."""
+    facts = []
+    size = len(closure.objects)
+    for requester, symbol, version in (closure.undefined if undefined is None else undefined):
+        if not dedup.first(dedup.undefined, (dedup.identity(requester), symbol, version)):
             continue
         facts.append(Fact("undefined_symbol", {"path": requester},
                           {"symbol": symbol, "version": version, "provided": False,
-                           "closure_size": size},
+                           "closure_size": size, "cause": NO_DEFINITION, "provider": "",
+                           "host": host},
                           source="collect.closure"))
     return facts
 

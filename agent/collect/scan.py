@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ from ..errors import BadInput, ELFError, UsageError, describe_os_error
 from ..model import Report
 from . import closure as closure_facts
 from . import config as config_collect
-from . import cuda, cxxabi, fatbin, host, process, torch_ext
+from . import cuda, cxxabi, fatbin, host, practice, process, torch_ext
 
 
 @dataclass
@@ -30,6 +31,8 @@ class CheckOptions:
     strict: bool = False
     rules_dir: str | None = None
     env: dict | None = None  # the environment the resolver assumes (LD_LIBRARY_PATH, ...)
+    python: str | None = None  # check --python: the interpreter whose torch imports extensions
+    python: str | None = None  # check --python: the interpreter whose torch imports extensions
 
     @property
     def host_scope(self) -> bool:
@@ -79,12 +82,20 @@ class Scanner:
         self.explicit: set = set()  # files named on the command line: unreadable -> exit 2
         self.torch_preloads: dict = {}  # torch library -> its closure, loaded before extensions
         self.torch_builds: list = []  # cached torch extension builds found in target dirs
+        self.tree_index: dict = {}  # file name -> [paths] of the ELF files scanned
+        self.dir_configs: list = []  # seedance/plugin YAML configs found in target dirs
+        self._hosts: dict = {}  # interpreter -> its closure's objects, read with symbols
+        self._private: dict = {}  # (requester, name) -> (loader, reason) or None
 
     # --- entry point ------------------------------------------------------------------
     def run(self) -> Report:
         started = time.monotonic()
         rules = load_rules(self.options.rules_dir)  # a bad rules dir fails before any work
         self.gpu = gpu_context(self.options)
+        # a bad --python is bad input before any work (exit 2)
+        self.python_torch = torch_ext.torch_for_python(self.options.python) if self.options.python else None
+        # a bad --python is bad input before any work (exit 2)
+        self.python_torch = torch_ext.torch_for_python(self.options.python) if self.options.python else None
         from ..resolve import Resolver
 
         env = self.options.env
@@ -102,6 +113,9 @@ class Scanner:
                 roots.extend(found_roots)
                 configs.extend(found_configs)
         roots = _unique_roots(roots)
+        configs.extend(self.dir_configs)
+        for path in roots:
+            self.tree_index.setdefault(os.path.basename(path), []).append(path)
         for pid in self.options.pids:
             self._process(pid, explicit=True)
         for path in configs:
@@ -113,11 +127,12 @@ class Scanner:
                 self.progress.advance(note=path)
         finally:
             self.progress.finish()
+        self.facts.extend(closure_facts.needed_facts(self.dedup, self._explain_missing))
         self.facts.extend(closure_facts.runtime_mix_facts(self.dedup))
         if self.options.host_scope:
-            self.facts.extend(torch_ext.torch_ext_facts())
+            self.facts.extend(torch_ext.torch_ext_facts(torch=self.python_torch))
         elif self.torch_builds:
-            self.facts.extend(torch_ext.torch_ext_facts(builds=self.torch_builds))
+            self.facts.extend(torch_ext.torch_ext_facts(builds=self.torch_builds, torch=self.python_torch))
         findings = rules.evaluate(self.facts, strict=self.options.strict)
         kinds = Counter(f.kind for f in self.facts)
         stats = {"files_scanned": self.stats["files"], "elf_objects": self.stats["elf"],
@@ -192,6 +207,9 @@ class Scanner:
                 if not stat.S_ISREG(st.st_mode) or st.st_size < 16:
                     self.stats["skipped"] += 1
                     continue
+                if name.endswith(config_collect.CONFIG_SUFFIXES) and _is_seedance_config(path):
+                    self.dir_configs.append(path)
+                    continue
                 kind = _sniff(path)
                 if kind == "elf":
                     found.append((path, st))
@@ -203,6 +221,8 @@ class Scanner:
         return found
 
     def _host_targets(self) -> tuple:
+        self.dir_configs = []  # the host scope reads its own config dirs
+
         roots = []
         for path in host.ld_cache_paths():
             self.stats["files"] += 1
@@ -233,7 +253,7 @@ class Scanner:
                 self.stats["skipped"] += 1  # another machine's object (firmware, BPF): no loader
                 return
             result = self.resolver.closure(path, symbols=self.options.strict)
-            preload = self._torch_preload(path, result)
+            preload, preloaded_by = self._preloads(path, result)
             if preload:
                 result = self.resolver.closure(path, symbols=self.options.strict, preloaded=preload)
         except ELFError as exc:
@@ -255,10 +275,13 @@ class Scanner:
         self.stats["elf"] += 1
         self.objects_seen.update(result.objects)
         add = self.facts.extend
-        add(closure_facts.needed_facts(result, self.dedup, skip_names=preload))
+        closure_facts.note_needed(result, self.dedup, skip_names=preload, preloaded_by=preloaded_by)
         add(closure_facts.version_facts(result, self.dedup))
+        add(closure_facts.gap_facts(result, self.resolver.version_gaps(result), self.dedup))
         if self.options.strict:
-            add(closure_facts.undefined_facts(result, self.dedup))
+            host, scope = self._host_of(path)
+            undefined = self.resolver.undefined(result, scope) if scope else None
+            add(closure_facts.undefined_facts(result, self.dedup, undefined, host=host or ""))
         runtimes = closure_facts.closure_runtimes(result)
         closure_facts.note_runtime_mix(result, runtimes, self.dedup)
         add(closure_facts.driver_facts(runtimes, self.gpu, self.dedup))
@@ -272,20 +295,117 @@ class Scanner:
         if torch_paths and path not in torch_paths:
             self._cxx_abi(path, result, torch_paths)
 
+    def _preloads(self, path: str, result) -> tuple:
+        """(paths to preload, {provider: (reason, package)}): what the packages around
+        ``path`` load before it (collect/practice.py), and torch for its extensions."""
+        torch = self._torch_preload(path, result)
+        missing = {r.name for r in result.resolutions if r.path is None and "/" not in r.name}
+        plan = practice.preload_plan(path, missing) if missing else {}
+        preload = tuple(torch) + tuple(p for p in plan if p not in torch)
+        return preload, plan
+
+    def _host_of(self, path: str) -> tuple:
+        """(interpreter, {path: ElfInfo}) when ``path`` is an extension module that an
+        interpreter loads: its undefined symbols may be the interpreter's (the Python C API
+        from python3.X or libpython; Perl's from libperl).  (None, {}) otherwise."""
+        interpreter = _interpreter_for(path)
+        if interpreter is None:
+            return None, {}
+        scope = self._hosts.get(interpreter)
+        if scope is None:
+            try:
+                closure = self.resolver.closure(interpreter, symbols=True)
+                scope = dict(closure.objects)
+            except (ELFError, OSError):
+                scope = {}
+            self._hosts[interpreter] = scope
+        return interpreter, scope
+
+    def _explain_missing(self, res) -> dict:
+        """What is known about a NEEDED that nothing in the scan resolves (issue 11, item 7)."""
+        why = practice.optional_plugin(res.requester)
+        if why:
+            return {"context": "optional-plugin", "reason": why}
+        private = self._private_loader(res.requester, res.name)
+        if private is not None:
+            return {"context": "private", "loader": private[0], "reason": private[1]}
+        copies = practice.installed_copies(res.name, res.requester, self.tree_index)
+        if not copies:
+            return {}
+        described = []
+        for copy in copies:
+            package = practice.package_of(copy)
+            described.append(practice.short(copy) + (f" ({package})" if package else ""))
+        return {"installed_at": copies, "package": practice.package_of(copies[0]) or "",
+                "where": "; installed at " + ", ".join(described) + ", which is not on its loader path"}
+
+    def _private_loader(self, requester: str, name: str):
+        """(program, reason) when a program of the requester's Debian package, or of a
+        package that depends on it, loads the requester and so resolves ``name``
+        (systemd's /usr/lib/systemd/systemd and libsystemd-core, shipped by libsystemd-shared)."""
+        key = (requester, name)
+        if key in self._private:
+            return self._private[key]
+        self._private[key] = None
+        package = practice.package_of(requester)
+        try:
+            soname = self.resolver.read(requester).soname or os.path.basename(requester)
+        except (ELFError, OSError):
+            return None
+        if not package or practice.site_packages_of(requester):
+            return None
+        wanted = self.dedup.identity(requester)
+        read = 0
+        candidates = practice.dpkg_files_of(package)
+        for dependent in practice.dpkg_dependents(package)[:20]:
+            candidates += practice.dpkg_files_of(dependent)
+        for candidate in candidates:
+            if read >= 400 or not os.path.isfile(candidate) or candidate == requester:
+                continue
+            if candidate.startswith(("/usr/share/", "/etc/", "/usr/include/")):
+                continue
+            if _sniff(candidate) != "elf":
+                continue
+            read += 1
+            try:
+                info = self.resolver.read(candidate)
+                if soname not in info.needed:
+                    continue
+                closure = self.resolver.closure(candidate)
+            except (ELFError, OSError, RecursionError):
+                continue
+            for res in closure.resolutions:
+                if res.name == name and res.path is not None and self.dedup.identity(res.requester) == wanted:
+                    how = {"runpath": "its DT_RUNPATH", "rpath": "its DT_RPATH",
+                           "loaded": "the copy it loads itself"}.get(res.source, res.source)
+                    owner = practice.package_of(candidate) or package
+                    reason = (f"{requester} is a private library of {candidate} (package {owner}), "
+                              f"which finds {name} at {res.path} through {how}")
+                    self._private[key] = (candidate, reason)
+                    return self._private[key]
+        return None
+
     def _torch_preload(self, path: str, result) -> tuple:
         """Torch's libraries, when a Python extension needs them and cannot find them itself.
 
         Extensions link -lc10 -ltorch without a RUNPATH: they only load in a Python that
         imported torch first, which put libtorch_python.so (and with it libtorch, libc10)
         in the process.  ld.so then satisfies the NEEDED by SONAME.  We model exactly that
-        with the torch beside the extension (same site-packages), else the current one.
+        with the torch that imports it: --python's, else the one in its own environment,
+        never the torch of seedance's own interpreter (issue 11, item 4).  When there is
+        none, the torch NEEDED names stand in as preloads that resolve nothing: whichever
+        torch the user imports provides them, so they are no loader error, and a
+        torch_env fact says the extension was not judged against a torch.
         """
         missing = {r.name for r in result.resolutions
                    if r.path is None and r.name.startswith(closure_facts.TORCH_LIB_PREFIXES)}
         if not missing:
             return ()
         torch_lib = self._torch_lib_near(path)
-        if torch_lib is None or not any(os.path.exists(os.path.join(torch_lib, n)) for n in missing):
+        if torch_lib is None:
+            self.facts.append(torch_ext.torch_not_found_fact(path, missing))
+            return tuple(sorted(missing))
+        if not any(os.path.exists(os.path.join(torch_lib, n)) for n in missing):
             return ()
         for name in ("libtorch_python.so", "libtorch.so", "libc10.so"):
             candidate = os.path.join(torch_lib, name)
@@ -302,18 +422,12 @@ class Scanner:
         return ()
 
     def _torch_lib_near(self, path: str) -> str | None:
-        directory = os.path.dirname(os.path.abspath(path))
-        for _ in range(6):  # site-packages/pkg/sub/ext.so -> site-packages/torch/lib
-            candidate = os.path.join(directory, "torch", "lib")
-            if os.path.isdir(candidate):
-                return candidate
-            parent = os.path.dirname(directory)
-            if parent == directory:
-                break
-            directory = parent
-        if not hasattr(self, "_current_torch"):
-            self._current_torch = torch_ext.find_torch()
-        return os.path.join(self._current_torch.path, "lib") if self._current_torch else None
+        torch = self._torch_for(path)
+        return os.path.join(torch.path, "lib") if torch is not None else None
+
+    def _torch_for(self, path: str):
+        """The torch that imports the extension at ``path`` (--python's, else its own environment's)."""
+        return self.python_torch if self.python_torch is not None else torch_ext.torch_beside(path)
 
     def _fatbin(self, path: str) -> list:
         try:
@@ -324,15 +438,12 @@ class Scanner:
         return fatbin.fatbin_facts(path, entries, self.gpu.targets, driver=self.gpu.driver_version)
 
     def _cxx_abi(self, path: str, result, torch_paths) -> None:
-        info = next(iter(result.objects.values()), None)
-        if info is None or not info.symbols:
-            try:
-                info = read_elf(path, symbols=True)
-            except ELFError:
-                return
-        fact = cxxabi.cxx_abi_fact(path, info, torch_paths, self.torch_abi)
-        if fact is not None:
-            self.facts.append(fact)
+        torch = self._torch_for(path)
+        torch_lib = os.path.join(torch.path, "lib") if torch is not None else None
+        source = torch.source if torch_lib and any(os.path.dirname(p) == torch_lib for p in torch_paths) \
+            else "found through its own library search path"
+        self.facts.extend(cxxabi.extension_facts(path, result.objects, torch_paths, self.torch_abi,
+                                                 lambda p: self.resolver.read(p, symbols=True), source))
 
     def _process(self, pid: int, explicit: bool) -> None:
         try:
@@ -374,6 +485,50 @@ def _sniff(path: str):
             return "elf" if handle.read(4) == ELF_MAGIC else "other"
     except OSError as exc:
         return exc
+
+
+# YAML files in a scanned directory that are seedance's or a plugin's own configs (issue 11,
+# item 8).  Other YAML (CI workflows, conda recipes) sets LD_LIBRARY_PATH from $PREFIX on
+# purpose and is none of our business.
+SEEDANCE_CONFIG_NAMES = {"agent.yaml", "shim.yaml", "manifest.yaml", "manifest.yml", "seedance.yaml",
+                         "seedance.yml"}
+
+
+def _is_seedance_config(path: str) -> bool:
+    parts = os.path.abspath(path).split(os.sep)
+    if "rules_data" in parts:  # seedance's own rule files, installed as package data
+        return False
+    return os.path.basename(path) in SEEDANCE_CONFIG_NAMES or "seedance" in parts[:-1]
+
+
+_PY_EXT = re.compile(r"\.cpython-3(\d+)[^/]*\.so$|\.abi3\.so$")
+
+
+def _interpreter_for(path: str) -> str | None:
+    """The interpreter that loads an extension module at ``path``, if it is one."""
+    import sys
+
+    match = _PY_EXT.search(path)
+    if match:
+        minor = match.group(1) or str(sys.version_info.minor)
+        name = f"python3.{minor}"
+        candidates = []
+        site = practice.site_packages_of(path)
+        if site is not None:  # <prefix>/lib/python3.X/site-packages -> <prefix>/bin
+            candidates.append(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(site))), "bin", name))
+        if f"3.{minor}" == f"{sys.version_info.major}.{sys.version_info.minor}":
+            candidates.append(sys.executable)
+        candidates += [f"/usr/bin/{name}", f"/usr/local/bin/{name}"]
+        for candidate in candidates:
+            real = os.path.realpath(candidate)
+            if os.path.isfile(real) and _sniff(real) == "elf":
+                return real
+        return None
+    if os.sep + "auto" + os.sep in path and path.endswith(".so"):  # Perl XS: .../auto/Mod/Mod.so
+        for candidate in ("/usr/bin/perl", "/usr/local/bin/perl"):
+            if os.path.isfile(candidate):
+                return os.path.realpath(candidate)
+    return None
 
 
 def _unique_roots(found) -> list:

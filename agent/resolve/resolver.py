@@ -34,6 +34,7 @@ from ..errors import ELFError
 from . import hwcaps as _hwcaps
 from . import tokens
 from .ldcache import LdCache, cache_stamp
+from .names import unhashed
 
 ET_DYN, ET_EXEC = 3, 2
 EM_386, EM_X86_64 = 3, 62
@@ -582,14 +583,17 @@ class Resolver:
     def _symbol_tables(self, path: str, info: ElfInfo) -> tuple:
         """(definitions: name -> frozenset of tags, strong undefined [(name, version)]), cached.
 
-        Tags: a version name; '*' when the object has no version definitions (it then
-        satisfies any versioned reference); 'default' when some definition is not hidden
-        (an unversioned reference binds to it)."""
+        Tags follow check_match() in elf/dl-lookup.c (glibc 2.36):
+        - a version name: a versioned reference to that name binds to it, hidden or not;
+        - '*': a definition without a version (no DT_VERSYM at all, or versym index 0/1,
+          whose l_versions hash is 0) that is not hidden: it satisfies a versioned reference
+          of any version ("use the default one if it is not hidden");
+        - 'default' when the definition is not hidden: an unversioned reference binds to it.
+        """
         key = ("symtab", path, info.build_id, len(info.symbols))
         cached = self._elf.get(key)
         if cached is not None:
             return cached
-        unversioned = not info.version_defs
         defs: dict = {}
         undefs = []
         for sym in info.symbols:
@@ -598,37 +602,138 @@ class Resolver:
                     continue
                 tags = defs.setdefault(sym.name, set())
                 tags.add(sym.version)
-                if unversioned:
-                    tags.add("*")
                 if not sym.hidden:
                     tags.add("default")
+                    if sym.version is None:
+                        tags.add("*")
             elif sym.binding == "GLOBAL":
                 undefs.append((sym.name, sym.version))
         result = ({name: frozenset(tags) for name, tags in defs.items()}, tuple(undefs))
         self._elf[key] = result
         return result
 
-    def _undefined(self, objects: dict) -> list:
-        """Strong undefined symbols that no object of the closure defines (global scope)."""
+    @staticmethod
+    def _binds(tags, version) -> bool:
+        if tags is None:
+            return False
+        if version is not None:
+            return version in tags or "*" in tags
+        return "default" in tags or None in tags
+
+    def undefined(self, closure: "Closure", scope: dict | None = None) -> list:
+        """Closure.undefined again, with ``scope`` (path -> ElfInfo) also in the global scope."""
+        objects = {p: (i if i.symbols else self.read(p, symbols=True)) for p, i in closure.objects.items()}
+        scope = {p: (i if i.symbols else self.read(p, symbols=True)) for p, i in (scope or {}).items()}
+        return self._undefined(objects, scope)
+
+    def _undefined(self, objects: dict, scope: dict | None = None) -> list:
+        """Strong undefined symbols that no object of the closure defines (global scope).
+
+        ``scope``: more objects already in the process before these (path -> ElfInfo read
+        with symbols), e.g. the interpreter that imports an extension module."""
         tables = [self._symbol_tables(path, info) for path, info in objects.items()]
         all_defs = [defs for defs, _u in tables]
+        all_defs += [self._symbol_tables(path, info)[0] for path, info in (scope or {}).items()
+                     if path not in objects]
         missing = []
         for (path, _info), (_defs, undefs) in zip(objects.items(), tables):
             for name, version in undefs:
-                ok = False
-                for defs in all_defs:
-                    tags = defs.get(name)
-                    if tags is None:
-                        continue
-                    if version is not None:
-                        ok = version in tags or "*" in tags
-                    else:
-                        ok = "default" in tags or None in tags
-                    if ok:
-                        break
-                if not ok:
+                if not any(self._binds(defs.get(name), version) for defs in all_defs):
                     missing.append((path, name, version))
         return missing
+
+    def version_gaps(self, closure: "Closure", scope: dict | None = None) -> list:
+        """SymbolGap for every strong reference X@V whose provider defines node V but not X.
+
+        dl-version.c only checks that the node exists, so the object passes the version
+        check; then relocation looks X@V up in the global scope and finds nothing:
+        "undefined symbol: X, version V".  RTLD_NOW (and every Python import) fails; lazy
+        binding dies on the first call.  The classic case is a newer libcusparse.so.12
+        needing __nvJitLinkComplete_12_9@libnvJitLink.so.12 from an older nvJitLink whose
+        single node libnvJitLink.so.12 has no such symbol (issue 11, item 5).
+
+        Only the symbols of objects whose provider could hide a gap are read: see
+        _per_release_nodes()."""
+        nodes: dict = {}  # requester -> {version: provider}
+        for check in closure.version_checks:
+            if check.provider is None or check.weak or check.version not in check.provider_versions:
+                continue
+            if check.provider == check.requester:
+                continue
+            provider_info = closure.objects.get(check.provider)
+            if provider_info is None or self._per_release_nodes(check.requester, check.provider,
+                                                                 provider_info):
+                continue
+            nodes.setdefault(check.requester, {})[check.version] = check.provider
+        gaps = []
+        everything = dict(scope or {})
+        everything.update(closure.objects)
+        for requester, versions in nodes.items():
+            key = ("gaps", requester, tuple(sorted(versions.items())))
+            found = self._elf.get(key)
+            if found is None:
+                found = []
+                _defs, undefs = self._symbol_tables(requester, self.read(requester, symbols=True))
+                for name, version in undefs:
+                    provider = versions.get(version)
+                    if provider is None:
+                        continue
+                    defs = self._symbol_tables(provider, self.read(provider, symbols=True))[0]
+                    if not self._binds(defs.get(name), version):
+                        found.append((name, version, provider))
+                self._elf[key] = found
+            for name, version, provider in found:
+                # another object in the scope may define X@V (or X without versions)
+                if any(self._binds(self._symbol_tables(p, self.read(p, symbols=True))[0].get(name), version)
+                       for p in everything if p not in (provider, requester)):
+                    continue
+                gaps.append(SymbolGap(requester, name, version, provider))
+        return gaps
+
+    def _per_release_nodes(self, requester: str, provider: str, info: ElfInfo) -> bool:
+        """True when a missing symbol cannot hide behind a node that exists, so reading the
+        symbol tables is wasted work.
+
+        - glibc (Versions files), libstdc++ (gnu.ver) and libgcc add every new symbol under
+          a new node (GLIBC_2.34, GLIBCXX_3.4.30, GCC_7.0.0): dl-version.c already catches a
+          provider that is too old.  Every object needs them; reading libc's symbols for
+          each closure would double the time of a check.
+        - Both files in the system directories: the distribution built them together and
+          its package dependencies are per symbol (dpkg-shlibdeps reads the symbols files).
+        """
+        if _major_name(unhashed(info.soname or os.path.basename(provider))) in RUNTIME_SONAMES:
+            return True
+        abi = ABIS.get((info.elf_class, info.machine))
+        if abi is None:
+            return True
+        return (any(requester.startswith(d) for d in abi.system_dirs)
+                and any(provider.startswith(d) for d in abi.system_dirs))
+
+
+# glibc's and GCC's runtime libraries: one version node per release (see _per_release_nodes)
+RUNTIME_SONAMES = frozenset({
+    "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "libutil.so.1",
+    "libresolv.so.2", "libanl.so.1", "libnsl.so.1", "libBrokenLocale.so.1", "libmvec.so.1",
+    "libc_malloc_debug.so.0", "ld-linux-x86-64.so.2", "ld-linux.so.2",
+    "libstdc++.so.6", "libgcc_s.so.1", "libatomic.so.1", "libgomp.so.1", "libquadmath.so.0",
+    "libgfortran.so.5", "libgfortran.so.4", "libgfortran.so.3", "libitm.so.1",
+})
+
+
+def _major_name(name: str) -> str:
+    """libgfortran.so.5.0.0 -> libgfortran.so.5"""
+    head, sep, tail = name.partition(".so.")
+    return head + sep + tail.split(".", 1)[0] if sep else name
+
+
+@dataclass(frozen=True)
+class SymbolGap:
+    """A reference ``symbol@version`` of ``requester`` that ``provider`` (which defines the
+    node ``version``) cannot satisfy, and nothing else in the process does either."""
+    requester: str
+    symbol: str
+    version: str
+    provider: str
 
 
 def _has_verdef(info: ElfInfo) -> bool:

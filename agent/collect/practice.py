@@ -1,0 +1,297 @@
+"""How libraries are loaded in practice, not only on their own (issue 11, item 7).
+
+A library checked alone is loaded as the main program would load it.  Inside a real tree
+many libraries are never loaded that way:
+
+- a package loads some libraries before others (``preload_plan``): torch's
+  ``_load_global_deps()`` (torch/__init__.py) and cupy's cuda-pathfinder
+  (cupy_backends/cuda/libs/__init__.py) load the NVIDIA wheels' libraries from
+  site-packages/nvidia/*/lib with RTLD_GLOBAL, so a sibling library's NEEDED is satisfied by
+  SONAME; the java launcher (libjli, java_md.c LoadJavaVM) dlopens lib/server/libjvm.so
+  RTLD_GLOBAL before any JDK library that NEEDs libjvm.so;
+- optional transport plugins are dlopened only when that transport is configured
+  (``optional_plugin``);
+- a private library is loaded only by one program that finds its siblings through its own
+  RUNPATH (``private_loader``: systemd's libsystemd-core);
+- a library installed where the loader does not look is still worth pointing at
+  (``installed_copies`` and ``package_of``).
+
+Everything here reads files; nothing is loaded or executed.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+# Packages whose Python code loads site-packages/nvidia/*/lib before their own libraries.
+NVIDIA_PRELOADERS = {
+    "nvidia": "the NVIDIA wheels are loaded after their siblings: torch (torch/__init__.py "
+              "_load_global_deps) and cupy (cuda-pathfinder) load {provider} first",
+    "torch": "torch/__init__.py _load_global_deps() loads {provider} RTLD_GLOBAL before its own libraries",
+    "cupy": "cupy loads {provider} through cuda-pathfinder before the module that needs it",
+    "cupy_backends": "cupy loads {provider} through cuda-pathfinder before the module that needs it",
+    "cupyx": "cupy loads {provider} through cuda-pathfinder before the module that needs it",
+}
+
+# Optional plugins: (file name pattern, who loads it and when)
+OPTIONAL_PLUGINS = (
+    ("nvshmem_transport_*", "NVSHMEM dlopens a transport only when NVSHMEM_REMOTE_TRANSPORT selects it"),
+    ("nvshmem_bootstrap_*", "NVSHMEM dlopens a bootstrap only when NVSHMEM_BOOTSTRAP selects it"),
+    ("libnvshmem_transport_*", "NVSHMEM dlopens a transport only when NVSHMEM_REMOTE_TRANSPORT selects it"),
+    ("libcufile_rdma*", "cuFile loads its RDMA library only when cufile.json enables RDMA"),
+    ("libuct_*", "UCX loads a transport module from lib/ucx only when that transport is available"),
+    ("libucm_*", "UCX loads a memory hook module from lib/ucx only when that memory type is used"),
+    ("libucx_*", "UCX loads a module from lib/ucx only when that transport is used"),
+    ("mca_*", "Open MPI loads an MCA component only when that component is selected"),
+    ("libnccl-net*", "NCCL loads a network plugin only when NCCL_NET_PLUGIN names it"),
+    ("libmpi_*", "an MPI transport is loaded only when MPI is the chosen launcher"),
+)
+
+
+def site_packages_of(path: str) -> str | None:
+    """The site-packages (or dist-packages) directory that holds ``path``, if any."""
+    parts = os.path.abspath(path).split(os.sep)
+    for index in range(len(parts) - 1, 0, -1):
+        if parts[index] in _SITE_DIRS:
+            return os.sep.join(parts[:index + 1])
+    return None
+
+
+def _top_package(path: str, site: str) -> str:
+    rel = os.path.relpath(os.path.abspath(path), site)
+    return rel.split(os.sep, 1)[0]
+
+
+def nvidia_wheel_libs(site: str) -> dict:
+    """NAME -> path for every file in site-packages/nvidia/*/lib."""
+    found: dict = {}
+    base = os.path.join(site, "nvidia")
+    try:
+        packages = sorted(os.listdir(base))
+    except OSError:
+        return found
+    for package in packages:
+        lib = os.path.join(base, package, "lib")
+        try:
+            names = sorted(os.listdir(lib))
+        except OSError:
+            continue
+        for name in names:
+            found.setdefault(name, os.path.join(lib, name))
+    return found
+
+
+def _cuda_toolkit_lib(name: str) -> str | None:
+    """cuda-pathfinder's other places: $CUDA_PATH, $CUDA_HOME, /usr/local/cuda."""
+    for root in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root:
+            for sub in ("lib64", "targets/x86_64-linux/lib"):
+                candidate = os.path.join(root, sub, name)
+                if os.path.isfile(candidate):
+                    return candidate
+    return None
+
+
+def _jdk_home(path: str) -> str | None:
+    """JAVA_HOME of a library under <home>/lib (JDK 9+) or <home>/jre/lib/<arch> (JDK 8)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    for _ in range(4):
+        for server in ("lib/server/libjvm.so", "jre/lib/amd64/server/libjvm.so"):
+            if os.path.isfile(os.path.join(directory, server)):
+                return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return None
+
+
+def preload_plan(path: str, missing: set) -> dict:
+    """provider path -> (reason, package) that a package loads before ``path`` and that
+    provide some of its ``missing`` NEEDED names."""
+    plan: dict = {}
+    site = site_packages_of(path)
+    if site is not None:
+        top = _top_package(path, site)
+        template = NVIDIA_PRELOADERS.get(top)
+        if template is not None:
+            wheel_libs = nvidia_wheel_libs(site)
+            for name in sorted(missing):
+                provider = wheel_libs.get(name)
+                if provider is None and top.startswith("cupy"):
+                    provider = _cuda_toolkit_lib(name)
+                if provider is not None and provider not in plan:
+                    rel = os.path.relpath(provider, site)
+                    plan[provider] = (template.format(provider="site-packages/" + rel),
+                                      package_of(provider) or "")
+    if "libjvm.so" in missing:
+        home = _jdk_home(path)
+        if home is not None:
+            for server in ("lib/server/libjvm.so", "jre/lib/amd64/server/libjvm.so"):
+                jvm = os.path.join(home, server)
+                if os.path.isfile(jvm):
+                    plan[jvm] = ("the java launcher (libjli, LoadJavaVM) loads " + jvm +
+                                 " RTLD_GLOBAL before any JDK library", package_of(jvm) or "")
+                    break
+    return plan
+
+
+def optional_plugin(path: str) -> str | None:
+    """Why ``path`` is an optional plugin that is only loaded on demand, or None."""
+    base = os.path.basename(path)
+    for pattern, why in OPTIONAL_PLUGINS:
+        if fnmatch.fnmatch(base, pattern):
+            return why
+    return None
+
+
+# --- which package ships a file ------------------------------------------------------------
+_RECORDS: dict = {}  # site-packages -> {relative path: distribution name}
+_DPKG: dict = {}  # 'files' -> {real path: package}, 'names' -> {basename: [paths]}
+DPKG_INFO = "/var/lib/dpkg/info"
+
+
+def _dist_name(dist_info: str) -> str:
+    name = dist_info[: -len(".dist-info")].split("-", 1)[0]
+    return name.replace("_", "-").lower()
+
+
+def _records(site: str) -> dict:
+    known = _RECORDS.get(site)
+    if known is not None:
+        return known
+    table: dict = {}
+    try:
+        entries = sorted(os.listdir(site))
+    except OSError:
+        entries = []
+    for entry in entries:
+        if not entry.endswith(".dist-info"):
+            continue
+        dist = _dist_name(entry)
+        try:
+            with open(os.path.join(site, entry, "RECORD"), encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    rel = line.split(",", 1)[0]
+                    if rel and not rel.startswith(".."):
+                        table[os.path.normpath(rel)] = dist
+        except OSError:
+            continue
+    _RECORDS[site] = table
+    return table
+
+
+def _dpkg() -> dict:
+    if _DPKG:
+        return _DPKG
+    files: dict = {}
+    names: dict = {}
+    try:
+        lists = sorted(n for n in os.listdir(DPKG_INFO) if n.endswith(".list"))
+    except OSError:
+        lists = []
+    for listing in lists:
+        package = listing[: -len(".list")].split(":", 1)[0]
+        try:
+            with open(os.path.join(DPKG_INFO, listing), encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    path = line.rstrip("\n")
+                    if ".so" not in path and "/bin/" not in path and "/sbin/" not in path \
+                            and "/libexec/" not in path and "/lib/" not in path:
+                        continue
+                    files.setdefault(_canonical(path), package)
+                    names.setdefault(os.path.basename(path), []).append(path)
+        except OSError:
+            continue
+    _DPKG["files"], _DPKG["names"] = files, names
+    return _DPKG
+
+
+def _canonical(path: str) -> str:
+    """The path with its directory realpath'd (usrmerge: /lib -> /usr/lib)."""
+    head, tail = os.path.split(path)
+    return os.path.join(os.path.realpath(head), tail)
+
+
+def package_of(path: str) -> str | None:
+    """The pip distribution or Debian package that ships ``path``, if known."""
+    site = site_packages_of(path)
+    if site is not None:
+        rel = os.path.normpath(os.path.relpath(os.path.abspath(path), site))
+        dist = _records(site).get(rel)
+        if dist:
+            return dist
+    return _dpkg()["files"].get(_canonical(path))
+
+
+def dpkg_files_of(package: str) -> list:
+    try:
+        with open(os.path.join(DPKG_INFO, package + ".list"), encoding="utf-8", errors="replace") as handle:
+            return [line.rstrip("\n") for line in handle if line.strip()]
+    except OSError:
+        for name in os.listdir(DPKG_INFO) if os.path.isdir(DPKG_INFO) else ():
+            if name.startswith(package + ":") and name.endswith(".list"):
+                with open(os.path.join(DPKG_INFO, name), encoding="utf-8", errors="replace") as handle:
+                    return [line.rstrip("\n") for line in handle if line.strip()]
+    return []
+
+
+def dpkg_dependents(package: str) -> list:
+    """Installed Debian packages whose Depends/Pre-Depends name ``package`` (from
+    /var/lib/dpkg/status): the programs that use a library package live there."""
+    status = _DPKG.get("status")
+    if status is None:
+        status = {}
+        try:
+            with open(os.path.join(os.path.dirname(DPKG_INFO), "status"), encoding="utf-8",
+                      errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            text = ""
+        for stanza in text.split("\n\n"):
+            name, depends = None, []
+            for line in stanza.splitlines():
+                if line.startswith("Package: "):
+                    name = line[9:].strip()
+                elif line.startswith(("Depends: ", "Pre-Depends: ")):
+                    for item in line.split(":", 1)[1].split(","):
+                        for alternative in item.split("|"):
+                            dep = alternative.strip().split(" ", 1)[0].split(":", 1)[0]
+                            if dep:
+                                depends.append(dep)
+            if name:
+                for dep in depends:
+                    status.setdefault(dep, []).append(name)
+        _DPKG["status"] = status
+    return sorted(set(status.get(package, ())))
+
+
+def installed_copies(name: str, requester: str, tree_index: dict) -> list:
+    """Files named ``name`` that exist where the loader does not look: the scanned tree,
+    site-packages/nvidia/*/lib beside the requester, and the Debian packages' files."""
+    if "/" in name:
+        return []
+    found = []
+    for path in tree_index.get(name, ()):
+        if path not in found:
+            found.append(path)
+    site = site_packages_of(requester)
+    if site is not None:
+        path = nvidia_wheel_libs(site).get(name)
+        if path is not None and path not in found:
+            found.append(path)
+    for path in _dpkg()["names"].get(name, ()):
+        if os.path.exists(path) and not any(os.path.samefile(path, p) for p in found if os.path.exists(p)):
+            found.append(path)
+    return found[:5]
+
+
+_HOME_SITE = re.compile(r".*/(site-packages|dist-packages)/")
+
+
+def short(path: str) -> str:
+    """site-packages/nvidia/cublas/lib/... instead of the whole venv path."""
+    return _HOME_SITE.sub(lambda m: m.group(1) + "/", path)
