@@ -172,7 +172,9 @@ def driver_fact(requester: str, runtime_path: str, major: int, driver_version, d
     if not ok and compat:
         ok = version_tuple(compat) >= version_tuple(needed)
     best = driver_max_major(spec)
-    fix = (f"seedance fix cuda-mismatch --auto-relink --runtime {best} {requester}" if best is not None and linkage == "shared"
+    # `fix cuda-mismatch --runtime` relinks to 11, 12 or 13; a static runtime cannot be relinked
+    fix = (f"seedance fix cuda-mismatch --auto-relink --runtime {best} {requester}"
+           if best is not None and best >= 11 and linkage == "shared"
            else f"install an NVIDIA driver >= {needed} (or the cuda-compat package for CUDA {major}.x)")
     return Fact("cuda_driver", {"path": requester},
                 {"runtime_major": major, "runtime_path": runtime_path, "required_driver": needed,
