@@ -43,3 +43,61 @@ def test_fact_lists_images_and_fix():
 def test_bad_arch():
     with pytest.raises(ValueError):
         fatbin.parse_target("gfx90a")
+
+
+# --- per module: hand-built entries with known kernels (no file: kernels unknown = judged) ---
+
+def entry(kind, arch, variant="", module=0, isa=()):
+    return FatbinEntry(kind, arch, variant, False, 100, module=module, isa=isa)
+
+
+@pytest.mark.parametrize("entries, target, runnable", [
+    # two translation units: one for sm_90 + PTX, one for sm_80 only -> the second fails on sm_90
+    ([entry("sass", 90, module=0), entry("ptx", 90, module=0), entry("sass", 80, module=1)], "sm_90", False),
+    ([entry("sass", 90, module=0), entry("sass", 80, module=1), entry("ptx", 80, module=1)], "sm_90", True),
+    # family PTX JITs within its family only (sm_103 yes, sm_120 no); 'a' PTX only on its arch
+    ([entry("ptx", 100, "f")], "sm_103", True),
+    ([entry("ptx", 100, "f")], "sm_120", False),
+    ([entry("ptx", 100, "f")], "sm_90", False),
+    ([entry("ptx", 90, "a")], "sm_90", True),
+    ([entry("ptx", 90, "a")], "sm_100", False),
+    ([entry("sass", 100, "f")], "sm_103", True),
+    ([entry("sass", 103, "f")], "sm_100", False),
+])
+def test_modules_judged_one_by_one(entries, target, runnable):
+    facts = fatbin.fatbin_facts("/nonexistent/k.so", entries, [fatbin.parse_target(target)])
+    assert [f.data["runnable"] for f in facts] == [runnable]
+
+
+@pytest.mark.parametrize("driver, runnable, rule", [
+    ("12.4", False, "cuda-ptx-unsupported"),       # ISA 9.0 comes from CUDA 13.0
+    ("575.57.08", False, "cuda-ptx-unsupported"),  # a 12.9 driver JITs up to ISA 8.8
+    ("580", True, None),
+    ("13.0", True, None),
+    (None, True, None),                            # no driver known: judged by arch alone
+])
+def test_ptx_judged_against_the_driver(driver, runnable, rule):
+    ptx13 = [entry("ptx", 80, isa=(9, 0))]
+    fact = fatbin.fatbin_facts("/nonexistent/k.so", ptx13, [fatbin.parse_target("sm_90")], driver=driver)[0]
+    assert fact.data["runnable"] is runnable
+    assert [f.rule for f in load_rules().evaluate([fact])] == ([rule] if rule else [])
+    # SASS for the device needs no JIT: the same PTX beside sm_90 SASS is fine on any driver
+    both = ptx13 + [entry("sass", 90)]
+    assert fatbin.fatbin_facts("/nonexistent/k.so", both, [fatbin.parse_target("sm_90")], driver=driver)[0].data["runnable"]
+
+
+def test_per_architecture_dispatch_is_not_an_error():
+    """cuBLASLt's shape: modules built for one GPU generation each, one of them this one's."""
+    lib = [entry("sass", 80, module=0), entry("sass", 90, "a", module=1), entry("sass", 100, module=2),
+           entry("sass", 75, module=3)]
+    for target in ("sm_80", "sm_86", "sm_90", "sm_100", "sm_75"):
+        fact = fatbin.fatbin_facts("/nonexistent/k.so", lib, [fatbin.parse_target(target)])[0]
+        assert fact.data["runnable"] and fact.data["dispatch"], target
+    # ... but no module for the device's generation at all is still an error
+    fact = fatbin.fatbin_facts("/nonexistent/k.so", lib, [fatbin.parse_target("sm_120")])[0]
+    assert not fact.data["runnable"]
+
+
+def test_no_entry_cap():
+    many = [entry("sass", 80, module=n) for n in range(6000)]
+    assert fatbin.fatbin_facts("/nonexistent/k.so", many, [fatbin.parse_target("sm_86")])[0].data["modules"] == 6000
