@@ -61,6 +61,11 @@ class Rule:
     # CEL is side-effect free, so a verdict over the same scalar inputs is reused: a scan
     # of /usr/lib offers thousands of facts whose relevant values repeat.
     memo: dict = field(default_factory=dict, compare=False, repr=False)
+    # escalate: {condition: CEL, severity: S} raises the finding's severity where the
+    # condition holds too, so one stable rule id covers "warning, and error when worse"
+    # (gpu-memory-fragmented: warning at "warning", error at "danger").
+    escalate: Any = None
+    escalate_program: Any = field(default=None, compare=False, repr=False)
 
     def matches(self, fact: Fact) -> bool:
         context = _cel_context(fact, self.names)
@@ -83,8 +88,16 @@ class Rule:
     def finding(self, fact: Fact) -> Finding:
         values = _FormatValues({**fact.data, **fact.subject})
         evidence = {name: fact.data[name] for name in self.evidence if name in fact.data}
+        severity = self.severity
+        if self.escalate_program is not None:
+            context = _cel_context(fact, _condition_names(str(self.escalate["condition"])))
+            try:
+                if self.escalate_program.execute({k: _cel_value(v) for k, v in context.items()}) is True:
+                    severity = self.escalate["severity"]
+            except Exception:  # a missing attribute: no escalation, as for conditions
+                pass
         return Finding(
-            rule=self.id, severity=self.severity, trap=self.trap, layer=self.layer,
+            rule=self.id, severity=severity, trap=self.trap, layer=self.layer,
             subject=dict(fact.subject),
             message=_FORMATTER.vformat(self.message, (), values),
             evidence=evidence,
@@ -211,13 +224,26 @@ def _build_rule(entry: Any, where: str) -> Rule:
     except Exception as exc:
         raise RuleError(f"{where} ({entry['id']}): condition does not compile: "
                         f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
-    known = set(Rule.__dataclass_fields__) - {"program", "source"}
+    escalate_program = None
+    if "escalate" in entry:
+        escalate = entry["escalate"]
+        if (not isinstance(escalate, Mapping) or set(escalate) != {"condition", "severity"}
+                or escalate["severity"] not in SEVERITIES):
+            raise RuleError(f"{where} ({entry['id']}): escalate must be {{condition: CEL, severity: "
+                            f"{'|'.join(SEVERITIES)}}}")
+        try:
+            escalate_program = cel.compile(str(escalate["condition"]))
+        except Exception as exc:
+            raise RuleError(f"{where} ({entry['id']}): escalate condition does not compile: "
+                            f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
+    known = set(Rule.__dataclass_fields__) - {"program", "source", "escalate_program"}
     unknown = set(entry) - known
     if unknown:
         raise RuleError(f"{where} ({entry['id']}): unknown field(s) {', '.join(sorted(unknown))}")
     values = {k: entry[k] for k in known if k in entry}
     values["evidence"] = tuple(values.get("evidence", ()))
-    return Rule(**values, source=where, program=program, names=_condition_names(str(entry["condition"])))
+    return Rule(**values, source=where, program=program, names=_condition_names(str(entry["condition"])),
+                escalate_program=escalate_program)
 
 
 # Identifiers not preceded by '.' (so not a method such as .size()); quoted text removed first.

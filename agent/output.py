@@ -30,7 +30,8 @@ named by mistake is never destroyed.  A file counts as a seedance output (see is
   - a SARIF log whose tool driver is named seedance;
   - text whose first line starts with "# seedance" (trace -o FILE writes that header);
   - a PNG carrying a tEXt "Software" chunk that names seedance (bench --plot sets it);
-  - an SVG carrying a `<!-- seedance ... -->` comment before its <svg> element.
+  - an SVG carrying a `<!-- seedance ... -->` comment before its <svg> element;
+  - a frag.bin memory profile (magic SEEDFRAG).
 
 Streams (open_stream) to a regular file are written in place, like strace -o, so a reader
 can follow them with tail -f; they go through the same checks first.
@@ -199,8 +200,8 @@ def is_ours(path: str) -> bool:
         return True
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
         return bool(re.search(rb"tEXtSoftware\x00[^\x00]*seedance", head))
-    if head.startswith(b"# seedance"):
-        return True
+    if head.startswith(b"# seedance") or head.startswith(b"SEEDFRAG"):
+        return True  # a text log of ours, or a frag.bin (seedance.profile.fragbin)
     if b"<svg" in head and re.search(rb"<!-- seedance[ a-z-]*-->", head):
         return True  # an SVG that seedance drew (profile calls --svg, check --graph)
     text = head.lstrip()

@@ -6,9 +6,17 @@ import json
 
 EPILOG = """\
 examples:
+  seedance profile memory --from-trace events.jsonl --output frag.bin --heatmap frag.png
+  seedance profile memory --from-torch-snapshot snapshot.pickle --terminal
+  seedance profile show frag.bin
   seedance profile calls --plugin ./build/feature-extractor-v1.0.0
   seedance profile calls --plugin feature-extractor --input 4 --svg calls.svg
   seedance profile calls --plugin feature-extractor --report-json - | jq '.findings[].evidence.merge'
+
+memory: replays allocation events of one device (the JSON lines of `seedance run
+--events`, docs/profile.md) and samples its address map: free blocks, largest-free ratio,
+mean free block, verdict (healthy > 35% and > 64 MiB; danger < 12% or < 8 MiB); rule
+gpu-memory-fragmented.  frag.bin keeps every sample's page-occupancy map.
 
 calls: runs the plugin's bench callable once (on a batch of --input requests) under the
 interpreter's profiling hook and builds its call graph: functions are nodes, calls are
@@ -18,7 +26,7 @@ outputs are redundant (rule plugin-redundant-path); the merge and its saving are
 
 
 def configure_parser(sub) -> None:
-    parser = sub.add_parser("profile", help="Profile a workload: plugin call graphs",
+    parser = sub.add_parser("profile", help="Profile a workload: GPU memory maps, plugin call graphs",
                             description="Run a workload under measurement and judge what was measured.",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))
@@ -33,6 +41,15 @@ def configure_parser(sub) -> None:
     calls.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
     calls.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
     calls.set_defaults(execute=execute_calls)
+    memory = actions.add_parser("memory", help="GPU memory fragmentation over time",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_memory_arguments(memory)
+    show = actions.add_parser("show", help="print a frag.bin: metrics per sample and the terminal map")
+    show.add_argument("file", metavar="FRAG.bin")
+    show.add_argument("--json", action="store_true", help="metrics per sample as JSON")
+    show.add_argument("--heatmap", metavar="FILE.png", help="also draw the heat map")
+    show.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
+    show.set_defaults(execute=execute_show)
     parser.set_defaults(execute=execute)
 
 
@@ -48,7 +65,155 @@ def _count(text: str) -> int:
 
 def execute(args) -> int:
     from ..errors import UsageError
-    raise UsageError("profile: give an action: calls (see seedance profile --help)")
+    raise UsageError("profile: give an action: memory, show or calls (see seedance profile --help)")
+
+
+def add_memory_arguments(parser) -> None:
+    """The memory profiler's flags; `seedance-profiler` (notes 2.2) shares them."""
+    parser.add_argument("--gpu-id", type=int, default=0, metavar="N", help="device to profile (default 0)")
+    parser.add_argument("--page-size", default="4K", metavar="SIZE", help="page size: allocations round up to it (default 4K)")
+    parser.add_argument("--sample-interval", default="10ms", metavar="T", help="sample every T (10ms, 0.5s; default 10ms)")
+    parser.add_argument("--output", metavar="FRAG.bin", help="write every sample's page map (docs/profile.md)")
+    parser.add_argument("--heatmap", metavar="FILE.png", help="time x address heat map, danger intervals marked")
+    parser.add_argument("--terminal", action="store_true", help="print the map with unicode blocks")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--from-trace", metavar="FILE", help="offline: event JSON lines (run --events format)")
+    source.add_argument("--from-torch-snapshot", metavar="FILE",
+                        help="offline: a torch.cuda.memory._dump_snapshot pickle")
+    source.add_argument("--pid", type=int, metavar="PID", help="a program already wrapped by seedance run or the agent")
+    parser.add_argument("--capacity", metavar="SIZE", help="device capacity when the trace has no device record")
+    parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
+    parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
+    parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="run CMD under the shim and profile it")
+    parser.set_defaults(execute=execute_memory)
+
+
+def parse_interval(text: str) -> float:
+    import math
+    from ..errors import UsageError
+    value = str(text).strip()
+    scale = 1.0
+    for suffix, factor in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+        if value.endswith(suffix):
+            value, scale = value[: -len(suffix)], factor
+            break
+    try:
+        seconds = float(value) * scale
+    except ValueError:
+        raise UsageError(f"--sample-interval: not a duration: {text!r} (use 10ms or 0.5s)") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError(f"--sample-interval: must be a positive duration: {text!r}")
+    return seconds
+
+
+def execute_memory(args) -> int:
+    from ..engine import load_rules
+    from ..errors import NotAvailable, UsageError, escape_path
+    from ..model import Report
+    from ..output import prepare_output
+    from ..profile import memory
+
+    page = memory.parse_size(args.page_size, "--page-size")
+    interval = parse_interval(args.sample_interval)
+    capacity = memory.parse_size(args.capacity, "--capacity") if args.capacity else None
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not (args.from_trace or args.from_torch_snapshot or args.pid or cmd):
+        raise UsageError("profile memory: give -- CMD, --pid PID, --from-trace FILE or --from-torch-snapshot FILE")
+    if cmd and (args.from_trace or args.from_torch_snapshot or args.pid):
+        raise UsageError("profile memory: -- CMD cannot be combined with --pid or an offline source")
+    json_to = "-" if args.json else args.report_json
+    targets = {name: prepare_output(path, force=args.force, what=what) if path else None
+               for name, path, what in (("report", json_to, "report"), ("bin", args.output, "frag.bin"),
+                                        ("png", args.heatmap, "heat map"))}
+    if args.pid or cmd:
+        raise NotAvailable("profile memory: live profiling (-- CMD, --pid) is not yet available; "
+                           "record with `seedance run --events ev.jsonl -- CMD` and use --from-trace")
+    if args.from_trace:
+        source = escape_path(args.from_trace)
+        with open(args.from_trace, "rb") as handle:
+            records = memory.read_event_lines(handle, source)
+        subject = {"trace": args.from_trace}
+    else:
+        from ..profile.torch_snapshot import load_snapshot, snapshot_records
+        source = escape_path(args.from_torch_snapshot)
+        with open(args.from_torch_snapshot, "rb") as handle:
+            snapshot = load_snapshot(handle.read(), source)
+        records = snapshot_records(snapshot, args.gpu_id, source)
+        subject = {"snapshot": args.from_torch_snapshot}
+    profile = memory.profile_events(records, device=args.gpu_id, page_size=page, interval=interval,
+                                    capacity=capacity, source=source)
+    return _finish_memory(profile, subject, targets, args)
+
+
+def _finish_memory(profile, subject, targets, args) -> int:
+    from ..engine import load_rules
+    from ..model import Report
+    from ..profile import fragbin, heatmap, memory
+
+    report = Report(command="profile memory", stats={"events": profile.events, "samples": len(profile.samples)},
+                    extra={"profile": {"memory": profile.to_dict()}})
+    report.add(load_rules().evaluate(memory.memory_facts(profile, subject)))
+    encoded = fragbin.encode(profile)
+    if targets["bin"] is not None:
+        targets["bin"].write_bytes(encoded)
+    frag = fragbin.decode(encoded) if (targets["png"] is not None or args.terminal) else None
+    verdicts = [m.verdict for m in profile.samples]
+    if targets["png"] is not None:
+        heatmap.heatmap_png(frag, verdicts, targets["png"], f"device {profile.device}: pages in use over time")
+    if targets["report"] is not None:
+        targets["report"].write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        if targets["report"].is_stdout:
+            return report.exit_code()
+    _render_memory(profile)
+    if args.terminal:
+        import shutil
+        print(heatmap.terminal_view(frag, verdicts, width=shutil.get_terminal_size((100, 24)).columns), end="")
+    from ..render import table
+    print(table(report), end="")
+    return report.exit_code()
+
+
+def _render_memory(profile) -> None:
+    final = profile.final
+    print(f"device {profile.device}: {profile.events} events, {len(profile.samples)} samples every "
+          f"{profile.interval * 1000:g} ms, page {profile.page_size} B, capacity {profile.capacity} B")
+    verdicts = {}
+    for m in profile.samples:
+        verdicts[m.verdict] = verdicts.get(m.verdict, 0) + 1
+    print("  samples: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())))
+    print(f"  final: {final.free_blocks} free blocks, {final.free_bytes} B free, largest "
+          f"{final.largest_free_ratio * 100:.1f}%, mean {final.mean_free_block_bytes / (1 << 20):.2f} MiB: {final.verdict}")
+    if profile.unmatched_frees:
+        print(f"  note: {profile.unmatched_frees} free(s) of addresses never seen allocated (events lost or before the trace)")
+
+
+def execute_show(args) -> int:
+    from ..errors import escape_path
+    from ..output import prepare_output
+    from ..profile import fragbin, heatmap
+
+    png = prepare_output(args.heatmap, force=args.force, what="heat map") if args.heatmap else None
+    with open(args.file, "rb") as handle:
+        frag = fragbin.decode(handle.read(), escape_path(args.file))
+    metrics = fragbin.metrics_of(frag)
+    if args.json:
+        print(json.dumps({"schema": "seedance.frag/v1", "device": frag.device, "base": frag.base,
+                          "capacity": frag.capacity, "page_size": frag.page_size,
+                          "sample_interval_s": frag.interval, "samples": [m.to_dict() for m in metrics]}, indent=2))
+    else:
+        import shutil
+        print(f"{escape_path(args.file)}: device {frag.device}, {len(frag.samples)} samples every "
+              f"{frag.interval * 1000:g} ms, page {frag.page_size} B, capacity {frag.capacity} B")
+        print(heatmap.terminal_view(frag, [m.verdict for m in metrics],
+                                    width=shutil.get_terminal_size((100, 24)).columns), end="")
+        final = metrics[-1] if metrics else None
+        if final:
+            print(f"final: {final.free_blocks} free blocks, largest {final.largest_free_ratio * 100:.1f}%, "
+                  f"mean {final.mean_free_block_bytes / (1 << 20):.2f} MiB: {final.verdict}")
+    if png is not None:
+        heatmap.heatmap_png(frag, [m.verdict for m in metrics], png, f"{args.file}: pages in use over time")
+    return 0
 
 
 def execute_calls(args) -> int:
