@@ -524,6 +524,14 @@ def _interpreter_for(path: str) -> str | None:
             if os.path.isfile(real) and _sniff(real) == "elf":
                 return real
         return None
+    site = practice.site_packages_of(path)
+    if site is not None:
+        # Everything under site-packages is loaded into that environment's Python: an
+        # extension module without a tag (lief/_lief.so) and the libraries extensions link
+        # (torch/lib/libtorch_python.so) alike.
+        version = re.search(r"python3\.(\d+)", site)
+        minor = version.group(1) if version else str(sys.version_info.minor)
+        return _interpreter_for(os.path.join(site, f"_.cpython-3{minor}.so"))
     if os.sep + "auto" + os.sep in path and path.endswith(".so"):  # Perl XS: .../auto/Mod/Mod.so
         for candidate in ("/usr/bin/perl", "/usr/local/bin/perl"):
             if os.path.isfile(candidate):
