@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from ..errors import UsageError
+from ..errors import UsageError, escape_path
 
 EPILOG = """\
 examples:
@@ -39,8 +39,12 @@ def configure_parser(sub):
                              "the CUDA version nvidia-smi prints (12.4) (default: NVML)")
     parser.add_argument("--strict", action="store_true",
                         help="also report strict-only rules; exit 1 on warnings too")
-    parser.add_argument("--report-json", nargs="?", const="-", metavar="FILE",
-                        help="write the seedance.report/v1 JSON to FILE (no FILE or '-': stdout)")
+    # a required argument: an optional one swallowed the next word, so
+    # `check --report-json ./py` overwrote the target ./py (issue 10, defect 1)
+    parser.add_argument("--report-json", metavar="FILE",
+                        help="write the seedance.report/v1 JSON to FILE ('-': stdout)")
+    parser.add_argument("--force", action="store_true",
+                        help="let --report-json replace a file that is not a seedance output")
     parser.add_argument("--json", action="store_true", help="JSON report on stdout (same as --report-json -)")
     parser.add_argument("--explain", nargs=2, metavar=("NAME", "FILE"),
                         help="show how the loader would search for library NAME needed by FILE")
@@ -58,36 +62,56 @@ def _pid(text: str) -> int:
 
 
 def execute(args) -> int:
+    from ..output import prepare_output
+
+    # the report path is checked before any work: a directory or an ELF fails in a second,
+    # not after the scan
+    json_to = "-" if args.json else args.report_json
+    args.report_target = prepare_output(json_to, force=args.force) if json_to is not None else None
     if args.plugin:
         from ..plugins.layers import main_for_check
         return main_for_check(args)
     if args.explain:
         if args.targets or args.pid:
             raise UsageError("seedance check: --explain takes no other targets")
-        return _explain(*args.explain, as_json=args.json or args.report_json is not None)
+        return _explain(*args.explain, target=args.report_target)
 
     from .. import render
     from ..collect.scan import CheckOptions, run_check
     from ..progress import Progress
 
-    json_to = "-" if args.json else args.report_json
     options = CheckOptions(targets=list(args.targets), pids=list(args.pid), arch=args.arch,
                            driver_version=args.driver_version, strict=args.strict,
                            rules_dir=args.rules)
     progress = Progress(enabled=False if args.no_progress else None)
     report = run_check(options, progress)
+    unreadable = _named_unreadable(args.targets, report.stats.get("errors", ()))
     for problem in report.stats.get("errors", ()):
         text = problem["error"] if problem["error"].startswith(problem["path"]) else \
             f"{problem['path']}: {problem['error']}"
-        print(f"seedance: skipped {text}", file=sys.stderr)
-    if json_to != "-":
+        # a target the user named that cannot be read is an error (exit 2); one found
+        # beneath it is skipped and counted
+        label = "error:" if problem in unreadable else "skipped"
+        print(f"seedance: {label} {escape_path(text)}", file=sys.stderr)
+    target = args.report_target
+    if target is None or not target.is_stdout:
         sys.stdout.write(render.table(report))
-    if json_to is not None:
-        render.write_json(report, json_to)
+    if target is not None:
+        render.write_json(report, target)
+    if unreadable:
+        return 2  # a target named on the command line could not be read: bad input, not clean
     return report.exit_code(args.strict)
 
 
-def _explain(name: str, requester: str, as_json: bool) -> int:
+def _named_unreadable(targets, problems) -> list:
+    """The read errors of files or directories the user named (not of ones beneath them)."""
+    import os
+
+    named = {os.path.normpath(os.path.abspath(t)) for t in targets}
+    return [p for p in problems if os.path.normpath(os.path.abspath(str(p.get("path", "")))) in named]
+
+
+def _explain(name: str, requester: str, target=None) -> int:
     import os
 
     from ..errors import BadInput
@@ -96,10 +120,12 @@ def _explain(name: str, requester: str, as_json: bool) -> int:
     if not os.path.exists(requester):
         raise BadInput(f"{requester}: no such file or directory")
     resolution = Resolver().explain(name, requester)
-    if as_json:
+    if target is not None:
         from ..model import _plain
-        print(json.dumps(_plain(resolution), indent=2))
-    else:
+        # the schema marks it as ours, so a rerun may replace the file (seedance.output)
+        document = {"schema": "seedance.explain/v1", **_plain(resolution)}
+        target.write_text(json.dumps(document, indent=2) + "\n")
+    if target is None or not target.is_stdout:
         sys.stdout.write(format_explanation(resolution))
     return 0 if resolution.path is not None else 1
 
