@@ -12,7 +12,7 @@ examples:
   seedance plugin install fatbin-kernels.tar.gz --no-deps --force-arch=sm_86
   seedance plugin list                     (fallback) marks a pick older than the newest known
   seedance plugin list --json
-  seedance plugin verify --strict --report-json | jq '.waste_traps[]'
+  seedance plugin verify --strict --report-json - | jq '.waste_traps[]'
   seedance plugin verify legacy-audio-encoder --report-json report.json
   seedance plugin uninstall legacy-audio-encoder
 
@@ -63,8 +63,12 @@ def configure_parser(sub) -> None:
                         help="installed plugin (default: all), or a plugin directory/archive")
     verify.add_argument("--strict", action="store_true",
                         help="warnings count as failures; affinity-unset for any manifest without device_affinity")
-    verify.add_argument("--report-json", nargs="?", const="-", metavar="FILE",
-                        help="write the seedance.report/v1 JSON to FILE (stdout when no FILE)")
+    # a required argument ('-' for stdout): an optional one swallows the next word (issue 10)
+    verify.add_argument("--report-json", metavar="FILE",
+                        help="write the seedance.report/v1 JSON to FILE ('-': stdout)")
+    verify.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
+    verify.add_argument("--force", action="store_true",
+                        help="let --report-json replace a file that is not a seedance output")
     verify.add_argument("--force-arch", metavar="SM_XX", help="check fatbins against this architecture")
     verify.add_argument("--from", dest="from_dir", metavar="DIR", help="also count versions available here")
     verify.set_defaults(execute=execute_verify)
@@ -198,6 +202,10 @@ def execute_verify(args) -> int:
     from ..plugins.layers import check_root, check_target, host_summary, plugin_summary
     from ..plugins.store import Store
 
+    from ..output import prepare_output
+
+    json_to = "-" if args.json else args.report_json
+    target = prepare_output(json_to, force=args.force) if json_to else None  # before any work
     store = Store()
     sources = archive.scan_sources(archive.source_dirs(args.from_dir))
     results = []
@@ -222,12 +230,10 @@ def execute_verify(args) -> int:
     report.stats = {"plugins": len(results), "facts": sum(len(r.facts) for r in results),
                     "findings": len(report.findings), "waste_traps": sum(f.is_waste_trap for f in report.findings)}
     report.extra = {"plugins": [plugin_summary(r) for r in results]}
-    text = json.dumps(report.to_dict(), indent=2)
-    if args.report_json == "-":
-        print(text)
-        return report.exit_code(args.strict)
-    if args.report_json:
-        Path(args.report_json).write_text(text + "\n")
+    if target is not None:
+        target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        if target.is_stdout:
+            return report.exit_code(args.strict)
     if not results:
         print("no plugins installed")
     for result in results:

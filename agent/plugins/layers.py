@@ -467,11 +467,12 @@ def framework_fact(manifest: Manifest) -> tuple:
 
 # -- the entry the check command calls ---------------------------------------------------------
 def main_for_check(args) -> int:
-    """`seedance check --plugin NAME [--strict] [--arch sm_86] [--json | --report-json [FILE]]`.
+    """`seedance check --plugin NAME [--strict] [--arch sm_86] [--json | --report-json FILE]`.
 
     The check command owns its parser and calls this with its args namespace.  Attributes
     read (all optional but ``plugin``): plugin, strict, arch or force_arch, json,
-    report_json ('-' = stdout), targets/pid (must be empty).  Prints the layer lines (or the
+    report_json ('-' = stdout) or report_target (a prepared seedance.output target), force,
+    targets/pid (must be empty).  Prints the layer lines (or the
     JSON) and returns the exit code; bad input raises BadInput/UsageError (exit 2 at the CLI)."""
     import json
     import sys
@@ -483,13 +484,16 @@ def main_for_check(args) -> int:
     strict = bool(getattr(args, "strict", False))
     force_arch = getattr(args, "force_arch", None) or getattr(args, "arch", None)
     report, lines = run_layers(args.plugin, strict, force_arch)
-    report_json = "-" if getattr(args, "json", False) else getattr(args, "report_json", None)
-    text = json.dumps(report.to_dict(), indent=2)
-    if report_json == "-":
-        print(text)
-        return report.exit_code(strict)
-    if report_json:
-        Path(report_json).write_text(text + "\n")
+    target = getattr(args, "report_target", None)
+    if target is None:
+        from ..output import prepare_output
+        report_json = "-" if getattr(args, "json", False) else getattr(args, "report_json", None)
+        target = prepare_output(report_json, force=bool(getattr(args, "force", False))) if report_json else None
+    text = json.dumps(report.to_dict(), indent=2) + "\n"
+    if target is not None:
+        target.write_text(text)  # seedance.output: atomic, devices written through
+        if target.is_stdout:
+            return report.exit_code(strict)
     for line in lines:
         print(line, file=sys.stdout)
     return report.exit_code(strict)

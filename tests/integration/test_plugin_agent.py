@@ -47,7 +47,7 @@ def test_verify_uses_the_agents_device_samples(cli, tmp_path, agent_socket):
     plugin = builder.build("legacy-audio-encoder", tmp_path)
     env = {"XDG_DATA_HOME": str(tmp_path / "data"), "SEEDANCE_RUNTIME_DIR": str(runtime)}
     cli("plugin", "install", plugin, env=env, check=True)
-    report = json.loads(cli("plugin", "verify", "--report-json", env=env).stdout)
+    report = json.loads(cli("plugin", "verify", "--report-json", "-", env=env).stdout)
     # two devices seen by the agent: affinity-unset is raised without --strict
     affinity = next(f for f in report["waste_traps"] if f["rule"] == "affinity-unset")
     evidence = affinity["evidence"]

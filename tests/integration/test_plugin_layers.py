@@ -87,7 +87,7 @@ def test_fatbin_plugin_install_refused_then_pinned(cli, fatbin_plugin, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "--no-deps: skipped dependency fatbin-kernels 1.0.0: none declared" in proc.stdout
     # verify remembers the pinned arch
-    verify = json.loads(cli("plugin", "verify", "fatbin-kernels", "--report-json", env=env).stdout)
+    verify = json.loads(cli("plugin", "verify", "fatbin-kernels", "--report-json", "-", env=env).stdout)
     assert not [f for f in verify["findings"] if f["layer"] == "L5"]
 
 

@@ -65,7 +65,7 @@ def validate_report(report):
 
 def test_legacy_verify_lists_exactly_the_three_traps(cli, env, built):
     assert cli("plugin", "install", built / "legacy-audio-encoder", env=env).returncode == 0
-    proc = cli("plugin", "verify", "--strict", "--report-json", env=env)
+    proc = cli("plugin", "verify", "--strict", "--report-json", "-", env=env)
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     assert report["schema"] == "seedance.report/v1"
@@ -81,7 +81,7 @@ def test_legacy_verify_lists_exactly_the_three_traps(cli, env, built):
     # this host has no NVML: the metric says it was not observed instead of inventing one
     assert evidence["affinity-unset"]["metric_value"].startswith("not observed")
     # without --strict, affinity-unset needs several devices (none here), and warnings pass
-    relaxed = json.loads(cli("plugin", "verify", "--report-json", env=env).stdout)
+    relaxed = json.loads(cli("plugin", "verify", "--report-json", "-", env=env).stdout)
     assert sorted(f["rule"] for f in relaxed["waste_traps"]) == ["batch-static", "version-fallback"]
 
 
@@ -117,7 +117,7 @@ def test_fallback_marker_and_upgrades_remove_it(cli, env, built):
     assert "1.1.0 (fallback)" in row
     rows = json.loads(cli("plugin", "list", "--json", env=env).stdout)["plugins"]
     assert [(r["name"], r["version"]) for r in rows if r["fallback"]] == [("dsp-kernels", "1.1.0")]
-    verify = json.loads(cli("plugin", "verify", "speech-pipeline", "--report-json", env=env).stdout)
+    verify = json.loads(cli("plugin", "verify", "speech-pipeline", "--report-json", "-", env=env).stdout)
     assert [f["rule"] for f in verify["waste_traps"]] == ["version-fallback"]
     assert verify["waste_traps"][0]["evidence"]["list_marker"].startswith("(fallback)")
     # upgrading the plugin to a release whose range admits 2.0.4 removes the marker

@@ -70,7 +70,7 @@ def test_bench_of_installed_plugin_feeds_verify(cli, tmp_path):
     proc = cli("bench", "--plugin", "legacy-audio-encoder", "--warmup", "0", "--rounds", "2", "--low-rate", "400",
                "--low-requests", "4", "--high-rate", "1000", "--high-requests", "10", env=env)
     assert proc.returncode in (0, 1) and "low load" in proc.stdout
-    report = json.loads(cli("plugin", "verify", "--report-json", env=env).stdout)
+    report = json.loads(cli("plugin", "verify", "--report-json", "-", env=env).stdout)
     evidence = next(f["evidence"] for f in report["waste_traps"] if f["rule"] == "batch-static")
     assert evidence["metric_observed"] is True and "measured by seedance bench (static)" in evidence["metric_value"]
 
