@@ -36,6 +36,8 @@ def configure_parser(sub) -> None:
     parser.add_argument("--high-requests", type=int, default=1000, metavar="N", help="requests per high-rate round")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write a PNG of latency over rounds")
+    parser.add_argument("--force", action="store_true",
+                        help="let --plot replace a file that is not a seedance output")
     parser.set_defaults(execute=execute)
 
 
@@ -48,6 +50,8 @@ def execute(args) -> int:
 
     if args.low_requests < 1 or args.high_requests < 1:
         raise BadInput("bench: --low-requests and --high-requests must be >= 1")
+    from ..output import prepare_output
+    plot_target = prepare_output(args.plot, force=args.force, what="plot") if args.plot else None
     store = Store()
     installed = None
     if Path(args.plugin).is_dir():
@@ -60,7 +64,13 @@ def execute(args) -> int:
                          high_rate=args.high_rate, low_requests=args.low_requests,
                          high_requests=args.high_requests, policy=args.batch_policy)
     result = run_bench(manifest, config)
-    result["plot"] = plot(result, args.plot) if args.plot else None
+    result["plot"] = None
+    if plot_target is not None:
+        import io
+        image = io.BytesIO()
+        plot(result, image)
+        plot_target.write_bytes(image.getvalue())
+        result["plot"] = args.plot
     if installed is not None:
         with store.locked():
             store.write_bench(installed, result)

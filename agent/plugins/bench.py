@@ -198,8 +198,9 @@ def run_bench(manifest: Manifest, config: BenchConfig, handler=None) -> dict:
     }
 
 
-def plot(result: dict, path: str) -> str:
-    """PNG of P50/P99 latency over the measured rounds, one panel per rate."""
+def plot(result: dict, path) -> str:
+    """PNG of P50/P99 latency over the measured rounds, one panel per rate.  PATH is a file
+    name or a binary file object (the bench command hands the bytes to seedance.output)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -224,6 +225,7 @@ def plot(result: dict, path: str) -> str:
     fig.suptitle(f"{result['plugin']} {result['version']}: {result['policy']} batching "
                  f"(max {result['max_batch_size']}, {result['max_wait_ms']} ms)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
+    # the Software tEXt chunk marks the PNG as ours: a rerun may replace it (seedance.output)
+    fig.savefig(path, format="png", dpi=100, metadata={"Software": "seedance bench"})
     plt.close(fig)
-    return str(Path(path))
+    return str(Path(path)) if isinstance(path, (str, Path)) else ""
