@@ -87,12 +87,13 @@ def execute(args) -> int:
     report = run_check(options, progress)
     unreadable = _named_unreadable(args.targets, report.stats.get("errors", ()))
     for problem in report.stats.get("errors", ()):
-        text = problem["error"] if problem["error"].startswith(problem["path"]) else \
-            f"{problem['path']}: {problem['error']}"
+        text = escape_path(problem["error"])  # a SeedanceError's text is escaped already
+        if not text.startswith(escape_path(problem["path"])):
+            text = f"{escape_path(problem['path'])}: {text}"
         # a target the user named that cannot be read is an error (exit 2); one found
         # beneath it is skipped and counted
         label = "error:" if problem in unreadable else "skipped"
-        print(f"seedance: {label} {escape_path(text)}", file=sys.stderr)
+        print(f"seedance: {label} {text}", file=sys.stderr)
     target = args.report_target
     if target is None or not target.is_stdout:
         sys.stdout.write(render.table(report))
