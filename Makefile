@@ -7,7 +7,7 @@ STAMP := $(VENV)/.seedance-installed
 # the CPU torch wheel lies on disk on these machines; pip finds it there first
 WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
-APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree systemd graphviz
+APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree systemd graphviz jq
 
 .PHONY: install run test system-deps headers bench bench-churn clean
 
@@ -49,6 +49,8 @@ $(STAMP): setup.py requirements-test.txt $(wildcard shim/src/*.c shim/src/*.h sh
 	$(BIN)/pip install -q $(PIP_FIND) -e .
 	@# bcc is pure Python over libbcc (ctypes): expose only Debian's bcc package to the venv.
 	@# (site-packages is asked of the venv here, inside the recipe: it may not exist at parse time)
+	@# seedance-run, the C front end of `seedance run` built with the shim (issue 13), on the venv's PATH
+	ln -sfn $(CURDIR)/shim/seedance-run $(BIN)/seedance-run
 	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	if [ -d /usr/lib/python3/dist-packages/bcc ] && [ -d "$$site" ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi
 	touch $(STAMP)
