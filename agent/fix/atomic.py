@@ -99,9 +99,36 @@ def write_temp(data, temp: str, mode: int = 0o644, owner: tuple | None = None,
         _unlink_quietly(temp)
         raise
     os.close(fd)
-    if crash:
+    if crash and sync:
         crash_point("after-fsync")
     return filled if result else temp
+
+
+class BackgroundSync:
+    """fsync a file in a thread (the GIL is released while the kernel writes it back), so the
+    writeback of a large temp overlaps its verification instead of preceding it.  join()
+    returns once the bytes are durable, and raises what fsync raised."""
+
+    def __init__(self, path: str):
+        import threading
+
+        self.error = None
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            self.error = exc
+        finally:
+            os.close(self._fd)
+
+    def join(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def replace(temp: str, target: str, crash: bool = False, sync: bool = True) -> None:

@@ -162,9 +162,12 @@ class Entry:
         hasher = None if before else _Hasher(str(backup))
 
         temp = record["temp"]
+        syncer = None
         try:
             filled = atomic.write_temp(new_data, temp, mode=record["mode"], owner=(st.st_uid, st.st_gid),
-                                       crash=True, result=True)
+                                       crash=True, result=True, sync=False)
+            # the temp is made durable while it is verified; both end before the rename
+            syncer = atomic.BackgroundSync(temp)
         except BaseException:
             if hasher is not None:
                 hasher.join_quietly()
@@ -173,6 +176,7 @@ class Entry:
             if verify is not None:
                 verify(temp)
         except Exception as exc:
+            syncer.join()
             _unlink(temp)
             if hasher is not None:
                 hasher.join_quietly()
@@ -180,6 +184,8 @@ class Entry:
             record["error"] = str(exc)
             self.save()
             raise VerifyFailed(f"{path}: verification failed, not rewritten: {exc}") from None
+        syncer.join()
+        crash_point("after-fsync")
         if isinstance(filled, str) and _SHA.fullmatch(filled):
             after = filled
         elif callable(new_data):

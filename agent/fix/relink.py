@@ -103,6 +103,7 @@ class Relinker:
         from ..resolve import Resolver
         self.resolver = Resolver(env=self.env)
         self._Resolver = Resolver
+        self._edits: dict = {}  # (path, renames, version renames) -> dynedit.FileEdit
 
     # --- check ---------------------------------------------------------------------------------
     def check(self):
@@ -337,8 +338,21 @@ class Relinker:
 
     # --- apply ---------------------------------------------------------------------------------
     def edit(self, action: RelinkAction) -> dynedit.FileEdit:
-        """Plan the byte edit (in place when it fits, LIEF otherwise); fills strategy/growth."""
-        edit = dynedit.plan_file(action.path, action.renames, action.version_renames)
+        """Plan the byte edit (in place when it fits, LIEF otherwise); fills strategy/growth.
+
+        The preview and the fix share one plan while the file is the one planned from
+        (parsing a large library's dynamic symbols twice cost a second, issue 13)."""
+        key = (action.path, tuple(sorted(action.renames.items())), tuple(sorted(action.version_renames.items())))
+        cached = self._edits.get(key)
+        try:
+            current = atomic.file_identity(os.stat(action.path))
+        except OSError:
+            current = None
+        if cached is not None and cached.identity == current:
+            edit = cached
+        else:
+            edit = dynedit.plan_file(action.path, action.renames, action.version_renames)
+            self._edits[key] = edit
         action.strategy, action.growth, action.changes = edit.strategy, edit.growth, edit.changes
         return edit
 
@@ -389,8 +403,10 @@ def dlopen_in_child(path: str, env: dict) -> str:
             "except OSError as exc:\n"
             "    print(exc); sys.exit(3)\n")
     try:
-        proc = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
-                              env=env, timeout=60)
+        # -I -S: no site-packages, .pth hooks or PYTHON* variables: the child only needs ctypes,
+        # and skipping site halves its start-up (issue 13); LD_* still come from ``env``
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, path], capture_output=True, text=True,
+                              env=env, timeout=60, errors="replace")
     except subprocess.TimeoutExpired:
         return "dlopen did not return within 60 s"
     if proc.returncode == 0:
