@@ -142,3 +142,44 @@ def test_cli_symlink_loop_and_fifo(tmp_path):
     for target in (loop, fifo):
         proc = run_cli("ldd", target, timeout=30)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("script", [None, "V1 { global: f; local: *; };\n", "V0 { global: f; local: *; };\n"])
+def test_provider_rebuilt_without_a_version_script_matches_ldd(tmp_path, script):
+    """Issue 17: a program linked against libv.so's node V1, then libv.so rebuilt without a
+    version script (ld.so only warns: no version information available), with it, or with
+    another node (ldd: version `V1' not found).  The CLI and ldd agree on every one."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    import subprocess
+
+    body = "#include <unistd.h>\nint f(void){return getpid() > 0;}\n"
+    (tmp_path / "v.c").write_text(body)
+    (tmp_path / "v1.map").write_text("V1 { global: f; local: *; };\n")
+    (tmp_path / "m.c").write_text("int f(void); int main(void){return f() ? 0 : 1;}\n")
+    lib = tmp_path / "libv.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, tmp_path / "v.c", "-Wl,-soname,libv.so",
+                    f"-Wl,--version-script,{tmp_path / 'v1.map'}"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", f"-L{tmp_path}", "-lv",
+                    "-Wl,-rpath,$ORIGIN"], check=True)
+    rebuild = ["gcc", "-shared", "-fPIC", "-o", lib, tmp_path / "v.c", "-Wl,-soname,libv.so"]
+    if script is not None:
+        (tmp_path / "again.map").write_text(script)
+        rebuild.append(f"-Wl,--version-script,{tmp_path / 'again.map'}")
+    subprocess.run(rebuild, check=True)
+    app = str(tmp_path / "app")
+    expected = parity.run_ldd(app)
+    # ld.so's trace mode also prints dl-version.c's warning for a provider without version
+    # definitions ("libv.so: no version information available (required by app)"): a
+    # warning, not a library, and the load goes on
+    warning = "no version information available"
+    warned = any(warning in entry for entry in expected[1])
+    assert warned == (script is None)
+    expected = (expected[0], {e for e in expected[1] if warning not in e}, *expected[2:4],
+                [e for e in expected[4] if warning not in e], *expected[5:])
+    proc = run_cli("ldd", app)
+    assert parity.compare(expected, parity.parse_ldd(proc.stdout)) is None, proc.stdout
+    ran = subprocess.run([app], capture_output=True, text=True, errors="replace")
+    assert (ran.returncode == 0) == (expected[3] == set()), ran.stderr  # ldd's verdict is the loader's
+    judged = run_cli("check", "--no-progress", app)
+    assert judged.returncode == (0 if ran.returncode == 0 else 1), judged.stdout + judged.stderr
