@@ -35,7 +35,7 @@ EVENT FORMAT (one JSON object per line in ``seedance run --events FILE``):
     objopen:   obj (number), path, lmid
     symbind:   symbol, from_obj, to_obj (object numbers from objopen events)
 """
-from .binding import NotAvailable, binding, library_path, header_path  # noqa: F401
+from .binding import NotAvailable, binding, header_path, launcher_path, library_path  # noqa: F401
 from .registry import (  # noqa: F401
     Allocation,
     Group,

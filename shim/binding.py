@@ -33,6 +33,14 @@ def library_path() -> Path:
     return path
 
 
+def launcher_path() -> Path:
+    """seedance-run, the C front end of `seedance run` built next to the library."""
+    path = library_path().parent / "seedance-run"
+    if not path.is_file():
+        raise NotAvailable(f"{path}: seedance-run is not built (reinstall seedance: `pip install -e .`)")
+    return path
+
+
 def header_path() -> Path:
     return HERE / "include" / "seedance_shim.h"
 

@@ -22,8 +22,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "include" / "seedance_shim.h"
-SOURCES = sorted(str(p.relative_to(HERE.parent)) for p in (HERE / "src").glob("*.c"))
+# launcher.c is a program of its own (seedance-run), not a part of the library
+LAUNCHER_SOURCE = "shim/src/launcher.c"
+SOURCES = sorted(s for s in (str(p.relative_to(HERE.parent)) for p in (HERE / "src").glob("*.c"))
+                 if s != LAUNCHER_SOURCE)
 LIBRARY = "libseedance_shim.so"
+LAUNCHER = "seedance-run"
 CFLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-std=gnu11", "-pthread"]
 LDFLAGS = ["-pthread", "-Wl,-z,now", "-Wl,--no-undefined", "-ldl"]
 
@@ -121,6 +125,37 @@ def make_build_ext(base):
             super().build_extension(ext)
             if ext.name == "seedance.shim.libseedance_shim":
                 check_no_libpython(self.get_ext_fullpath(ext.name))
+                self.build_launcher(ext)
+
+        # `pip install -e .` builds in a temporary tree and copies the outputs back next to
+        # the sources: the launcher goes along with the library
+        def _launcher_pair(self, ext):
+            inplace_file, regular_file = self._get_inplace_equivalent(self.get_finalized_command("build_py"), ext)
+            return (os.path.join(os.path.dirname(regular_file), LAUNCHER),
+                    os.path.join(os.path.dirname(inplace_file), LAUNCHER))
+
+        def _get_output_mapping(self):
+            yield from super()._get_output_mapping()
+            if self.inplace:
+                for ext in self.extensions:
+                    if ext.name == "seedance.shim.libseedance_shim":
+                        yield self._launcher_pair(ext)
+
+        def copy_extensions_to_source(self):
+            super().copy_extensions_to_source()
+            for ext in self.extensions:
+                if ext.name == "seedance.shim.libseedance_shim":
+                    regular, inplace = self._launcher_pair(ext)
+                    if os.path.exists(regular):
+                        self.copy_file(regular, inplace, level=self.verbose)
+
+        def build_launcher(self, ext):
+            """seedance-run, next to the library (issue 13): same compiler, same version."""
+            out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
+            macros = [*ext.define_macros, ("SD_PYTHON", f'"{sys.executable}"')]
+            objects = self.compiler.compile([LAUNCHER_SOURCE], output_dir=self.build_temp, macros=macros,
+                                            extra_postargs=CFLAGS)
+            self.compiler.link_executable(objects, LAUNCHER, output_dir=out_dir, extra_postargs=["-ldl"])
 
     return ShimBuildExt
 
@@ -139,6 +174,15 @@ def build_standalone(out: str, cc: str | None = None, extra: list[str] | None = 
     cmd = [cc, *CFLAGS, "-shared", f'-DSD_VERSION_STRING="{package_version()}"',
            *[str(root / s) for s in SOURCES], "-o", out, *LDFLAGS, *(extra or [])]
     subprocess.run(cmd, check=True)
+    return out
+
+
+def build_launcher_standalone(out: str, cc: str | None = None) -> str:
+    """Compile seedance-run directly (tests, benches); it uses the library next to it."""
+    cc = cc or os.environ.get("CC", "cc")
+    root = HERE.parent
+    subprocess.run([cc, *CFLAGS, f'-DSD_VERSION_STRING="{package_version()}"', f'-DSD_PYTHON="{sys.executable}"',
+                    str(root / LAUNCHER_SOURCE), "-o", out, "-ldl"], check=True)
     return out
 
 

@@ -69,6 +69,9 @@ def configure_parser(sub):
                         help="per-instance: the process gets a CUDA context of its own instead of the "
                              "device's shared primary context (default: what `seedance fix handle-leak` "
                              "set in ~/.config/seedance/shim.yaml, else shared)")
+    # the end of a run started by seedance-run, the C launcher (shim/src/launcher.c)
+    parser.add_argument("--finish-group", metavar="KEY", help=argparse.SUPPRESS)
+    parser.add_argument("--exit-code", type=int, help=argparse.SUPPRESS)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     parser.set_defaults(execute=execute)
     return parser
@@ -311,10 +314,12 @@ def prepare_outputs(args):
 
 def execute(args) -> int:
     from .. import shim
-    from ..runreport import RunResult, build_report, leaks_with_apis
+    from ..runreport import RunResult
     from ..shim.binding import expected_version
     from ..shim.wrap import wrap_env
 
+    if args.finish_group:
+        return finish_group(args)
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -403,6 +408,15 @@ def execute(args) -> int:
             drain.finish()
             result.events_file, result.events_written = args.events, drain.written
             registry = registry or getattr(drain, "registry", None)
+    return report_and_release(registry, group_key, result, args.affinity, report_out)
+
+
+def report_and_release(registry, group_key: int, result, affinity: str | None, report_out=None) -> int:
+    """After the program: read this run's instances, say what needs saying on stderr,
+    write the report, give the slots and the group back.  Returns the exit code."""
+    from .. import shim
+    from ..runreport import build_report, leaks_with_apis
+
     if registry is None:
         try:
             registry = shim.Registry.open()
@@ -416,8 +430,8 @@ def execute(args) -> int:
             # only this run's slots, found in C; records are summed only for these
             instances = [i for i in map(registry.instance, registry.slots_of_group(group.index)) if i]
             leaks = {i.slot: leaks_with_apis(registry, i.slot) for i in instances if i.current}
-    if args.affinity and any(i.visible == [] for i in instances):
-        print(f"seedance: note: --affinity {args.affinity} named no device the driver has: "
+    if affinity and any(i.visible == [] for i in instances):
+        print(f"seedance: note: --affinity {affinity} named no device the driver has: "
               f"the program saw none", file=sys.stderr)
     if group and (group.overflow_total or group.overflow_refused):
         print(f"seedance: note: the registry was full: {group.overflow_total + group.overflow_refused} "
@@ -437,6 +451,21 @@ def execute(args) -> int:
         if group:
             registry.release_group(group.index)
     return result.exit_code
+
+
+def finish_group(args) -> int:
+    """`--finish-group KEY --exit-code N`: the end of a run that seedance-run (the C
+    launcher, shim/src/launcher.c) started, when its instances ended holding memory:
+    the handle-leak findings come from the rule engine, which is here."""
+    from ..runreport import RunResult
+
+    try:
+        key = int(args.finish_group, 16)
+    except ValueError:
+        raise UsageError(f"run: --finish-group: {args.finish_group!r} is not a group key") from None
+    code = args.exit_code if args.exit_code is not None else 0
+    result = RunResult(argv=[], exit_code=code, signal=code - 128 if code > 128 else None, wrapped=True)
+    return report_and_release(None, key, result, args.affinity)
 
 
 def _load_rules():

@@ -85,3 +85,20 @@ def ledger(tmp_path):
     return Ledger(tmp_path / "ledger")
 
 
+
+
+@pytest.fixture(params=["python", "launcher"])
+def front(request):
+    """Run the test through `seedance run` and through seedance-run (the C launcher):
+    every check and message must be the same (issue 13)."""
+    import shimhelpers
+
+    if request.param == "launcher":
+        from seedance import shim
+        try:
+            shim.launcher_path()
+        except shim.NotAvailable as exc:
+            pytest.skip(str(exc))
+    shimhelpers.FRONT["name"] = request.param
+    yield request.param
+    shimhelpers.FRONT["name"] = "python"

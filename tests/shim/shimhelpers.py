@@ -20,7 +20,15 @@ def parse_lines(stdout: str) -> list[dict]:
     return out
 
 
+# which front end seedance_run() drives: "python" (`seedance run`) or "launcher"
+# (seedance-run, the C launcher of issue 13); the `front` fixture of conftest switches it
+FRONT = {"name": "python"}
+
+
 def seedance_run(env, *args, timeout=60):
-    exe = Path(sys.executable).parent / "seedance"
-    return subprocess.run([str(exe), "run", *map(str, args)], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    if FRONT["name"] == "launcher":
+        from seedance import shim
+        cmd = [str(shim.launcher_path())]
+    else:
+        cmd = [str(Path(sys.executable).parent / "seedance"), "run"]
+    return subprocess.run([*cmd, *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)

@@ -27,7 +27,7 @@ def steps(built, binary, via, *rest):
 
 
 @pytest.mark.parametrize("binary,via", VIAS)
-def test_affinity_gpu1_lands_on_physical_1(built, env, ledger, binary, via, tmp_path):
+def test_affinity_gpu1_lands_on_physical_1(built, env, ledger, binary, via, tmp_path, front):
     report = tmp_path / "r.json"
     p = seedance_run(env, "--affinity", "gpu:1", "--report-json", report,
                      *steps(built, binary, via, "init", "count", "uuid:0", "uuid:1", "ctx:0",
@@ -48,7 +48,7 @@ def test_affinity_gpu1_lands_on_physical_1(built, env, ledger, binary, via, tmp_
     assert [d["device"] for d in data["devices"]] == [1]
 
 
-def test_affinity_by_uuid_prefix_and_hidden_handles(built, env, ledger):
+def test_affinity_by_uuid_prefix_and_hidden_handles(built, env, ledger, front):
     p = seedance_run(env, "--affinity", "GPU-5eedface-0000-4000-8000-000000000001",
                      *steps(built, "linked", "direct", "init", "count", "uuid:0", "pci:00000000:10:00.0",
                             "pci:00000000:20:00.0", "ctxraw:0", "ctx:0", "alloc:64"))
@@ -70,7 +70,7 @@ def test_affinity_naming_no_device_hides_all(built, env):
 
 
 @pytest.mark.parametrize("binary,via", VIAS)
-def test_quota_refuses_on_every_path_and_never_reaches_driver(built, env, ledger, binary, via, tmp_path):
+def test_quota_refuses_on_every_path_and_never_reaches_driver(built, env, ledger, binary, via, tmp_path, front):
     report = tmp_path / "r.json"
     p = seedance_run(env, "--mem-limit", "4096", "--report-json", report,
                      *steps(built, binary, via, "init", "ctx:0", "alloc:1000", "alloc:4000", "meminfo",
@@ -116,7 +116,7 @@ def test_procaddr_chooses_by_name_and_version(built, env):
     ]
 
 
-def test_threads_and_processes_never_overcommit(built, env, ledger, tmp_path):
+def test_threads_and_processes_never_overcommit(built, env, ledger, tmp_path, front):
     report = tmp_path / "r.json"
     limit = 8 << 20
     p = seedance_run(env, "--mem-limit", str(limit), "--follow-children", "--report-json", report,
@@ -134,7 +134,7 @@ def test_threads_and_processes_never_overcommit(built, env, ledger, tmp_path):
     assert data["stats"]["leaked_bytes"] == 0
 
 
-def test_sigkill_leak_is_reported(built, env, tmp_path):
+def test_sigkill_leak_is_reported(built, env, tmp_path, front):
     report = tmp_path / "r.json"
     p = seedance_run(env, "--affinity", "1", "--report-json", report,
                      *steps(built, "linked", "direct", "init", "ctx:0", "alloc:5000", "alloc:3000", "kill"))
@@ -217,7 +217,7 @@ def test_sigkill_while_holding_registry_lock_does_not_deadlock(built, env):
     assert parse_lines(p.stdout)[-1]["result"] == 0
 
 
-def test_fork_children_followed_only_when_asked(built, env, tmp_path):
+def test_fork_children_followed_only_when_asked(built, env, tmp_path, front):
     for follow, expected in ((False, 1), (True, 2)):
         report = tmp_path / f"r{follow}.json"
         extra = ["--follow-children"] if follow else []
@@ -227,7 +227,7 @@ def test_fork_children_followed_only_when_asked(built, env, tmp_path):
         assert json.loads(report.read_text())["stats"]["instances"] == expected
 
 
-def test_exec_children_run_unwrapped_unless_followed(built, env):
+def test_exec_children_run_unwrapped_unless_followed(built, env, front):
     script = 'printf "%s|%s" "$LD_PRELOAD" "$LD_AUDIT"'
     p = seedance_run(env, "--audit", "--", "sh", "-c", script)
     assert "libseedance_shim" not in p.stdout
@@ -235,7 +235,7 @@ def test_exec_children_run_unwrapped_unless_followed(built, env):
     assert "libseedance_shim" in p.stdout
 
 
-def test_program_stdout_is_untouched(built, env, tmp_path):
+def test_program_stdout_is_untouched(built, env, tmp_path, front):
     p = seedance_run(env, "--events", tmp_path / "e.jsonl", "--report-json", tmp_path / "r.json", "--audit",
                      "--mem-limit", "1G", *steps(built, "linked", "direct", "stdout"))
     assert p.stdout == "stdout marker\n"
@@ -257,7 +257,7 @@ def test_events_and_audit(built, env, tmp_path):
     assert "cuInit" in binds
 
 
-def test_disable_bypasses(built, env):
+def test_disable_bypasses(built, env, front):
     env["SEEDANCE_DISABLE"] = "1"
     p = seedance_run(env, "--mem-limit", "100", "--affinity", "1",
                      *steps(built, "linked", "direct", "init", "count", "ctx:0", "alloc:1000"))
@@ -289,7 +289,7 @@ def test_refuses_writable_preload_path(built, env, tmp_path):
     assert p.returncode == 2 and "refusing to preload" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_setuid_target_is_named(built, env, tmp_path):
+def test_setuid_target_is_named(built, env, tmp_path, front):
     target = tmp_path / "suid-true"
     shutil.copy(shutil.which("true"), target)
     os.chmod(target, 0o4755)
@@ -305,7 +305,7 @@ def test_setuid_target_is_named(built, env, tmp_path):
     (["--affinity", "tpu7", "--", "true"], "--affinity"),
     (["--", "/no/such/program"], "not found"),
 ])
-def test_bad_input_is_one_line_exit_2(env, args, text):
+def test_bad_input_is_one_line_exit_2(env, args, text, front):
     p = seedance_run(env, *args)
     assert p.returncode == 2 and text in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
@@ -357,7 +357,7 @@ def test_auto_affinity_without_nvml_uses_the_registry(built, env, tmp_path):
     assert "NVML" in how and "least memory held" in how
 
 
-def test_runtime_entry_points_remap_quota_and_name_the_caller(built, env, ledger, tmp_path):
+def test_runtime_entry_points_remap_quota_and_name_the_caller(built, env, ledger, tmp_path, front):
     """cudaMalloc through a runtime that reaches the driver only via cuGetProcAddress."""
     report = tmp_path / "r.json"
     p = seedance_run(env, "--affinity", "gpu:1", "--mem-limit", "1:10000", "--report-json", report,
@@ -418,7 +418,7 @@ def test_affinity_ordinals_follow_the_drivers_order(built, env):
 
 
 @pytest.mark.parametrize("binary,via", VIAS)
-def test_per_instance_handles_give_the_instance_a_context_of_its_own(built, env, binary, via):
+def test_per_instance_handles_give_the_instance_a_context_of_its_own(built, env, binary, via, front):
     def ownctx(*flags):
         p = seedance_run(env, *flags, *steps(built, binary, via, "init", "ownctx:0"))
         assert p.returncode == 0, p.stderr
@@ -455,7 +455,7 @@ def test_environment_changed_before_the_first_cuda_call_changes_nothing(built, e
     assert seen["allocs"][:2] == [0, 1] and seen["high_water"][1] == 900    # on physical 1 only
 
 
-def test_escape_through_seedance_run_is_refused_too(built, env, ledger, tmp_path):
+def test_escape_through_seedance_run_is_refused_too(built, env, ledger, tmp_path, front):
     report = tmp_path / "r.json"
     p = seedance_run(env, "--mem-limit", "1000", "--report-json", report, "--", built["linked"],
                      "unsetenv:SEEDANCE_MEM_LIMIT", "setenv:SEEDANCE_DISABLE=1", "init", "ctx:0", "alloc:5000")
@@ -465,7 +465,7 @@ def test_escape_through_seedance_run_is_refused_too(built, env, ledger, tmp_path
     assert data["stats"]["quota_refusals"] == 1 and data["run"]["wrapped"] is True
 
 
-def test_inherited_disable_is_said_on_stderr(built, env, ledger):
+def test_inherited_disable_is_said_on_stderr(built, env, ledger, front):
     env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_DISABLE="1", SEEDANCE_MEM_LIMIT="100")
     p = subprocess.run([str(built["linked"]), "init", "ctx:0", "alloc:1000"], env=env, capture_output=True,
                        text=True, timeout=30)
@@ -561,7 +561,7 @@ def test_report_json_needs_its_argument(env):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
 
 
-def test_static_binary_is_reported_unwrapped(built, env, tmp_path):
+def test_static_binary_is_reported_unwrapped(built, env, tmp_path, front):
     src = tmp_path / "static.c"
     src.write_text("#include <stdio.h>\nint main(void) { puts(\"static\"); return 0; }\n")
     exe = tmp_path / "static"
@@ -580,3 +580,33 @@ def test_static_binary_is_reported_unwrapped(built, env, tmp_path):
     # and a dynamic one is not
     p = seedance_run(env, "-o", report, "--", built["linked"], "init")
     assert json.loads(report.read_text())["run"]["wrapped"] is True
+
+
+def test_launcher_reclaims_its_run_and_hands_leaks_to_the_rule_engine(built, env):
+    """seedance-run does the clean case in C and gives what needs the rule engine
+    (memory held at exit) to `seedance run --finish-group`; either way the run's slots
+    and its group are given back."""
+    from seedance import shim
+
+    try:
+        launcher = shim.launcher_path()
+    except shim.NotAvailable as exc:
+        pytest.skip(str(exc))
+
+    def registry():
+        os.environ["SEEDANCE_RUNTIME_DIR"] = env["SEEDANCE_RUNTIME_DIR"]
+        try:
+            return shim.Registry.open()
+        finally:
+            del os.environ["SEEDANCE_RUNTIME_DIR"]
+
+    clean = subprocess.run([str(launcher), "--mem-limit", "1M", "--", str(built["linked"]), "init", "ctx:0",
+                            "alloc:100", "free:all"], env=env, capture_output=True, text=True, timeout=60)
+    assert clean.returncode == 0 and clean.stderr == "", clean.stderr
+    leak = subprocess.run([str(launcher), "--affinity", "1", "--", str(built["linked"]), "init", "ctx:0",
+                           "alloc:5000", "kill"], env=env, capture_output=True, text=True, timeout=60)
+    assert leak.returncode == 128 + signal.SIGKILL
+    assert "handle-leak" in leak.stderr and "5000 bytes on device 1" in leak.stderr, leak.stderr
+    reg = registry()
+    assert reg.instances() == []                                    # every slot given back
+    assert all(reg.group(i) is None for i in range(reg.lib.SD_MAX_GROUPS))   # and every group

@@ -1,0 +1,737 @@
+/*
+ * launcher.c: `seedance-run`, the fast front end of `seedance run` (issue 13).
+ *
+ * `seedance run` in Python costs a Python start-up per program (tens to hundreds of
+ * milliseconds); the shim by raw LD_PRELOAD costs about a millisecond.  This small
+ * program, built with the shim and installed next to it, runs the common case itself
+ * with every check `seedance run` makes, and hands everything else to the Python
+ * implementation unchanged (execv, same arguments):
+ *
+ *   here:    --mem-limit, --affinity (ordinals, npuN, gpu:N, GPU-/MIG- UUIDs; gpu:N and N
+ *            become the UUID of NVML index N when NVML answers, as in Python),
+ *            --follow-children, --handles, --audit;
+ *            checks: command found, preload safety (the library and every directory
+ *            above it owned by root or the user and not group/world-writable, sticky
+ *            directories as in seedance/preload.py), setuid/setgid and static programs
+ *            named (they run unwrapped), launchers without --follow-children named,
+ *            an inherited SEEDANCE_DISABLE said, sizes and spellings refused in one
+ *            line with exit 2; after the program: an affinity that named no device and
+ *            a full registry said, the run's slots reclaimed and its group released.
+ *   Python:  -o/--report-json, --events, --force, --affinity auto, --help, a shim.yaml
+ *            holding the --handles default, anything not understood here, and every
+ *            run that ended holding memory (the handle-leak findings come from the rule
+ *            engine, which is Python: `seedance run --finish-group KEY`).
+ *
+ * The messages are the Python command's; tests/shim runs the same cases through both.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../include/seedance_shim.h"
+
+#ifndef SD_VERSION_STRING
+#define SD_VERSION_STRING "0.1.0"
+#endif
+#ifndef SD_PYTHON
+#define SD_PYTHON "python3"
+#endif
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+extern char **environ;
+
+static char **orig_argv;
+
+/* ---- the Python implementation, for everything this program does not do ---------- */
+
+static void to_python(void)
+{
+    int n = 0;
+    while (orig_argv[n])
+        n++;
+    char **argv = calloc((size_t)n + 4, sizeof *argv);
+    if (!argv)
+        _exit(2);
+    argv[0] = (char *)SD_PYTHON;
+    argv[1] = (char *)"-m";
+    argv[2] = (char *)"seedance";
+    argv[3] = (char *)"run";
+    for (int i = 1; i < n; i++)
+        argv[3 + i] = orig_argv[i];
+    execv(SD_PYTHON, argv);
+    fprintf(stderr, "seedance: error: run: cannot start %s: %s\n", SD_PYTHON, strerror(errno));
+    exit(2);
+}
+
+__attribute__((format(printf, 1, 2), noreturn)) static void usage_error(const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    for (char *p = text; *p; p++) /* one line, always (issue 10, defect 8) */
+        if ((unsigned char)*p < 0x20)
+            *p = ' ';
+    fprintf(stderr, "seedance: error: run: %s\n", text);
+    exit(2);
+}
+
+/* Python's repr() of a plain string, for messages that quote what the user typed */
+static const char *quoted(const char *s)
+{
+    static char buf[2][600];
+    static int which;
+    char *out = buf[which ^= 1];
+    char q = strchr(s, '\'') && !strchr(s, '"') ? '"' : '\'';
+    size_t n = 0;
+    out[n++] = q;
+    for (; *s && n < sizeof buf[0] - 6; s++) {
+        if (*s == q || *s == '\\')
+            out[n++] = '\\';
+        out[n++] = *s;
+    }
+    out[n++] = q;
+    out[n] = '\0';
+    return out;
+}
+
+/* ---- sizes: the grammar of seedance.commands.run.parse_size ----------------------- */
+
+static uint64_t parse_size(const char *text)
+{
+    const char *p = text;
+    while (isspace((unsigned char)*p))
+        p++;
+    const char *digits = p;
+    while (isdigit((unsigned char)*p))
+        p++;
+    if (p == digits)
+        usage_error("--mem-limit: %s is not a size (e.g. 8G, 512M)", quoted(text));
+    errno = 0;
+    unsigned long long v = strtoull(digits, NULL, 10);
+    while (isspace((unsigned char)*p))
+        p++;
+    uint64_t mult = 1;
+    switch (*p) {
+    case 'K': case 'k': mult = 1ull << 10; p++; break;
+    case 'M': case 'm': mult = 1ull << 20; p++; break;
+    case 'G': case 'g': mult = 1ull << 30; p++; break;
+    case 'T': case 't': mult = 1ull << 40; p++; break;
+    default: break;
+    }
+    /* then "B", "iB" or nothing ("i" alone is not a suffix) */
+    if (*p == 'i' && (p[1] == 'B' || p[1] == 'b'))
+        p += 2;
+    else if (*p == 'B' || *p == 'b')
+        p++;
+    const char *end = p;
+    while (isspace((unsigned char)*end))
+        end++;
+    if (*end || errno || (mult > 1 && v > UINT64_MAX / mult))
+        usage_error("--mem-limit: %s is not a size (e.g. 8G, 512M)", quoted(text));
+    if (v == 0)
+        usage_error("--mem-limit: %s must be more than 0", quoted(text));
+    return v * mult;
+}
+
+/* "8G,1:4G" -> "8589934592,1:4294967296" (the shim's syntax, in bytes) */
+static void parse_mem_limit(const char *text, char *out, size_t len)
+{
+    char buf[512], parts[SD_MAX_DEVICES + 1][48];
+    int have_default = 0, nparts = 1;
+    snprintf(buf, sizeof buf, "%s", text);
+    parts[0][0] = '\0';
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*item))
+            item++;
+        size_t l = strlen(item);
+        while (l && isspace((unsigned char)item[l - 1]))
+            item[--l] = '\0';
+        if (!*item)
+            continue;
+        char *colon = strchr(item, ':');
+        if (colon) {
+            *colon = '\0';
+            char *dev = item, *end;
+            while (isspace((unsigned char)*dev))
+                dev++;
+            long d = strtol(dev, &end, 10);
+            while (isspace((unsigned char)*end))
+                end++;
+            if (!isdigit((unsigned char)*dev) || *end || d >= SD_MAX_DEVICES) {
+                *colon = ':';
+                usage_error("--mem-limit: %s: the device must be 0..%d", quoted(item), SD_MAX_DEVICES - 1);
+            }
+            if (nparts <= SD_MAX_DEVICES)
+                snprintf(parts[nparts++], sizeof parts[0], "%ld:%llu", d, (unsigned long long)parse_size(colon + 1));
+        } else {
+            if (have_default)
+                usage_error("--mem-limit: give one default size at most");
+            have_default = 1;
+            snprintf(parts[0], sizeof parts[0], "%llu", (unsigned long long)parse_size(item));
+        }
+    }
+    if (!have_default && nparts == 1)
+        usage_error("--mem-limit needs a size");
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = have_default ? 0 : 1; i < nparts; i++)
+        used += (size_t)snprintf(out + used, used < len ? len - used : 0, "%s%s", used ? "," : "", parts[i]);
+}
+
+/* ---- affinity: the spellings of seedance.commands.run.resolve_affinity ------------ */
+
+/* gpu:N means NVML (nvidia-smi) index N: its UUID, when NVML answers; else the ordinal */
+static int nvml_uuid(int index, char *out, size_t len)
+{
+    static void *nvml;
+    static int tried, ok;
+    typedef int (*init_fn)(void);
+    typedef int (*handle_fn)(unsigned, void **);
+    typedef int (*uuid_fn)(void *, char *, unsigned);
+    if (!tried) {
+        tried = 1;
+        nvml = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
+        init_fn init = nvml ? (init_fn)dlsym(nvml, "nvmlInit_v2") : NULL;
+        ok = init && init() == 0;
+    }
+    if (!ok)
+        return -1;
+    handle_fn get = (handle_fn)dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+    uuid_fn uuid = (uuid_fn)dlsym(nvml, "nvmlDeviceGetUUID");
+    void *h;
+    return get && uuid && get((unsigned)index, &h) == 0 && uuid(h, out, (unsigned)len) == 0 ? 0 : -1;
+}
+
+static void resolve_affinity(const char *spec, char *out, size_t len)
+{
+    char buf[512];
+    size_t used = 0;
+    snprintf(buf, sizeof buf, "%s", spec);
+    out[0] = '\0';
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*item))
+            item++;
+        size_t l = strlen(item);
+        while (l && isspace((unsigned char)item[l - 1]))
+            item[--l] = '\0';
+        if (!*item)
+            continue;
+        char value[128];
+        const char *digits = NULL;
+        if (strncasecmp(item, "gpu:", 4) == 0)
+            digits = item + 4;
+        else if (strncasecmp(item, "npu", 3) == 0 && item[3] && strspn(item + 3, "0123456789") == strlen(item + 3))
+            digits = item + 3;
+        else if (isdigit((unsigned char)*item))
+            digits = item;
+        if (digits && *digits && strspn(digits, "0123456789") == strlen(digits)) {
+            if (nvml_uuid(atoi(digits), value, sizeof value) != 0)
+                snprintf(value, sizeof value, "%s", digits);
+        } else if (strncasecmp(item, "gpu-", 4) == 0 || strncasecmp(item, "mig-", 4) == 0) {
+            snprintf(value, sizeof value, "%s", item);
+        } else {
+            usage_error("--affinity: %s is not gpu:N, N, npuN, GPU-<uuid>, MIG-<uuid> or auto", quoted(item));
+        }
+        used += (size_t)snprintf(out + used, used < len ? len - used : 0, "%s%s", used ? "," : "", value);
+    }
+}
+
+/* ---- checks ---------------------------------------------------------------------- */
+
+/* seedance/preload.py's unsafe_reason(path, owners=(0, euid)) */
+static int unsafe_reason(const char *path, char *why, size_t len)
+{
+    char current[PATH_MAX];
+    struct stat st;
+    if (!realpath(path, current) || stat(current, &st) != 0) {
+        snprintf(why, len, "%s: %s", path, strerror(errno));
+        for (char *p = why + strlen(path) + 2; *p; p++)
+            *p = (char)tolower((unsigned char)*p);
+        return 1;
+    }
+    uid_t me = geteuid();
+    int have_child = 0;
+    uid_t child_owner = 0;
+    for (;;) {
+        if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+            int sticky_safe = S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) && have_child &&
+                              (child_owner == 0 || child_owner == me);
+            if (!sticky_safe) {
+                snprintf(why, len, "%s is %s-writable", current, (st.st_mode & S_IWOTH) ? "world" : "group");
+                return 1;
+            }
+        }
+        if (st.st_uid != 0 && st.st_uid != me) {
+            snprintf(why, len, "%s belongs to uid %u", current, (unsigned)st.st_uid);
+            return 1;
+        }
+        if (strcmp(current, "/") == 0)
+            return 0;
+        char *slash = strrchr(current, '/');
+        if (slash == current)
+            slash[1] = '\0';
+        else
+            *slash = '\0';
+        have_child = 1;
+        child_owner = st.st_uid;
+        if (stat(current, &st) != 0) {
+            snprintf(why, len, "%s: %s", current, strerror(errno));
+            return 1;
+        }
+    }
+}
+
+static int find_in_path(const char *name, char *out, size_t len)
+{
+    if (strchr(name, '/')) {
+        if (access(name, X_OK) != 0)
+            return -1;
+        struct stat st;
+        if (stat(name, &st) != 0 || S_ISDIR(st.st_mode))
+            return -1;
+        snprintf(out, len, "%s", name);
+        return 0;
+    }
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t l = strcspn(path, ":");
+        snprintf(out, len, "%.*s/%s", (int)l, l ? path : ".", name);
+        struct stat st;
+        if (access(out, X_OK) == 0 && stat(out, &st) == 0 && !S_ISDIR(st.st_mode))
+            return 0;
+        path += l + (path[l] == ':');
+    }
+    return -1;
+}
+
+/* 1: EXE never runs ld.so (no PT_INTERP), so LD_PRELOAD cannot reach it */
+static int is_static_elf(const char *exe)
+{
+    int fd = open(exe, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    unsigned char h[64];
+    int result = 0;
+    if (read(fd, h, sizeof h) == (ssize_t)sizeof h && memcmp(h, "\177ELF", 4) == 0 && h[5] == 1 /* LE */) {
+        uint64_t phoff;
+        uint16_t phentsize, phnum;
+        if (h[4] == 2) {
+            memcpy(&phoff, h + 0x20, 8);
+            memcpy(&phentsize, h + 0x36, 2);
+            memcpy(&phnum, h + 0x38, 2);
+        } else {
+            uint32_t off32;
+            memcpy(&off32, h + 0x1C, 4);
+            phoff = off32;
+            memcpy(&phentsize, h + 0x2A, 2);
+            memcpy(&phnum, h + 0x2C, 2);
+        }
+        result = 1;
+        for (unsigned i = 0; i < phnum && phentsize >= 4; i++) {
+            uint32_t type;
+            if (pread(fd, &type, 4, (off_t)(phoff + (uint64_t)i * phentsize)) != 4)
+                break;
+            if (type == 3 /* PT_INTERP */) {
+                result = 0;
+                break;
+            }
+        }
+    }
+    close(fd);
+    return result;
+}
+
+/* Scripts (#!) and big-endian ELF: the Python command judges them (rare, not slow) */
+static int needs_python_look(const char *exe)
+{
+    int fd = open(exe, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    unsigned char h[6] = {0};
+    ssize_t n = read(fd, h, sizeof h);
+    close(fd);
+    return n >= 2 && ((h[0] == '#' && h[1] == '!') || (n == 6 && memcmp(h, "\177ELF", 4) == 0 && h[5] != 1));
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static int is_launcher(const char *exe)
+{
+    static const char *names[] = {"sh", "bash", "dash", "zsh", "env", "torchrun", "mpirun", "mpiexec", "srun",
+                                  "xargs", "nohup"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(base_name(exe), names[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* the --handles default lives in a shim.yaml written by `seedance fix handle-leak`:
+ * YAML is read by Python (bounded loader), so its presence sends the run there */
+static int handles_config_exists(void)
+{
+    char path[PATH_MAX];
+    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg)
+        snprintf(path, sizeof path, "%s/seedance/shim.yaml", xdg);
+    else if (home && *home)
+        snprintf(path, sizeof path, "%s/.config/seedance/shim.yaml", home);
+    else
+        return 0;
+    return access(path, F_OK) == 0;
+}
+
+/* ---- after the program: the registry, through the shim's own helpers -------------- */
+
+struct shim_api {
+    int (*path)(char *, size_t);
+    size_t (*size)(void);
+    int (*group_slots)(void *, int, int *, int);
+    int (*slot_held)(void *, int, uint64_t *);
+    int (*reclaim)(void *, int);
+    int (*release)(void *, int);
+    struct sd_slot *(*slot_ptr)(void *, int);
+    struct sd_group *(*group_ptr)(void *, int);
+};
+
+static int load_shim_api(const char *library, struct shim_api *api)
+{
+    void *h = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return -1;
+    *(void **)&api->path = dlsym(h, "seedance_registry_path");
+    *(void **)&api->size = dlsym(h, "seedance_registry_size");
+    *(void **)&api->group_slots = dlsym(h, "seedance_group_slots");
+    *(void **)&api->slot_held = dlsym(h, "seedance_slot_held");
+    *(void **)&api->reclaim = dlsym(h, "seedance_registry_reclaim");
+    *(void **)&api->release = dlsym(h, "seedance_group_release");
+    *(void **)&api->slot_ptr = dlsym(h, "seedance_registry_slot_ptr");
+    *(void **)&api->group_ptr = dlsym(h, "seedance_registry_group_ptr");
+    return api->path && api->size && api->group_slots && api->slot_held && api->reclaim && api->release &&
+                   api->slot_ptr && api->group_ptr ? 0 : -1;
+}
+
+/* 1: something to report that only the Python report can say (memory held at exit) */
+static int finish_run(const char *library, uint64_t key, const char *affinity_spec)
+{
+    struct shim_api api;
+    if (load_shim_api(library, &api) != 0)
+        return 1; /* let Python say what is wrong */
+    char path[1024];
+    if (api.path(path, sizeof path) < 0)
+        return 0; /* no registry directory: the shim kept process-local state */
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0; /* no program of this run made a CUDA call */
+    size_t size = api.size();
+    struct stat st;
+    void *base = fstat(fd, &st) == 0 && (size_t)st.st_size >= size
+                     ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                     : MAP_FAILED;
+    close(fd);
+    if (base == MAP_FAILED)
+        return 1;
+    const struct sd_header *header = base;
+    if (header->magic != (uint64_t)SD_MAGIC || header->abi_version != SD_ABI_VERSION) {
+        munmap(base, size);
+        return 1;
+    }
+    int group = -1;
+    for (int i = 0; i < SD_MAX_GROUPS && group < 0; i++)
+        if (__atomic_load_n(&api.group_ptr(base, i)->key, __ATOMIC_ACQUIRE) == key)
+            group = i;
+    if (group < 0) {
+        munmap(base, size);
+        return 0;
+    }
+    int slots[SD_MAX_SLOTS];
+    int n = api.group_slots(base, group, slots, SD_MAX_SLOTS);
+    int held_any = 0, saw_none = 0;
+    for (int k = 0; k < n; k++) {
+        uint64_t held[SD_MAX_DEVICES];
+        api.slot_held(base, slots[k], held);
+        for (int d = 0; d < SD_MAX_DEVICES; d++)
+            held_any |= held[d] != 0;
+        saw_none |= api.slot_ptr(base, slots[k])->nvisible == 0;
+    }
+    if (held_any) { /* handle-leak findings: the rule engine's (Python) */
+        munmap(base, size);
+        return 1;
+    }
+    if (affinity_spec && saw_none)
+        fprintf(stderr, "seedance: note: --affinity %s named no device the driver has: the program saw none\n",
+                affinity_spec);
+    struct sd_group *g = api.group_ptr(base, group);
+    unsigned total = g->overflow_total, refused = g->overflow_refused;
+    if (total || refused) {
+        fprintf(stderr, "seedance: note: the registry was full: %u process(es) of this run had no slot of their own; "
+                        "they shared the run's quota", total + refused);
+        if (refused)
+            fprintf(stderr, " (%u could not even join it: their quota'd allocations were refused)", refused);
+        fprintf(stderr, ", and their allocations are not itemised in the report\n");
+    }
+    for (int k = 0; k < n; k++)
+        api.reclaim(base, slots[k]);
+    api.release(base, group);
+    munmap(base, size);
+    return 0;
+}
+
+/* ---- the run ------------------------------------------------------------------- */
+
+static pid_t child_pid;
+
+static void forward(int sig)
+{
+    if (child_pid > 0)
+        kill(child_pid, sig);
+}
+
+/* The child's environment is a copy: the launcher's own stays as it was, so neither the
+ * shim it dlopens afterwards nor the Python it may exec runs with the run's settings. */
+static char **child_env;
+static size_t child_n, child_cap;
+
+static void env_unset(const char *name)
+{
+    size_t l = strlen(name);
+    for (size_t i = 0; i < child_n; i++)
+        if (strncmp(child_env[i], name, l) == 0 && child_env[i][l] == '=') {
+            child_env[i] = child_env[--child_n];
+            child_env[child_n] = NULL;
+            return;
+        }
+}
+
+static void env_set(const char *name, const char *value)
+{
+    env_unset(name);
+    if (child_n + 2 > child_cap) {
+        child_cap = child_cap * 2 + 16;
+        child_env = realloc(child_env, child_cap * sizeof *child_env);
+        if (!child_env)
+            exit(2);
+    }
+    size_t len = strlen(name) + strlen(value) + 2;
+    char *entry = malloc(len);
+    if (!entry)
+        exit(2);
+    snprintf(entry, len, "%s=%s", name, value);
+    child_env[child_n++] = entry;
+    child_env[child_n] = NULL;
+}
+
+static void env_copy(void)
+{
+    for (char **e = environ; *e; e++)
+        child_n++;
+    child_cap = child_n + 16;
+    child_env = calloc(child_cap, sizeof *child_env);
+    if (!child_env)
+        exit(2);
+    for (size_t i = 0; i < child_n; i++)
+        child_env[i] = environ[i];
+}
+
+static void env_set_list_front(const char *var, const char *value)
+{
+    const char *old = getenv(var);
+    if (!old || !*old) {
+        env_set(var, value);
+        return;
+    }
+    size_t len = strlen(value) + strlen(old) + 2;
+    char *joined = malloc(len);
+    if (!joined)
+        exit(2);
+    snprintf(joined, len, "%s:%s", value, old);
+    env_set(var, joined);
+}
+
+int main(int argc, char **argv)
+{
+    orig_argv = argv;
+    const char *affinity = NULL, *mem_limit = NULL, *handles = NULL;
+    int follow = 0, audit = 0, i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        const char *value = NULL;
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (a[0] != '-')
+            break; /* the command (argparse REMAINDER) */
+        if (strcmp(a, "--follow-children") == 0) {
+            follow = 1;
+            continue;
+        }
+        if (strcmp(a, "--audit") == 0) {
+            audit = 1;
+            continue;
+        }
+        const char **slot = strncmp(a, "--affinity", 10) == 0     ? &affinity
+                            : strncmp(a, "--mem-limit", 11) == 0  ? &mem_limit
+                            : strncmp(a, "--handles", 9) == 0     ? &handles
+                                                                  : NULL;
+        if (!slot)
+            to_python(); /* -o, --report-json, --events, --force, --help, or a mistake */
+        const char *eq = strchr(a, '=');
+        size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
+        if (name_len != strlen(slot == &affinity ? "--affinity" : slot == &mem_limit ? "--mem-limit" : "--handles"))
+            to_python(); /* an abbreviation or another option: argparse decides */
+        if (eq)
+            value = eq + 1;
+        else if (i + 1 < argc)
+            value = argv[++i];
+        else
+            to_python();
+        *slot = value;
+    }
+    if (i >= argc)
+        usage_error("give the command after --, e.g. seedance run -- python train.py");
+    if (affinity && strcasecmp(affinity, "auto") == 0)
+        to_python(); /* NVML utilisation or the registry's view: Python */
+    if (handles && strcmp(handles, "per-instance") != 0 && strcmp(handles, "shared") != 0)
+        to_python(); /* argparse's own message for a bad choice */
+    if (!handles && handles_config_exists())
+        to_python();
+    char **cmd = argv + i;
+
+    char exe[PATH_MAX];
+    if (find_in_path(cmd[0], exe, sizeof exe) != 0)
+        usage_error("%s: command not found", cmd[0]);
+    if (needs_python_look(exe))
+        to_python();
+
+    /* the shim next to this program, as the Python binding finds it next to itself */
+    char self[PATH_MAX], library[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        to_python();
+    self[n] = '\0';
+    *strrchr(self, '/') = '\0';
+    snprintf(library, sizeof library, "%s/libseedance_shim.so", self);
+    const char *override = getenv("SEEDANCE_SHIM_LIB");
+    if (override && *override)
+        to_python(); /* tests: the Python binding's override and its version check */
+    char why[PATH_MAX + 64];
+    if (access(library, F_OK) != 0)
+        to_python(); /* "the CUDA shim is not built": Python says how to fix it */
+    if (unsafe_reason(library, why, sizeof why))
+        usage_error("refusing to preload %s: %s, so another user could replace what every wrapped program loads",
+                    library, why);
+
+    if (!follow && is_launcher(exe))
+        fprintf(stderr, "seedance: note: %s starts other programs, which run unwrapped without --follow-children\n",
+                base_name(exe));
+    struct stat st;
+    if (stat(exe, &st) == 0 && (st.st_mode & (S_ISUID | S_ISGID)))
+        fprintf(stderr, "seedance: %s is set-user/group-ID: glibc ignores LD_PRELOAD and LD_AUDIT for it "
+                        "(secure-execution mode), so it runs unwrapped\n", exe);
+    else if (is_static_elf(exe))
+        fprintf(stderr, "seedance: %s is statically linked (no program interpreter): ld.so never runs for it, so "
+                        "LD_PRELOAD cannot load the shim and it runs unwrapped\n", exe);
+    const char *disable = getenv("SEEDANCE_DISABLE");
+    if (disable && strcmp(disable, "1") == 0)
+        fprintf(stderr, "seedance: note: SEEDANCE_DISABLE=1 is set in the environment: the shim passes every call "
+                        "through%s\n", mem_limit || affinity ? ", so --mem-limit and --affinity are NOT enforced" : "");
+
+    char affinity_value[1024] = "", mem_value[1024] = "";
+    if (affinity)
+        resolve_affinity(affinity, affinity_value, sizeof affinity_value);
+    if (mem_limit)
+        parse_mem_limit(mem_limit, mem_value, sizeof mem_value);
+
+    /* the environment of seedance.shim.wrap_env */
+    uint64_t key = 0;
+    if (getrandom(&key, sizeof key, 0) != sizeof key)
+        key = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL);
+    key = (key & ~(1ull << 63)) | 1;
+    char text[64];
+    env_copy();
+    snprintf(text, sizeof text, "%llx", (unsigned long long)key);
+    env_set("SEEDANCE_GROUP", text);
+    snprintf(text, sizeof text, "%d", (int)getpid());
+    env_set("SEEDANCE_GROUP_OWNER", text);
+    env_set("SEEDANCE_SHIM_VERSION", SD_VERSION_STRING "+abi" STR(SD_ABI_VERSION));
+    env_set_list_front("LD_PRELOAD", library);
+    if (audit)
+        env_set_list_front("LD_AUDIT", library);
+    if (follow)
+        env_set("SEEDANCE_FOLLOW", "1");
+    else
+        env_unset("SEEDANCE_FOLLOW");
+    env_unset("SEEDANCE_EVENTS");
+    if (affinity_value[0])
+        env_set("SEEDANCE_AFFINITY", affinity_value);
+    if (mem_value[0])
+        env_set("SEEDANCE_MEM_LIMIT", mem_value);
+    if (handles && strcmp(handles, "per-instance") == 0)
+        env_set("SEEDANCE_HANDLES", "per-instance");
+    else
+        env_unset("SEEDANCE_HANDLES");
+
+    /* Ctrl-C reaches the program from the terminal (same process group): only wait for
+     * it; SIGTERM/SIGHUP sent to seedance are passed on (as the Python command does) */
+    struct sigaction ign = {.sa_handler = SIG_IGN}, fwd = {.sa_handler = forward}, old_int;
+    sigaction(SIGINT, &ign, &old_int);
+    sigaction(SIGTERM, &fwd, NULL);
+    sigaction(SIGHUP, &fwd, NULL);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGINT);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+    int rc = posix_spawn(&child_pid, exe, NULL, &attr, cmd, child_env);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0)
+        usage_error("%s: %s", cmd[0], strerror(rc));
+    int status = 0;
+    while (waitpid(child_pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+
+    if (finish_run(library, key, affinity)) {
+        /* memory held at exit: the findings come from the rule engine */
+        char key_text[32], code_text[16];
+        snprintf(key_text, sizeof key_text, "%llx", (unsigned long long)key);
+        snprintf(code_text, sizeof code_text, "%d", code);
+        char *py[] = {(char *)SD_PYTHON, (char *)"-m", (char *)"seedance", (char *)"run", (char *)"--finish-group",
+                      key_text, (char *)"--exit-code", code_text, NULL, NULL, NULL};
+        if (affinity) { /* for its note on an affinity that named no device */
+            py[8] = (char *)"--affinity";
+            py[9] = (char *)affinity;
+        }
+        fflush(stderr);
+        execv(SD_PYTHON, py);
+        fprintf(stderr, "seedance: error: run: cannot start %s for the report: %s\n", SD_PYTHON, strerror(errno));
+    }
+    return code;
+}
