@@ -99,10 +99,37 @@ def abi_of(symbol_names) -> tuple:
 
 
 class TorchAbiCache:
-    """ABI of each torch library, read once per scan (libtorch_cpu has ~100k symbols)."""
+    """ABI and exports of each torch library, read once per scan (libtorch_cpu has ~100k symbols)."""
 
     def __init__(self):
         self._abi: dict = {}
+        self._defined: dict = {}
+
+    def defined(self, path: str, info) -> frozenset:
+        """Names ``path`` exports to other objects: defined, not local, not a hidden version."""
+        if path not in self._defined:
+            self._defined[path] = frozenset(s.name for s in info.symbols
+                                            if s.defined and s.binding != "LOCAL" and not s.hidden)
+        return self._defined[path]
+
+    def missing(self, imports, ext_path: str, closure_objects: dict, torch_paths, read_symbols) -> list:
+        """The ``imports`` no object of the closure defines; torch's own libraries are read
+        first, the others only while something is still missing."""
+        torch_dirs = {os.path.dirname(p) for p in torch_paths}
+        ordered = sorted((p for p in closure_objects if p != ext_path),
+                         key=lambda p: (os.path.dirname(p) not in torch_dirs, p))
+        left = set(imports)
+        for path in ordered:
+            if not left:
+                break
+            info = closure_objects[path]
+            if path not in self._defined and not info.symbols:
+                try:
+                    info = read_symbols(path)
+                except Exception:  # an unreadable object is the loader rules' finding, not ours
+                    continue
+            left -= self.defined(path, info)
+        return sorted(left)
 
     def abi(self, path: str) -> str | None:
         if path not in self._abi:
@@ -113,6 +140,50 @@ class TorchAbiCache:
             except Exception:  # an unreadable torch is reported by the loader rules, not here
                 self._abi[path] = None
         return self._abi[path]
+
+
+def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "TorchAbiCache",
+                    read_symbols, torch_source: str = "") -> list:
+    """Facts about an extension judged against the torch its closure loads.
+
+    - cxx_abi: which std::string mangling its c10/at/torch imports use, against torch's;
+    - torch_symbols: the c10/at/torch functions it calls that nothing in its closure defines.
+      Python imports extensions with RTLD_NOW (sys.getdlopenflags()), so one such symbol
+      fails the import with "undefined symbol: _ZN3c10..." (issue 11, item 5).
+
+    ``closure_objects``: path -> ElfInfo of everything loaded with it (torch's libraries
+    included); ``read_symbols(path)`` -> ElfInfo with symbols (the resolver's cached reader).
+    """
+    if _same_directory(ext_path, torch_paths):
+        return []  # torch's own libraries (libtorch_cuda beside libc10) are torch itself
+    try:
+        ext_info = read_symbols(ext_path)
+    except Exception:  # unreadable: the loader rules report it
+        return []
+    imports = [s.name for s in ext_info.symbols if not s.defined and s.binding != "WEAK"
+               and s.name.startswith(TORCH_PREFIXES)]
+    if not imports:
+        return []
+    from .torch_ext import rebuild_command, torch_at
+
+    torch_dir = os.path.dirname(os.path.dirname(sorted(torch_paths, key=lambda p: ("libc10" not in p, p))[0]))
+    torch = torch_at(torch_dir, source=torch_source)
+    version = torch.version if torch else "?"
+    fix = rebuild_command(ext_path, torch)
+    facts = []
+    abi_fact = cxx_abi_fact(ext_path, ext_info, torch_paths, cache)
+    if abi_fact is not None:
+        abi_fact.data.update(torch_version=version, torch_source=torch_source, fix_command=fix)
+        facts.append(abi_fact)
+    missing = cache.missing(imports, ext_path, closure_objects, torch_paths, read_symbols)
+    if missing:
+        mismatch = abi_fact is not None and abi_fact.data["ext_abi"] != abi_fact.data["torch_abi"]
+        facts.append(Fact("torch_symbols", {"path": ext_path},
+                          {"count": len(missing), "examples": missing[:5], "torch_version": version,
+                           "torch_path": torch_dir, "torch_source": torch_source,
+                           "explained_by_abi": bool(mismatch), "fix_command": fix},
+                          source="collect.cxxabi"))
+    return facts
 
 
 def cxx_abi_fact(ext_path: str, ext_info, torch_paths, cache: TorchAbiCache) -> Fact | None:

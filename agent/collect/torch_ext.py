@@ -31,6 +31,7 @@ _HIP = re.compile(r"^hip\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.M)
 _ABI_FLAG = re.compile(r"-D_GLIBCXX_USE_CXX11_ABI=(\d)")
 _PY_INCLUDE = re.compile(r"/include/python(\d)\.(\d+)([a-z]*)\b")
 _TORCH_INCLUDE = re.compile(r"(\S+)/torch/include(?=[\s/'\"]|$)")
+_C_MODULE = re.compile(r"^_C\.cpython-(\d)(\d+)([a-z]*)-.*\.so$")
 
 
 def cache_roots(environ=None, home=None) -> list:
@@ -49,7 +50,7 @@ def cache_roots(environ=None, home=None) -> list:
 
 @dataclass
 class TorchInstall:
-    """The torch the current Python would import, read from disk."""
+    """One torch install, read from disk (never imported)."""
 
     path: str  # .../site-packages/torch
     version: str
@@ -57,12 +58,18 @@ class TorchInstall:
     hip: str | None = None
     python_tag: str = field(default_factory=lambda: f"py{sys.version_info[0]}{sys.version_info[1]}"
                                                      f"{getattr(sys, 'abiflags', '')}")
+    source: str = ""  # how it was chosen: "beside it", "--python /usr/bin/python3", ...
 
     @property
     def accelerator(self) -> str:
         if self.hip:
             return "rocm" + self.hip.replace(".", "")
         return "cu" + self.cuda.replace(".", "") if self.cuda else "cpu"
+
+    @property
+    def tag(self) -> str:
+        """The cache folder cpp_extension uses for this torch: py311_cpu, py310_cu121."""
+        return f"{self.python_tag}_{self.accelerator}"
 
     @property
     def libs(self) -> list:
@@ -89,7 +96,29 @@ def read_torch_version(torch_dir: str) -> tuple:
             hip.group(1) if hip else None)
 
 
+def python_tag_of(torch_dir: str) -> str | None:
+    """py311 (or py313t) from the name of torch's own extension, torch/_C.cpython-311-...so:
+    the Python this torch was built for, whichever interpreter runs seedance."""
+    for name in _listdir(torch_dir):
+        match = _C_MODULE.match(name)
+        if match:
+            return f"py{match.group(1)}{match.group(2)}{match.group(3)}"
+    return None
+
+
+def torch_at(torch_dir: str, source: str = "") -> TorchInstall | None:
+    """The torch install at ``torch_dir`` (a directory holding version.py), or None."""
+    version, cuda, hip = read_torch_version(torch_dir)
+    if version is None:
+        return None
+    install = TorchInstall(path=torch_dir, version=version, cuda=cuda, hip=hip, source=source)
+    install.python_tag = python_tag_of(torch_dir) or install.python_tag
+    return install
+
+
 def find_torch() -> TorchInstall | None:
+    """The torch that the interpreter running seedance would import (fix torch-ext rebuilds
+    with it).  The check judges extensions with torch_beside() or torch_for_python()."""
     import importlib.util
 
     try:
@@ -98,11 +127,61 @@ def find_torch() -> TorchInstall | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    torch_dir = list(spec.submodule_search_locations)[0]
-    version, cuda, hip = read_torch_version(torch_dir)
-    if version is None:
-        return None
-    return TorchInstall(path=torch_dir, version=version, cuda=cuda, hip=hip)
+    return torch_at(list(spec.submodule_search_locations)[0], source="this interpreter")
+
+
+def torch_beside(path: str, levels: int = 6) -> TorchInstall | None:
+    """The torch of the environment ``path`` lives in: site-packages/pkg/sub/ext.so ->
+    site-packages/torch.  That torch is the one `import torch` loads before the extension."""
+    directory = os.path.dirname(os.path.abspath(path))
+    for _ in range(levels):
+        candidate = os.path.join(directory, "torch")
+        if os.path.isdir(os.path.join(candidate, "lib")) and os.path.isfile(os.path.join(candidate, "version.py")):
+            return torch_at(candidate, source="beside it")
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return None
+
+
+# Runs in the interpreter the user named; find_spec locates torch without importing it.
+_LOCATE = ("import importlib.util, json, sys\n"
+           "spec = importlib.util.find_spec('torch')\n"
+           "where = list(spec.submodule_search_locations or [None])[0] if spec else None\n"
+           "print(json.dumps({'torch': where, 'tag': 'py%d%d%s' % (sys.version_info[0], sys.version_info[1],"
+           " getattr(sys, 'abiflags', ''))}))\n")
+
+
+def torch_for_python(python: str, timeout: float = 60) -> TorchInstall:
+    """The torch that interpreter ``python`` imports (check --python PATH); BadInput when
+    it is not a Python or has no torch."""
+    import json
+    import subprocess
+
+    from ..errors import BadInput
+
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        raise BadInput(f"--python {python}: not an executable file")
+    try:
+        proc = subprocess.run([python, "-c", _LOCATE], capture_output=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BadInput(f"--python {python}: could not run it ({exc.__class__.__name__})") from None
+    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise BadInput(f"--python {python}: not a Python interpreter (exit {proc.returncode})")
+    if not answer.get("torch"):
+        raise BadInput(f"--python {python}: that interpreter has no torch to import")
+    install = torch_at(answer["torch"], source=f"--python {python}")
+    if install is None:
+        raise BadInput(f"--python {python}: {answer['torch']} has no readable torch/version.py")
+    install.python_tag = python_tag_of(install.path) or answer.get("tag") or install.python_tag
+    return install
 
 
 @dataclass
@@ -112,6 +191,7 @@ class CachedBuild:
     tag: str | None  # py311_cpu, when the default layout records it
     ninja: dict = field(default_factory=dict)  # variable -> value from build.ninja
     library: str | None = None
+    kind: str = "load"  # "load": cpp_extension.load() cache; "setup.py": BuildExtension's build/temp.*
 
 
 def inventory(roots) -> list:
@@ -151,6 +231,9 @@ def _read_build(build_dir: str, name: str, tag: str | None) -> CachedBuild:
                     build.ninja[key.strip()] = value.strip()
     except OSError:
         pass
+    if name.startswith("temp.") and os.path.basename(os.path.dirname(build_dir)) == "build":
+        _read_setup_build(build)
+        return build
     for candidate in (f"{name}.so", *[n for n in _listdir(build_dir) if n.endswith(".so")]):
         full = os.path.join(build_dir, candidate)
         if os.path.isfile(full):
@@ -159,8 +242,28 @@ def _read_build(build_dir: str, name: str, tag: str | None) -> CachedBuild:
     return build
 
 
+_EXT_NAME = re.compile(r"-DTORCH_EXTENSION_NAME=(\w+)")
+
+
+def _read_setup_build(build: CachedBuild) -> None:
+    """setup.py with torch's BuildExtension compiles through ninja in build/temp.<plat>/ and
+    links with setuptools into build/lib.<plat>/ (cpp_extension._write_ninja_file_and_compile_objects)."""
+    build.kind = "setup.py"
+    match = _EXT_NAME.search(build.ninja.get("cflags", "") + " " + build.ninja.get("cuda_cflags", ""))
+    if match:
+        build.name = match.group(1)
+    lib_dirs = [os.path.join(os.path.dirname(build.path), n) for n in _listdir(os.path.dirname(build.path))
+                if n.startswith("lib.")]
+    for lib_dir in lib_dirs:
+        for base, _dirs, files in os.walk(lib_dir):
+            for file_name in sorted(files):
+                if file_name.endswith(".so") and file_name.split(".", 1)[0] == build.name:
+                    build.library = os.path.join(base, file_name)
+                    return
+
+
 class TorchSymbols:
-    """Symbols the current torch defines, read once per scan."""
+    """Symbols one torch install defines, and its C++ ABI, read once per scan."""
 
     def __init__(self, torch: TorchInstall):
         self.torch = torch
@@ -177,7 +280,7 @@ class TorchSymbols:
                 except ELFError:
                     continue
                 for sym in info.symbols:
-                    if sym.defined:
+                    if sym.defined and sym.binding != "LOCAL" and not sym.hidden:
                         names.add(sym.name)
                         if "libc10" in lib:
                             abi_names.append(sym.name)
@@ -187,6 +290,15 @@ class TorchSymbols:
 
 
 def build_facts(build: CachedBuild, torch: TorchInstall | None, symbols: TorchSymbols | None) -> Fact:
+    """One torch_ext_cache fact: is ``build`` stale for ``torch``, the torch that loads it?
+
+    A build in a pyXY_tag folder is only ever loaded by a torch of that Python and CUDA tag
+    (cpp_extension's _get_build_directory puts the tag in the path), so an entry for another
+    tag is not stale, it belongs to another environment (issue 11, item 9).  Otherwise it is
+    stale when that torch lacks c10/at/torch symbols the .so imports (the "undefined symbol:
+    _ZN3c10..." of an import), mangles std::string the other way, is another release than
+    the torch build.ninja names, or when the torch it was built against is gone.
+    """
     built, reasons = {}, []
     flags = " ".join(build.ninja.get(k, "") for k in ("cflags", "post_cflags", "cuda_cflags",
                                                        "cuda_post_cflags", "ldflags"))
@@ -210,37 +322,65 @@ def build_facts(build: CachedBuild, torch: TorchInstall | None, symbols: TorchSy
         try:
             info = read_elf(build.library, symbols=True)
             imports = [s.name for s in info.symbols
-                       if not s.defined and s.name.startswith(cxxabi.TORCH_PREFIXES)]
+                       if not s.defined and s.binding != "WEAK" and s.name.startswith(cxxabi.TORCH_PREFIXES)]
             lib_abi = cxxabi.abi_of(imports)[0]
             if lib_abi and "abi" not in built:
                 built["abi"] = lib_abi
         except ELFError as exc:
             reasons.append(f"built library unreadable: {exc}")
 
-    current = {}
+    current, differs, other_environment = {}, {}, ""
     if torch is not None:
         current = {"torch": torch.version, "torch_path": torch.path, "python": torch.python_tag,
-                   "accelerator": torch.accelerator}
-        if built.get("python") and built["python"] != torch.python_tag:
-            reasons.append(f"python: built for {built['python']}, current {torch.python_tag}")
-        if built.get("accelerator") and built["accelerator"] != torch.accelerator:
-            reasons.append(f"cuda: built for {built['accelerator']}, current torch is {torch.accelerator}")
-        if built.get("torch") and built["torch"] != torch.version:
-            reasons.append(f"torch: built against {built['torch']}, current {torch.version}")
-        if symbols is not None and imports:
-            defined = symbols.defined()
-            missing = [s for s in imports if s not in defined]
-            if missing:
-                reasons.append(f"torch: imports {len(missing)} symbol(s) torch {torch.version} does not"
-                               f" define, e.g. {missing[0]}")
-            current["abi"] = symbols.abi
-            if built.get("abi") and symbols.abi and built["abi"] != symbols.abi:
-                reasons.append(f"abi: built {built['abi']}, torch uses {symbols.abi}")
+                   "accelerator": torch.accelerator, "source": torch.source}
+        if build.tag and build.tag != torch.tag:
+            other_environment = (f"built for {build.tag}; {torch.describe()} uses {torch.tag}/ and never"
+                                 f" loads it")
+        else:
+            if built.get("torch_path") and built.get("torch") is None:
+                reasons.append(f"torch: the torch it was built against ({built['torch_path']}) no longer exists")
+            elif built.get("torch") and built["torch"] != torch.version:
+                reasons.append(f"torch: built against {built['torch']}, loaded by {torch.version}")
+                differs["torch"] = (built["torch"], torch.version)
+            if symbols is not None:
+                defined = symbols.defined()
+                current["abi"] = symbols.abi
+                missing = [s for s in imports if s not in defined]
+                if missing:
+                    reasons.append(f"torch: imports {len(missing)} c10/at/torch symbol(s) torch {torch.version}"
+                                   f" does not define, e.g. {missing[0]}")
+                    current["missing"] = len(missing)
+                if built.get("abi") and symbols.abi and built["abi"] != symbols.abi:
+                    reasons.append(f"abi: built {built['abi']}, torch {torch.version} uses {symbols.abi}")
+                    differs["abi"] = (built["abi"], symbols.abi)
+    built_for, now = _describe_difference(built, current, differs)
     return Fact("torch_ext_cache", {"path": build.path},
-                {"name": build.name, "stale": bool(reasons), "reasons": reasons,
-                 "built_for": _describe(built), "current": _describe(current) if current else "no torch found",
-                 "library": build.library, "built": built, "now": current},
+                {"name": build.name, "stale": bool(reasons) and not other_environment, "reasons": reasons,
+                 "other_environment": other_environment, "built_for": built_for, "current": now,
+                 "library": build.library, "built": built, "now": current, "kind": build.kind,
+                 "fix_command": _fix_command(build, torch)},
                 source="collect.torch_ext")
+
+
+def _describe_difference(built: dict, current: dict, differs: dict) -> tuple:
+    """(built_for, current) naming only what differs, so no version is shown twice."""
+    if not current:
+        return _describe(built), "no torch found"
+    before, after = [], []
+    if "torch" in differs:
+        before.append(f"torch {differs['torch'][0]}")
+        after.append(f"torch {differs['torch'][1]}")
+    if "abi" in differs:
+        before.append(f"the {differs['abi'][0]} C++ ABI")
+        after.append(f"the {differs['abi'][1]} C++ ABI")
+    if not before:
+        if built.get("torch_path") and built.get("torch") is None:
+            before.append(f"the torch at {built['torch_path']} (gone)")
+        else:
+            before.append(f"another build of torch (imports {current.get('missing', '?')} symbol(s) this one lacks)")
+        after.append(f"torch {current['torch']} at {current['torch_path']}")
+    where = f" ({current['source']})" if current.get("source") else ""
+    return ", ".join(before), ", ".join(after) + where
 
 
 def _describe(values: dict) -> str:
@@ -255,6 +395,56 @@ def _describe(values: dict) -> str:
     return " ".join(parts) or "unknown"
 
 
+def _fix_command(build: CachedBuild, torch: TorchInstall | None) -> str:
+    if build.kind == "setup.py":
+        return rebuild_command(build.library or build.path, torch, name=build.name)
+    return f"seedance fix torch-ext --clean-cache --rebuild {build.name}"
+
+
+def rebuild_command(ext_path: str, torch: TorchInstall | None, name: str | None = None) -> str:
+    """The command that rebuilds the extension at ``ext_path`` for ``torch``.
+
+    A cpp_extension.load() build in an extension cache is rebuilt by fix torch-ext; a
+    setup.py build is rebuilt by its own project, with --no-build-isolation so that the
+    build sees this environment's torch instead of a fresh one pip would download."""
+    python = torch.source[len("--python "):] if torch and torch.source.startswith("--python ") else "python"
+    real = os.path.realpath(ext_path)
+    for root in cache_roots():
+        if real.startswith(os.path.realpath(root) + os.sep):
+            rel = os.path.relpath(real, os.path.realpath(root)).split(os.sep)
+            cached = rel[1] if _TAG.match(rel[0]) and len(rel) > 1 else rel[0]
+            return f"seedance fix torch-ext --clean-cache --rebuild {cached}"
+    project = _project_of(real)
+    if project is not None:
+        if os.path.isfile(os.path.join(project, "setup.py")):
+            return f"cd {project} && {python} setup.py build_ext --inplace --force"
+        return f"{python} -m pip install --no-build-isolation --no-deps --force-reinstall {project}"
+    from .practice import package_of
+
+    dist = package_of(real)
+    if dist:
+        return (f"{python} -m pip install --no-build-isolation --no-deps --force-reinstall --no-binary {dist} {dist}")
+    label = name or os.path.basename(ext_path)
+    target = f"torch {torch.version}" if torch else "the torch that imports it"
+    return f"rebuild {label} from its sources against {target} (no setup.py or pyproject.toml found above it)"
+
+
+def _project_of(path: str, levels: int = 6) -> str | None:
+    """The nearest directory above ``path`` holding setup.py or pyproject.toml (not inside
+    a site-packages: an installed package is rebuilt from its distribution)."""
+    directory = os.path.dirname(path)
+    for _ in range(levels):
+        if os.path.basename(directory) in ("site-packages", "dist-packages"):
+            return None
+        if any(os.path.isfile(os.path.join(directory, n)) for n in ("setup.py", "pyproject.toml")):
+            return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return None
+
+
 def builds_in(directory: str) -> list:
     """Builds when ``directory`` is a cache root, a pyXY_tag folder or one build directory."""
     if os.path.isfile(os.path.join(directory, "build.ninja")):
@@ -265,14 +455,53 @@ def builds_in(directory: str) -> list:
     if _TAG.match(base):
         return [b for b in (_read_build(os.path.join(directory, n), n, base) for n in _listdir(directory)
                             if os.path.isdir(os.path.join(directory, n))) if b.ninja or b.library]
-    return [b for b in inventory([directory]) if b.ninja]
+    found = [b for b in inventory([directory]) if b.ninja]
+    build = os.path.join(directory, "build")  # a setup.py project: build/temp.<platform>/build.ninja
+    for entry in _listdir(build):
+        if entry.startswith("temp.") and os.path.isfile(os.path.join(build, entry, "build.ninja")):
+            found.append(_read_build(os.path.join(build, entry), entry, None))
+    return found
 
 
-def torch_ext_facts(roots=None, builds=None) -> list:
+def torch_ext_facts(roots=None, builds=None, torch: TorchInstall | None = None) -> list:
+    """Facts for the cached builds under ``roots`` (or ``builds``).
+
+    Each build is judged against the torch that loads it: ``torch`` when the caller names
+    one (check --python; fix torch-ext passes the torch it rebuilds with), else the torch
+    its build.ninja was compiled against, still at that path, else the torch of this
+    interpreter (a cache is shared by every interpreter of the user with the same tag)."""
     if builds is None:
         builds = inventory(roots if roots is not None else cache_roots())
     if not builds:
         return []
-    torch = find_torch()
-    symbols = TorchSymbols(torch) if torch is not None else None
-    return [build_facts(build, torch, symbols) for build in builds]
+    tables: dict = {}
+    fallback = []
+    facts = []
+    for build in builds:
+        judge = torch
+        if judge is None:
+            built_dir = _built_torch_dir(build)
+            judge = torch_at(built_dir, source="the torch it was built against") if built_dir else None
+        if judge is None:
+            if not fallback:
+                fallback.append(find_torch())
+            judge = fallback[0]
+        symbols = None
+        if judge is not None:
+            symbols = tables.setdefault(judge.path, TorchSymbols(judge))
+        facts.append(build_facts(build, judge, symbols))
+    return facts
+
+
+def _built_torch_dir(build: CachedBuild) -> str | None:
+    flags = " ".join(build.ninja.get(k, "") for k in ("cflags", "post_cflags", "cuda_cflags"))
+    match = _TORCH_INCLUDE.search(flags)
+    return os.path.join(match.group(1), "torch") if match else None
+
+
+def torch_not_found_fact(path: str, needs) -> Fact:
+    """An extension that needs torch's libraries, with no torch to judge it against: no torch
+    in its own environment and no --python.  Loaded alone it cannot load, but it is only ever
+    loaded after `import torch`, so that is no loader error; it is simply not judged."""
+    return Fact("torch_env", {"path": path},
+                {"found": False, "needs": sorted(needs)}, source="collect.torch_ext")

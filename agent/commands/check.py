@@ -20,6 +20,7 @@ examples:
   seedance check --json ./libkernels.so | jq '.findings[].rule'
   seedance check --explain libcudart.so.12 ./libkernels.so
   seedance check --driver-version 535.104.05 ./build
+  seedance check --python ~/venv/bin/python ./build/lib.linux-x86_64-cpython-311
 """
 
 
@@ -48,6 +49,9 @@ def configure_parser(sub):
     parser.add_argument("--json", action="store_true", help="JSON report on stdout (same as --report-json -)")
     parser.add_argument("--explain", nargs=2, metavar=("NAME", "FILE"),
                         help="show how the loader would search for library NAME needed by FILE")
+    parser.add_argument("--python", metavar="PATH",
+                        help="judge torch extensions against the torch this interpreter imports "
+                             "(default: the torch in each extension's own environment)")
     parser.add_argument("--rules", metavar="DIR", help="load rules from DIR instead of the built-in rules")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
     parser.add_argument("--plugin", metavar="NAME", help="seven-layer check of an installed plugin (L1 kernel/driver .. L7 manifest)")
@@ -82,7 +86,7 @@ def execute(args) -> int:
 
     options = CheckOptions(targets=list(args.targets), pids=list(args.pid), arch=args.arch,
                            driver_version=args.driver_version, strict=args.strict,
-                           rules_dir=args.rules)
+                           rules_dir=args.rules, python=args.python)
     progress = Progress(enabled=False if args.no_progress else None)
     report = run_check(options, progress)
     unreadable = _named_unreadable(args.targets, report.stats.get("errors", ()))

@@ -43,7 +43,9 @@ def check_caches(roots=None) -> tuple:
     from ..collect import torch_ext
     from ..engine import load_rules
 
-    facts = torch_ext.torch_ext_facts(roots if roots is not None else torch_ext.cache_roots())
+    # judged against the torch of this interpreter: it is the one rebuild() builds with
+    facts = torch_ext.torch_ext_facts(roots if roots is not None else torch_ext.cache_roots(),
+                                      torch=torch_ext.find_torch())
     findings = [f for f in load_rules().evaluate(facts) if f.rule in TORCH_EXT_RULES]
     return findings, facts
 

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -285,8 +286,9 @@ def test_extension_with_old_abi_against_torch(tmp_path):
     if torch_lib is None:
         pytest.skip("torch wheel not installed")
     src = tmp_path / "ext.cpp"
-    src.write_text('#include <string>\nnamespace c10 { void set_name(const std::string&); }\n'
-                   'void call() { c10::set_name("x"); }\n')
+    # c10::Device(const std::string&) is a real libc10 export: only the std::string mangling differs
+    src.write_text('#include <string>\nnamespace c10 { struct Device { Device(const std::string&); signed char t, i; }; }\n'
+                   'void call() { c10::Device d("cpu"); }\n')
     for name, flag in (("old_abi.so", "0"), ("new_abi.so", "1")):
         subprocess.run(["g++", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={flag}", str(src), "-o",
                         str(tmp_path / name), f"-L{torch_lib}", "-Wl,--no-as-needed", "-lc10",
@@ -310,13 +312,14 @@ def test_extension_linked_like_cpp_extension_resolves_through_imported_torch(tmp
     (tmp_path / "libextra.c").write_text("int extra(void) { return 1; }\n")
     cc("-shared", "-fPIC", tmp_path / "libextra.c", "-o", tmp_path / "libextra.so", "-Wl,-soname,libextra.so")
     src = tmp_path / "ext.cpp"
-    src.write_text('#include <string>\nnamespace c10 { void set_name(const std::string&); }\n'
-                   'extern "C" int extra(void);\nvoid call() { c10::set_name("x"); extra(); }\n')
+    src.write_text('#include <string>\nnamespace c10 { struct Device { Device(const std::string&); signed char t, i; }; }\n'
+                   'extern "C" int extra(void);\nvoid call() { c10::Device d("cpu"); extra(); }\n')
     ext = tmp_path / "pkg" / "_C.so"
     ext.parent.mkdir()
     subprocess.run(["g++", "-shared", "-fPIC", str(src), "-o", str(ext), f"-L{torch_lib}", f"-L{tmp_path}",
                     "-Wl,--no-as-needed", "-lc10", "-ltorch", "-lextra"], check=True, capture_output=True)
-    code, report = check(ext)
+    # no torch beside it: --python names the interpreter whose torch imports it (issue 11, item 4)
+    code, report = check("--python", sys.executable, ext)
     assert [(f["rule"], f["evidence"]["name"]) for f in report["findings"]] == [("needed-unresolved", "libextra.so")]
     proc = run_cli("check", "--explain", "libc10.so", ext)
     assert proc.returncode == 1  # alone (no torch imported first) the loader does not find it

@@ -88,7 +88,7 @@ def rebuilt(tmp_path_factory):
 def test_dry_run_names_the_stale_build_and_changes_nothing(rebuilt):
     dry = rebuilt["dry"]
     assert dry.returncode == 0, dry.stderr
-    assert "torch: built against 2.1.0+cpu, current 2.13.0" in dry.stdout
+    assert "torch: built against 2.1.0+cpu, loaded by 2.13.0" in dry.stdout
     assert "would rebuild tiny_ext" in dry.stdout
 
 
