@@ -32,8 +32,6 @@ class CheckOptions:
     rules_dir: str | None = None
     env: dict | None = None  # the environment the resolver assumes (LD_LIBRARY_PATH, ...)
     python: str | None = None  # check --python: the interpreter whose torch imports extensions
-    python: str | None = None  # check --python: the interpreter whose torch imports extensions
-    python: str | None = None  # check --python: the interpreter whose torch imports extensions
 
     @property
     def host_scope(self) -> bool:
@@ -94,9 +92,6 @@ class Scanner:
         rules = load_rules(self.options.rules_dir)  # a bad rules dir fails before any work
         self.gpu = gpu_context(self.options)
         # a bad --python is bad input before any work (exit 2)
-        self.python_torch = torch_ext.torch_for_python(self.options.python) if self.options.python else None
-        # a bad --python is bad input before any work (exit 2)
-        self.python_torch = torch_ext.torch_for_python(self.options.python) if self.options.python else None
         # a bad --python is bad input before any work (exit 2)
         self.python_torch = torch_ext.torch_for_python(self.options.python) if self.options.python else None
         from ..resolve import Resolver
