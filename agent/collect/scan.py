@@ -92,7 +92,6 @@ class Scanner:
         rules = load_rules(self.options.rules_dir)  # a bad rules dir fails before any work
         self.gpu = gpu_context(self.options)
         # a bad --python is bad input before any work (exit 2)
-        # a bad --python is bad input before any work (exit 2)
         self.python_torch = torch_ext.torch_for_python(self.options.python) if self.options.python else None
         from ..resolve import Resolver
 
