@@ -10,6 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# The seedance runs of the test now running: a failing test's report shows their stderr.
+# This file is loaded twice (by pytest as `conftest`, by the tests as `tests.conftest`), so the
+# list lives on the one module both copies share.
+_RUNS: list = pytest.__dict__.setdefault("_seedance_cli_runs", [])
 
 
 def run_cli(*args, env=None, check=False, timeout=120, input=None):
@@ -19,9 +23,27 @@ def run_cli(*args, env=None, check=False, timeout=120, input=None):
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout, input=input)
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=full_env, timeout=timeout,
+                          input=input)
+    _RUNS.append(proc)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{cmd} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(describe_run(proc))
+    return proc
+
+
+def describe_run(proc, expected=None) -> str:
+    """One command's exit status with its stderr (and the end of its stdout), for assertion messages."""
+    args = proc.args if isinstance(proc.args, str) else " ".join(map(str, proc.args))
+    want = "" if expected is None else f" (expected {expected})"
+    stderr = proc.stderr if isinstance(proc.stderr, str) else (proc.stderr or b"").decode("utf-8", "replace")
+    stdout = proc.stdout if isinstance(proc.stdout, str) else (proc.stdout or b"").decode("utf-8", "replace")
+    return (f"`{args}` exited {proc.returncode}{want}\n--- stderr ---\n{stderr.rstrip()[-4000:]}"
+            f"\n--- stdout (end) ---\n{stdout.rstrip()[-1500:]}")
+
+
+def expect_exit(proc, *codes):
+    """assert proc exited with one of codes; the failure message carries the tool's stderr."""
+    assert proc.returncode in codes, describe_run(proc, " or ".join(map(str, codes)))
     return proc
 
 
@@ -38,3 +60,91 @@ def load_example_builder():
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# -- a failing test shows what the tool said ---------------------------------------------------
+def pytest_runtest_setup(item):
+    _RUNS.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _RUNS:
+        for proc in _RUNS[-3:]:  # the last runs are the ones the failing assertion looked at
+            report.sections.append(("seedance run", describe_run(proc)))
+
+
+# -- every process a test starts is stopped by the end of the session --------------------------
+# Each child inherits SEEDANCE_TEST_SESSION, so a process is found even after its parent died
+# and it was re-parented to init (the agent test's orphaned scan child, issue 17).  Processes
+# forked without exec keep their parent's /proc/PID/environ, so this session's descendants
+# are walked through PPid as well.
+_SESSION_TOKEN = f"{os.getpid()}-{os.urandom(6).hex()}"
+
+
+def pytest_configure(config):
+    os.environ["SEEDANCE_TEST_SESSION"] = _SESSION_TOKEN
+
+
+def _session_processes() -> dict:
+    """pid -> command line of the live processes this session started (never itself)."""
+    me = os.getpid()
+    parents, marked, cmdlines = {}, set(), {}
+    token = f"SEEDANCE_TEST_SESSION={_SESSION_TOKEN}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                stat = handle.read()
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if fields[0] == b"Z":
+                continue  # exited, only waiting to be reaped
+            parents[pid] = int(fields[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmdlines[pid] = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if token in handle.read().split(b"\0"):
+                    marked.add(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    found = set(marked)
+    frontier = {me}
+    while frontier:
+        children = {pid for pid, ppid in parents.items() if ppid in frontier and pid not in found}
+        found |= children
+        frontier = children
+    return {pid: cmdlines.get(pid, "?") for pid in sorted(found)}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    import signal
+    import time
+
+    deadline = time.monotonic() + 5.0  # a child told to stop at the end of the last test may still be exiting
+    left = _session_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _session_processes()
+    if not left:
+        return
+    lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in left.items())
+    session.config._seedance_leftovers = lines
+    for pid in left:  # stop them, so one leaky test does not leave work running after the suite
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    lines = getattr(config, "_seedance_leftovers", None)
+    if lines:
+        terminalreporter.section("processes left running by the tests (killed now)", red=True)
+        terminalreporter.write_line(lines)
