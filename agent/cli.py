@@ -112,8 +112,10 @@ def _unicode_reason(exc: UnicodeError) -> str:
     return exc.reason if hasattr(exc, "reason") else str(exc)
 
 
-# "seedance check: x", "seedance-check: x", "error: x" -> "check: x" / "x": the prefix is ours
-_OWN_PREFIX = re.compile(r"^(?:seedance(?:[ -](?P<command>[a-z][a-z-]*))?:\s*)?(?:error:\s*)?")
+# "seedance check: x", "seedance fix undo: x", "seedance-check: x", "error: x" ->
+# "check: x", "fix undo: x", "x": the prefix is ours, written once
+_OWN_PREFIX = re.compile(r"^(?:seedance(?:[ -](?P<command>[a-z][a-z-]*(?: [a-z][a-z-]*){0,2}))?:\s*)?"
+                         r"(?:error:\s*)?")
 
 
 def error_text(text: str) -> str:

@@ -1,0 +1,183 @@
+"""Issue 10, defect 8: the error contract the README states, everywhere.
+
+Bad input or usage: exactly one line `seedance: error: ...` on stderr, exit 2, never a
+traceback, never help text.  Help goes to stdout, and only on --help.  A control character
+in a path is escaped, so a crafted file name cannot forge a line of its own.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN
+
+SEEDANCE = str(BIN / "seedance")
+FORGED = "seedance: error: forged"
+
+
+def run(*args, env=None, timeout=90, cwd=None):
+    full = dict(os.environ)
+    full.update(env or {})
+    proc = subprocess.run([SEEDANCE, *map(str, args)], capture_output=True, env=full, timeout=timeout, cwd=cwd)
+    # decoded strictly on purpose: an error line must be valid UTF-8 whatever the input held
+    proc.out = proc.stdout.decode("utf-8")
+    proc.err = proc.stderr.decode("utf-8")
+    return proc
+
+
+def assert_one_error_line(proc) -> str:
+    lines = proc.err.splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.err)
+    assert len(lines) == 1, proc.err
+    assert lines[0].startswith("seedance: error: "), lines[0]
+    assert "error: seedance" not in lines[0] and "Traceback" not in proc.err
+    assert "usage:" not in proc.out and "usage:" not in proc.err
+    return lines[0]
+
+
+@pytest.fixture
+def isolated(tmp_path):
+    """XDG dirs of our own: no agent socket, an empty journal, an empty plugin store."""
+    env = {"XDG_STATE_HOME": tmp_path / "state", "XDG_RUNTIME_DIR": tmp_path / "run",
+           "XDG_DATA_HOME": tmp_path / "data", "XDG_CONFIG_HOME": tmp_path / "config"}
+    for path in env.values():
+        path.mkdir(mode=0o700)
+    return {k: str(v) for k, v in env.items()}
+
+
+def test_bare_seedance_is_one_line_not_help():
+    proc = run()
+    assert_one_error_line(proc)
+    assert proc.out == ""
+
+
+@pytest.mark.parametrize("argv", [["fix"], ["plugin"], ["agent"]])
+def test_command_without_action_is_one_line(argv):
+    proc = run(*argv)
+    line = assert_one_error_line(proc)
+    assert proc.out == "" and f" {argv[0]}" in line
+
+
+def test_help_goes_to_stdout_only_on_help():
+    from seedance.cli import COMMANDS
+    for argv in [["--help"], *[[name, "--help"] for name in COMMANDS], ["fix", "undo", "--help"]]:
+        proc = run(*argv)
+        assert proc.returncode == 0, (argv, proc.err)
+        assert proc.out.startswith("usage:") and proc.err == "", argv
+
+
+@pytest.mark.parametrize("argv", [
+    ["no-such-command"],
+    ["check", "--pid", "x"],
+    ["check", "--arch"],
+    ["check", "--report-json"],
+    ["ldd"],
+    ["ldd", "/nonexistent/lib.so"],
+    ["run"],
+    ["bench"],
+    ["trace", "--duration", "nan"],
+    ["trace", "--duration", "inf"],
+    ["trace", "--duration", "-1"],
+    ["trace", "--duration", "0"],
+    ["trace", "--buffer-pages", "3"],
+    ["fix", "cuda-mismatch"],
+    ["fix", "undo", "no-such-entry"],
+    ["plugin", "verify", "--report-json"],
+    ["plugin", "install", "/nonexistent/plugin"],
+    ["status"],
+])
+def test_usage_and_bad_input_are_one_line(argv, isolated):
+    # a refused --duration must never start tracing: the timeout would fail the test
+    assert_one_error_line(run(*argv, env=isolated, timeout=60))
+
+
+def test_alias_uses_the_same_prefix():
+    alias = BIN / "seedance-check"
+    if not alias.exists():
+        pytest.skip("seedance-check console script not installed")
+    proc = subprocess.run([str(alias), "--bogus"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("seedance: error: check: ")
+    assert len(proc.stderr.splitlines()) == 1
+
+
+def test_non_utf8_inputs_are_one_line(tmp_path, isolated):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "bad.yaml").write_bytes(b"rules:\n- id: caf\xe9\n")
+    line = assert_one_error_line(run("check", "--rules", rules, shutil.which("true"), env=isolated))
+    assert "bad.yaml" in line
+
+
+def test_damaged_journal_is_one_line(isolated):
+    journal = Path(isolated["XDG_STATE_HOME"]) / "seedance" / "journal"
+    entry = journal / "20260101-000000-abcdef"
+    entry.mkdir(parents=True)
+    (entry / "manifest.json").write_bytes(b"{\"schema\": \"seedance.journal/v1\", \"id\": \"\xff")
+    proc = run("fix", "undo", "20260101-000000-abcdef", env=isolated)
+    assert_one_error_line(proc)
+    history = run("fix", "history", env=isolated)
+    assert "Traceback" not in history.err and history.returncode in (0, 2)
+
+
+@pytest.fixture
+def public_dir():
+    """A directory an unprivileged user can reach (pytest's tmp_path is 0700 root's)."""
+    import tempfile
+    path = Path(tempfile.mkdtemp(prefix="seedance-contract-", dir="/tmp"))
+    os.chmod(path, 0o755)
+    yield path
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_unreadable_directory_on_the_command_line_exits_2(public_dir):
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or not setpriv:
+        pytest.skip("needs root and setpriv to run as an unprivileged user (root reads everything)")
+    tmp_path = public_dir
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    os.chmod(locked, 0o000)
+    proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", SEEDANCE,
+                           "check", "--no-progress", str(locked)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HOME": str(tmp_path)})
+    if "permission denied" not in proc.stderr.lower() and proc.returncode == 127:
+        pytest.skip(f"cannot run seedance as nobody: {proc.stderr.strip()}")
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("seedance: error: ")]
+    assert len(errors) == 1 and str(locked) in errors[0]
+    # a readable directory with the same contents is clean
+    os.chmod(locked, 0o755)
+    proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", SEEDANCE,
+                           "check", "--no-progress", str(locked)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_newline_in_a_file_name_cannot_forge_a_line(tmp_path):
+    crafted = tmp_path / f"a\n{FORGED}"
+    crafted.mkdir()
+    # an error naming the path
+    line = assert_one_error_line(run("ldd", crafted / "missing.so"))
+    assert "\\n" in line
+    # a damaged ELF under a crafted name: the skipped line and the table stay one line each
+    (crafted / "lib.so").write_bytes(Path(shutil.which("true")).read_bytes()[:100])
+    proc = run("check", "--no-progress", tmp_path)
+    assert proc.returncode in (0, 1, 2), proc.err
+    for line in (proc.out + proc.err).splitlines():
+        assert not line.startswith(FORGED), line
+    assert any("\\n" + FORGED in line for line in proc.err.splitlines())
+
+
+def test_undecodable_bytes_in_a_path_are_escaped(tmp_path):
+    name = os.fsencode(tmp_path) + b"/caf\xe9\x1b[31m.so"
+    proc = subprocess.run([SEEDANCE.encode(), b"ldd", name], capture_output=True, timeout=60)
+    err = proc.stderr.decode("utf-8")  # strict: the line is valid UTF-8
+    assert proc.returncode == 2 and len(err.splitlines()) == 1
+    assert "\\xe9" in err and "\\x1b" in err and "\x1b" not in err
