@@ -9,13 +9,14 @@ registered on its own by the runtime), never per file (issue 11):
     ships) can launch nothing: it is no evidence either way and is left out;
   - when no kernel-holding module has an image for the device, nothing can launch there:
     cuda-arch-missing (or cuda-ptx-unsupported when only too-new PTX stood in the way);
-  - when some do and some do not, the object either dispatches by architecture (cuBLASLt
-    carries ampere_*, turing_*, volta_* kernels in modules built for that GPU alone, next to
-    sm_90a-only modules for Hopper) or has a translation unit built for the wrong GPU.
-    The tell is in the object: a dispatching library carries modules specialised for the
-    device's own generation (SASS of that major only, no PTX, or an 'a'/'f' image for it).
-    With that evidence the other modules are taken as meant for other GPUs; without it,
-    every kernel-holding module must run, and the ones that cannot are named.
+  - when some do and some do not, the object either dispatches by architecture or has a
+    translation unit built for the wrong GPU.  cuBLAS keeps fermiPlus* kernels for
+    sm_50-sm_75 and cuBLASLt ampere_*/turing_*/volta_* and sm_90a-only kernels beside modules
+    built for every architecture: a module without code for this GPU is taken as an
+    alternative for other GPUs only when a kernel-holding module that runs here also runs
+    on every GPU that module serves.  Two translation units built for disjoint GPUs (one
+    sm_90 + PTX, one sm_80 only) have no such cover: the kernels of the one that cannot
+    run are named.
 """
 from __future__ import annotations
 
@@ -63,12 +64,18 @@ class _Kernels:
         return kernels is None or bool(kernels)  # undecodable: judged, not waved through
 
 
-def _specialised_for(module_entries, target: int) -> bool:
-    """Built for the device's own generation alone: per-architecture dispatch evidence."""
-    images = [e for e in module_entries if e.kind in ("sass", "ptx")]
-    if any(e.variant in ("a", "f") and elf_fatbin.sass_runs_on(e, target) for e in images if e.kind == "sass"):
-        return True
-    return bool(images) and all(e.kind == "sass" and e.arch // 10 == target // 10 for e in images)
+# Compute capabilities of shipped GPUs (CUDA C++ Programming Guide, "Compute Capabilities");
+# the devices a module can run on are counted over these.
+KNOWN_DEVICES = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
+def _devices(module_entries, ptx_isa_max, devices) -> int:
+    """Bit mask over ``devices``: where this module has an image the driver can load."""
+    mask = 0
+    for bit, device in enumerate(devices):
+        if elf_fatbin.choose_image(module_entries, device, ptx_isa_max)[0] is not None:
+            mask |= 1 << bit
+    return mask
 
 
 def judge(path: str, entries, target: int, ptx_isa_max=None) -> dict:
@@ -83,29 +90,45 @@ def judge(path: str, entries, target: int, ptx_isa_max=None) -> dict:
         else:
             runnable.append(number)
     verdict = {"modules": len(grouped), "modules_without_code": len(failing), "failing_modules": [],
-               "kernels": [], "kernel_count": 0, "ptx_too_new": False, "dispatch": False}
+               "kernels": [], "kernel_count": 0, "ptx_too_new": False, "dispatch": 0}
     if not failing:
         verdict.update(runnable=True, why=_first_why(grouped, runnable, target, ptx_isa_max))
         return verdict
-    launchable = next((n for n in runnable if kernels.holds_kernels(n)), None)
-    if launchable is not None and any(_specialised_for(grouped[n], target) and kernels.holds_kernels(n)
-                                      for n in runnable):
-        verdict.update(runnable=True, dispatch=True,
-                       why=f"{len(failing)} of {len(grouped)} modules have no code for this GPU; the "
-                           f"object also carries modules built for this GPU's generation alone, "
-                           f"so it picks kernels by architecture")
-        return verdict
-    broken = [n for n in failing if kernels.holds_kernels(n)]
+    # Per-architecture dispatch: a module with no code for this GPU is an alternative for
+    # other GPUs when a kernel-holding module that runs here also runs on every GPU that
+    # module serves (cuBLAS keeps fermiPlus* kernels for sm_50-sm_75 beside modules for all
+    # architectures).  Two translation units built for disjoint GPUs have no such cover.
+    devices = tuple(sorted(set(KNOWN_DEVICES) | {target}))
+    covers: dict = {}  # device mask -> [runnable modules with that mask]
+    for number in runnable:
+        covers.setdefault(_devices(grouped[number], ptx_isa_max, devices), []).append(number)
+    kernel_covers: dict = {}
+
+    def covering_mask_holds_kernels(mask: int) -> bool:
+        if mask not in kernel_covers:
+            kernel_covers[mask] = any(kernels.holds_kernels(n) for n in covers[mask])
+        return kernel_covers[mask]
+
+    broken, dispatched = [], 0
+    for number in failing:
+        served = _devices(grouped[number], ptx_isa_max, devices)
+        if served and any(served & ~mask == 0 and covering_mask_holds_kernels(mask) for mask in covers):
+            dispatched += 1
+        elif kernels.holds_kernels(number):
+            broken.append(number)
     if not broken:
-        verdict.update(runnable=True, why=f"the {len(failing)} module(s) without code for this GPU "
-                                          f"hold no kernel (device-link stub or device variables)")
+        why = (f"{dispatched} module(s) without code for this GPU serve other GPUs that modules "
+               f"which run here also serve (per-architecture dispatch)" if dispatched else
+               f"the {len(failing)} module(s) without code for this GPU hold no kernel "
+               f"(device-link stub or device variables)")
+        verdict.update(runnable=True, why=why, dispatch=dispatched)
         return verdict
     names = sorted(set().union(*(kernels.of(n) or () for n in broken)))
     too_new = all(failing[n][1] for n in broken)
     why = failing[broken[0]][0]
     if kernels.undecodable:
         why += f" ({kernels.undecodable} module(s) could not be decoded and were judged as holding kernels)"
-    verdict.update(runnable=False, why=why, ptx_too_new=too_new,
+    verdict.update(runnable=False, why=why, ptx_too_new=too_new, dispatch=dispatched,
                    failing_modules=broken, kernel_count=len(names), kernels=names[:MAX_NAMED_KERNELS])
     return verdict
 
@@ -132,13 +155,20 @@ def fatbin_facts(path: str, entries, targets, driver=None) -> list:
     isas = sorted({e.isa_text for e in entries if e.kind == "ptx" and e.isa})
     facts = []
     for arch, _variant, label, source in targets:
-        verdict = judge(path, entries, arch, ptx_isa_max)
-        data = {"target": label, "target_num": arch, "target_source": source,
-                "sass": sass, "ptx": ptx, "ptx_isa": isas,
-                "compressed": any(e.compressed for e in entries),
-                "driver": spec.describe() if spec is not None else None,
-                "ptx_isa_max": ".".join(map(str, ptx_isa_max)) if ptx_isa_max else None, **verdict}
-        facts.append(Fact("fatbin", {"path": path}, data, source="collect.fatbin"))
+        # first by architecture alone, then, where that passes, what this driver can JIT:
+        # two facts, so `cuda-arch-missing` and `cuda-ptx-unsupported` never both fire
+        verdict = judge(path, entries, arch, None)
+        common = {"target": label, "target_num": arch, "target_source": source,
+                  "sass": sass, "ptx": ptx, "ptx_isa": isas,
+                  "compressed": any(e.compressed for e in entries)}
+        facts.append(Fact("fatbin", {"path": path}, {**common, **verdict}, source="collect.fatbin"))
+        if verdict["runnable"] and ptx_isa_max is not None and isas:
+            jit = judge(path, entries, arch, ptx_isa_max)
+            facts.append(Fact("fatbin_ptx", {"path": path},
+                              {**common, "jit_ok": jit["runnable"], "why": jit["why"],
+                               "kernels": jit["kernels"], "kernel_count": jit["kernel_count"],
+                               "driver": spec.describe(), "ptx_isa_max": ".".join(map(str, ptx_isa_max))},
+                              source="collect.fatbin"))
     return facts
 
 

@@ -78,24 +78,36 @@ def test_modules_judged_one_by_one(entries, target, runnable):
 ])
 def test_ptx_judged_against_the_driver(driver, runnable, rule):
     ptx13 = [entry("ptx", 80, isa=(9, 0))]
-    fact = fatbin.fatbin_facts("/nonexistent/k.so", ptx13, [fatbin.parse_target("sm_90")], driver=driver)[0]
-    assert fact.data["runnable"] is runnable
-    assert [f.rule for f in load_rules().evaluate([fact])] == ([rule] if rule else [])
+    facts = fatbin.fatbin_facts("/nonexistent/k.so", ptx13, [fatbin.parse_target("sm_90")], driver=driver)
+    assert facts[0].data["runnable"]  # by architecture, compute_80 PTX JITs to sm_90
+    assert [f.data["jit_ok"] for f in facts if f.kind == "fatbin_ptx"] == ([runnable] if driver else [])
+    assert [f.rule for f in load_rules().evaluate(facts)] == ([rule] if rule else [])
     # SASS for the device needs no JIT: the same PTX beside sm_90 SASS is fine on any driver
     both = ptx13 + [entry("sass", 90)]
-    assert fatbin.fatbin_facts("/nonexistent/k.so", both, [fatbin.parse_target("sm_90")], driver=driver)[0].data["runnable"]
+    facts = fatbin.fatbin_facts("/nonexistent/k.so", both, [fatbin.parse_target("sm_90")], driver=driver)
+    assert load_rules().evaluate(facts) == []
 
 
 def test_per_architecture_dispatch_is_not_an_error():
-    """cuBLASLt's shape: modules built for one GPU generation each, one of them this one's."""
-    lib = [entry("sass", 80, module=0), entry("sass", 90, "a", module=1), entry("sass", 100, module=2),
-           entry("sass", 75, module=3)]
-    for target in ("sm_80", "sm_86", "sm_90", "sm_100", "sm_75"):
+    """cuBLAS's shape: modules for every architecture, beside modules for one GPU each."""
+    generic = [entry("sass", arch, module=0) for arch in (50, 60, 70, 75, 80, 90, 100, 120)]
+    generic.append(entry("ptx", 120, module=0))
+    lib = generic + [entry("sass", 80, module=1), entry("sass", 90, "a", module=2),
+                     entry("sass", 50, module=3), entry("sass", 61, module=3), entry("sass", 75, module=3)]
+    for target in ("sm_50", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "sm_121"):
         fact = fatbin.fatbin_facts("/nonexistent/k.so", lib, [fatbin.parse_target(target)])[0]
         assert fact.data["runnable"] and fact.data["dispatch"], target
-    # ... but no module for the device's generation at all is still an error
-    fact = fatbin.fatbin_facts("/nonexistent/k.so", lib, [fatbin.parse_target("sm_120")])[0]
-    assert not fact.data["runnable"]
+    # one GPU each, and nothing that runs here also serves the others: not dispatch
+    disjoint = [entry("sass", 80, module=0), entry("sass", 90, "a", module=1), entry("sass", 100, module=2)]
+    for target in ("sm_80", "sm_90", "sm_100", "sm_120"):
+        fact = fatbin.fatbin_facts("/nonexistent/k.so", disjoint, [fatbin.parse_target(target)])[0]
+        assert not fact.data["runnable"], target
+
+
+def test_two_translation_units_fail_on_either_gpu():
+    two = [entry("sass", 90, module=0), entry("ptx", 90, module=0), entry("sass", 80, module=1)]
+    for target in ("sm_80", "sm_90"):
+        assert not fatbin.fatbin_facts("/nonexistent/k.so", two, [fatbin.parse_target(target)])[0].data["runnable"]
 
 
 def test_no_entry_cap():
