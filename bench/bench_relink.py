@@ -161,12 +161,14 @@ def gcc(out: Path, source: str, *args) -> Path:
     return out
 
 
-def app_over(work: Path, libdir: Path, needed_lib: str) -> Path:
-    """A root library that uses the CUDA 13 runtime itself and loads ``needed_lib`` (CUDA 12):
-    the closure mixes runtime majors, and the fix relinks ``needed_lib`` to 13."""
+def app_over(work: Path, libdir: Path, needed_lib: str, link_dir: Path | None = None) -> Path:
+    """A root library that uses the CUDA 13 runtime itself and loads ``needed_lib`` (CUDA 12)
+    from ``libdir``: the closure mixes runtime majors, and the fix relinks ``needed_lib`` to 13.
+    ``link_dir`` holds the copy ld links against (GNU ld rejects patchelf's output of a
+    420 MB library, "file format not recognized"; ld.so loads it)."""
     return gcc(work / "libapp.so", "int cudaGetDeviceCount(int*);\nint app(void){int n; return cudaGetDeviceCount(&n);}\n",
-               f"-L{CU13_DIR}", "-l:libcudart.so.13", f"-L{libdir}", "-Wl,--no-as-needed", f"-l:{needed_lib}",
-               f"-Wl,-rpath,{libdir}")
+               f"-L{CU13_DIR}", "-l:libcudart.so.13", f"-L{link_dir or libdir}", "-Wl,--no-as-needed",
+               f"-l:{needed_lib}", f"-Wl,-rpath,{libdir}")
 
 
 def whole_cases(work: Path, big: bool) -> list:
@@ -193,7 +195,8 @@ def whole_cases(work: Path, big: bool) -> list:
                         str(fixture)], check=True)
         target = libdir / torch_cpu.name
         shutil.copy2(fixture, target)
-        cases.append(("torch libtorch_cpu.so", app_over(big_dir, libdir, torch_cpu.name), target, fixture))
+        cases.append(("torch libtorch_cpu.so", app_over(big_dir, libdir, torch_cpu.name, TORCH_LIB), target,
+                      fixture))
     return cases
 
 

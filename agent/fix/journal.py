@@ -389,7 +389,15 @@ class Journal:
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True, mode=0o700)
         name = hashlib.sha256(os.fsencode(path)).hexdigest()[:40] + ".lock"
-        fd = os.open(locks / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fd = os.open(locks / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            raise BadInput(f"{path}: its lock {locks / name} cannot be opened "
+                           f"({(exc.strerror or 'error').lower()}); not touched") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise BadInput(f"{path}: its lock {locks / name} is not a private regular file; not touched")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -563,8 +571,13 @@ class Journal:
             atomic.fsync_dir(os.path.dirname(path))
             return True
         if action == "create-dir":
-            if os.path.lexists(path) and not backup.exists():
-                _move(path, str(backup))  # generated, but kept rather than deleted
+            if os.path.lexists(path) and not os.path.lexists(backup):
+                try:  # generated, but kept rather than deleted; a rename, never a copy of a tree
+                    os.rename(path, backup)
+                except OSError as exc:
+                    raise RestoreRefused(f"{path}: cannot move it into the journal "
+                                         f"({(exc.strerror or 'error').lower()}); nothing moved") from None
+                atomic.fsync_dir(str(backup.parent))
                 return True
             return False
         if action == "move":
@@ -650,11 +663,10 @@ def _put_back(path: str, backup: str, record: dict, entry_id: str) -> None:
     while hashed, and the temp renamed).  Any mismatch: the temp is removed, nothing written.
     """
     want = record["sha256_before"]
-    try:
-        got = sha256_file(backup)
-    except FileNotFoundError:
-        raise RestoreRefused(f"{path}: backup {backup} is missing; nothing restored") from None
-    if got != want:
+    got = _sha_or_none(backup)
+    if got is None:
+        raise RestoreRefused(f"{path}: backup {backup} is missing; nothing restored")
+    if got != want:  # NOT_REGULAR included: a planted symlink is never renamed into place
         raise RestoreRefused(f"{path}: backup {backup} is damaged (sha256 {got[:12]}, recorded "
                              f"{str(want)[:12]}); nothing restored")
     owner = (record["uid"], record["gid"])
@@ -713,9 +725,10 @@ def _manifest_problem(entry_id: str, manifest) -> str:
             value = record.get(key)
             if value is not None and not (isinstance(value, str) and _SHA.fullmatch(value)):
                 return f"file record {n} has a bad {key}"
-        for key in ("mode", "uid", "gid"):
+        for key, top in (("mode", 0o7777), ("uid", 2**32 - 1), ("gid", 2**32 - 1)):
             value = record.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value <= top):
                 return f"file record {n} has a bad {key}"
         temp = record.get("temp")
         if temp is not None and not (isinstance(temp, str) and os.path.dirname(temp) == os.path.dirname(path)
@@ -736,7 +749,7 @@ def _undo_problem(entry: Entry, record: dict) -> str:
             allowed.add(None)
         if current not in allowed:
             return (f"{path} changed since fix {entry.id} (sha256 {str(current)[:12]}, "
-                    f"expected {record['sha256_after'][:12]}); nothing restored")
+                    f"expected {str(record['sha256_after'])[:12]}); nothing restored")
         if record["action"] == "modify" and current != record["sha256_before"]:
             backup = entry.dir / record["backup"]
             got = _sha_or_none(str(backup))
@@ -744,7 +757,7 @@ def _undo_problem(entry: Entry, record: dict) -> str:
                 return f"{path}: backup {backup} is missing; nothing restored"
             if got != record["sha256_before"]:
                 return (f"{path}: backup {backup} is damaged (sha256 {got[:12]}, recorded "
-                        f"{record['sha256_before'][:12]}); nothing restored")
+                        f"{str(record['sha256_before'])[:12]}); nothing restored")
     elif record["action"] == "move":
         backup = entry.dir / record["backup"]
         if os.path.lexists(path) and os.path.lexists(backup):
@@ -778,7 +791,7 @@ def _move(src: str, dest: str) -> None:
 
 def _try_lock(path: Path) -> int | None:
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError:
         return None
     try:
@@ -789,7 +802,18 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
+NOT_REGULAR = "not-a-regular-file"  # never equal to a sha256: a dir, FIFO or symlink is "changed"
+
+
 def _sha_or_none(path: str) -> str | None:
+    """sha256 of the regular file at ``path``; None when nothing is there.  Anything else (a
+    directory, FIFO, device or symlink) is never opened: reading a FIFO would hang."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return NOT_REGULAR
     try:
         return sha256_file(path)
     except (FileNotFoundError, NotADirectoryError):
