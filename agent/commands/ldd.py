@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from ..errors import BadInput, UsageError
+from ..errors import BadInput, UsageError, escape_path
 
 EPILOG = """\
 examples:
@@ -89,6 +89,8 @@ def execute(args) -> int:
 
 
 def render(closure) -> str:
+    """ldd's lines; names and paths from the file are escaped (a newline in a DT_NEEDED or
+    a directory name cannot forge a line, issue 10 defect 8)."""
     lines = []
     for name, path, _res in closure.load_order:
         if path is None:
@@ -101,7 +103,7 @@ def render(closure) -> str:
         if not check.defined and not check.weak and check.provider is not None:
             lines.append(f"\t{check.provider}: version `{check.version}' not found "
                          f"(required by {check.requester})")
-    return "".join(line + "\n" for line in lines)
+    return "".join("\t" + escape_path(line[1:]) + "\n" for line in lines)  # each starts with a tab
 
 
 def _document(path: str, closure, info) -> dict:

@@ -6,6 +6,8 @@ import json
 import sys
 import time
 
+from ..errors import escape_path
+
 EPILOG = """\
 examples:
   seedance status                 tables: agent, instances, devices, leaks, findings
@@ -47,7 +49,8 @@ def _bytes(value) -> str:
 
 
 def _table(headers: list[str], rows: list[list]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
+    # command lines and paths come from other processes: escape control characters
+    cells = [[escape_path(str(c)) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
