@@ -138,14 +138,21 @@ class _Output:
     """Renders the stream into one handle: a line per event (or a JSON object), findings
     as raised.  Notices go to stderr, never into the stream."""
 
-    def __init__(self, handle, as_json: bool, quiet: bool):
+    def __init__(self, handle, as_json: bool, quiet: bool, target=None):
         self.handle = handle
+        self.target = target
         self.as_json = as_json
         self.quiet = quiet
 
     def _line(self, text: str) -> None:
-        self.handle.write(text + "\n")
-        self.handle.flush()
+        try:
+            self.handle.write(text + "\n")
+            self.handle.flush()
+        except BrokenPipeError:
+            raise  # the reader went away (| head): the CLI ends quietly
+        except OSError as exc:  # -o /dev/full, a full disk: one line naming the path
+            from ..output import OutputError, describe_write_error
+            raise OutputError(describe_write_error(exc, self.target)) from None
 
     def event(self, event) -> None:
         if self.quiet:
@@ -178,7 +185,8 @@ def _trace(args, command: list, backend: str) -> int:
             what = " ".join(command) if command else \
                 ("pid " + " ".join(map(str, args.pid)) if args.pid else "every process")
             handle.write(escape_path(f"# seedance trace: {what}") + "\n")
-        return _trace_into(args, command, backend, rules, _Output(handle, args.json, args.quiet))
+        return _trace_into(args, command, backend, rules,
+                           _Output(handle, args.json, args.quiet, args.stream_target))
 
 
 def _trace_into(args, command: list, backend: str, rules, out) -> int:
