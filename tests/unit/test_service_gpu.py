@@ -1,4 +1,5 @@
 """The live affinity trap: NVML-shaped samples -> plugin_affinity facts -> the real rule engine."""
+import ctypes
 import os
 import subprocess
 import sys
@@ -76,14 +77,51 @@ def test_process_affinity_reads_the_real_environment():
         chosen.wait()
 
 
-def test_sampler_without_nvml_says_why():
+def _nvml_oracle():
+    """This host's NVML through its C API (ctypes), independent of pynvml and seedance:
+    ({index: (name, memory total)}, None) when it initialises, (None, why) when it does not."""
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as exc:
+        return None, f"no libnvidia-ml.so.1: {exc}"
+    rc = lib.nvmlInit_v2()
+    if rc != 0:  # NVML_SUCCESS
+        return None, f"nvmlInit_v2 returned {rc}"
+
+    class Memory(ctypes.Structure):  # nvmlMemory_t (nvml.h): total, free, used
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    try:
+        count = ctypes.c_uint()
+        assert lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
+        devices = {}
+        for index in range(count.value):
+            handle = ctypes.c_void_p()
+            assert lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) == 0
+            name = ctypes.create_string_buffer(96)
+            assert lib.nvmlDeviceGetName(handle, name, 96) == 0
+            memory = Memory()
+            assert lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) == 0
+            devices[index] = (name.value.decode(), memory.total)
+        return devices, None
+    finally:
+        lib.nvmlShutdown()
+
+
+def test_sampler_reports_what_this_hosts_nvml_says():
+    devices, why = _nvml_oracle()
     sampler = NvmlSampler()
     started = sampler.start()
-    if started:  # a GPU host: the samples must be real devices
-        try:
-            assert all(s.memory_total for s in sampler.sample())
-        finally:
-            sampler.stop()
-    else:
-        assert "NVML" in sampler.reason or "pynvml" in sampler.reason
-        assert sampler.sample() == []
+    try:
+        if devices is None:
+            assert not started, f"the sampler started, but NVML does not initialise here: {why}"
+            assert sampler.sample() == []
+            assert sampler.reason.startswith("NVML unavailable: ")
+            if why.startswith("no libnvidia-ml"):
+                assert "Not Found" in sampler.reason  # pynvml's NVMLError_LibraryNotFound, said as such
+        else:
+            assert started, sampler.reason
+            samples = sampler.sample()
+            assert {s.index: (s.name, s.memory_total) for s in samples} == devices
+    finally:
+        sampler.stop()
