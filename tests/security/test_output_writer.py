@@ -287,3 +287,72 @@ def test_trace_report_to_stdout_after_the_stream():
     assert proc.returncode in (0, 1), proc.err
     assert json.loads(proc.out)["schema"] == SCHEMA  # the program's lines are not in it
     assert "not-json-from-the-program" in proc.err
+
+
+def test_trace_stream_to_dev_full_is_one_line():
+    why = _audit_trace_available()
+    if why:
+        pytest.skip(why)
+    proc = run("trace", "--backend", "audit", "--json", "-o", "/dev/full", "--", "true")
+    errors = [line for line in proc.err.splitlines() if "error" in line]
+    assert proc.returncode == 2 and "Traceback" not in proc.err  # notices may come first
+    assert len(errors) == 1 and errors[0].startswith("seedance: error: ")
+    assert "/dev/full" in errors[0] and "no space" in errors[0]
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+# -- what counts as ours (agent/output.py docstring): each marker, and what is not ------------
+def _refused(path) -> bool:
+    from seedance.errors import UsageError
+    from seedance.output import prepare_output
+    try:
+        prepare_output(str(path))
+    except UsageError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(("content", "ours"), [
+    (b"", True),
+    (b"\n  \n", True),
+    (json.dumps({"schema": "seedance.report/v1", "findings": []}).encode(), True),
+    (json.dumps({"schema": "seedance.ldd/v1"}, indent=2).encode(), True),
+    (b'{"event": "exec", "pid": 1}\n{"event": "exit", "pid": 1}\n', True),
+    (b"# seedance trace: ./app\n   42 app  exec  /app\n", True),
+    (json.dumps({"$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+                 "runs": [{"tool": {"driver": {"name": "seedance"}}}]}).encode(), True),
+    (json.dumps({"$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+                 "runs": [{"tool": {"driver": {"name": "other"}}}]}).encode(), False),
+    (json.dumps({"schema": "other/v1"}).encode(), False),
+    (b'{"name": "package.json of someone"}', False),
+    (b"seedance notes, typed by hand\n", False),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", False),
+    (b"#!/bin/sh\necho seedance\n", False),
+])
+def test_recognised_outputs(tmp_path, content, ours):
+    path = tmp_path / "out"
+    path.write_bytes(content)
+    assert _refused(path) is not ours
+    assert path.read_bytes() == content  # preparing never writes
+
+
+def test_a_large_report_is_still_ours(tmp_path):
+    path = tmp_path / "big.json"
+    findings = [{"rule": "r", "message": "x" * 200} for _ in range(2000)]  # well over the 64 KiB head
+    path.write_text(json.dumps({"schema": "seedance.report/v1", "findings": findings}, indent=2))
+    assert path.stat().st_size > 256 * 1024
+    assert not _refused(path)
+    path.write_text(json.dumps({"findings": findings, "schema": "seedance.report/v1"}, indent=2)[:-1])
+    assert _refused(path)  # truncated and its marker not first: not recognisably ours
+
+
+def test_bench_plot_png_is_ours(tmp_path):
+    pytest.importorskip("matplotlib")
+    from seedance.plugins.bench import plot
+    rounds = [{"round": i, "p50_ms": 1.0 + i, "p99_ms": 2.0 + i} for i in (1, 2)]
+    result = {"plugin": "p", "version": "1", "policy": "static", "max_batch_size": 4, "max_wait_ms": 2,
+              "rates": {"low": {"rate_rps": 10, "p99_cv": 0.01, "throughput_drift": 0.0, "rounds": rounds}}}
+    path = tmp_path / "latency.png"
+    plot(result, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not _refused(path)
