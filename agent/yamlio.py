@@ -97,7 +97,13 @@ def check(text: str, where: str) -> None:
 
     if len(text) > MAX_BYTES:
         raise BadInput(f"{where}: larger than {_size(MAX_BYTES)}; refusing to read it as YAML")
-    check_events(yaml.parse(text, Loader=_loader()), where)
+    try:
+        check_events(yaml.parse(text, Loader=_loader()), where)
+    except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):  # libyaml's own cap (1000) met before ours
+            raise BadInput(f"{where}:{_mark_line(exc)} YAML nested deeper than {MAX_DEPTH} levels; "
+                           f"refusing it") from None
+        raise
 
 
 def load(text: str, where: str):
@@ -124,8 +130,18 @@ def compose(text: str, where: str):
 def roundtrip_load(yaml_rt, text: str, where: str):
     """ruamel.yaml round-trip load within the caps, checked on ruamel's own events (its
     parser is the one whose grammar applies); ruamel's YAMLError passes through."""
+    import yaml
+
     if len(text) > MAX_BYTES:
         raise BadInput(f"{where}: larger than {_size(MAX_BYTES)}; refusing to read it as YAML")
+    # libyaml first: ruamel's scanner re-checks every pending simple key on every token, so
+    # deep flow nesting ('[' * 1000) costs it seconds before its first event; libyaml's
+    # walk (C) stops such a file in microseconds.  Where the two grammars differ, libyaml's
+    # syntax errors are left to ruamel, whose events are walked next in any case.
+    try:
+        check(text.decode("utf-8") if isinstance(text, bytes) else text, where)
+    except (yaml.YAMLError, UnicodeDecodeError):
+        pass
     check_events(yaml_rt.parse(text), where)
     return yaml_rt.load(text)
 
@@ -139,6 +155,11 @@ def _loader():
 
 def _line(event) -> str:
     mark = getattr(event, "start_mark", None)
+    return f" line {mark.line + 1}:" if mark is not None else ""
+
+
+def _mark_line(exc) -> str:
+    mark = getattr(exc, "problem_mark", None)
     return f" line {mark.line + 1}:" if mark is not None else ""
 
 
