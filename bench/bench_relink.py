@@ -191,8 +191,10 @@ def whole_cases(work: Path, big: bool) -> list:
                 (libdir / sibling.name).symlink_to(sibling)
         fixture = work / "big.fixture"
         shutil.copy2(torch_cpu, fixture)
-        subprocess.run(["patchelf", "--add-needed", "libcudart.so.12", "--set-rpath", f"$ORIGIN:{CU12}",
-                        str(fixture)], check=True)
+        # two runs: patchelf 0.14-0.18 given both options at once points RUNPATH at the new
+        # NEEDED string ("libcudart.so.12"), so nothing would resolve
+        subprocess.run(["patchelf", "--set-rpath", f"$ORIGIN:{CU12}", str(fixture)], check=True)
+        subprocess.run(["patchelf", "--add-needed", "libcudart.so.12", str(fixture)], check=True)
         target = libdir / torch_cpu.name
         shutil.copy2(fixture, target)
         cases.append(("torch libtorch_cpu.so", app_over(big_dir, libdir, torch_cpu.name, TORCH_LIB), target,

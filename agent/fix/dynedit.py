@@ -34,6 +34,7 @@ DT_NULL, DT_NEEDED, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ = 0, 1, 4, 5, 6, 10
 DT_SONAME, DT_RPATH, DT_RUNPATH = 14, 15, 29
 DT_GNU_HASH = 0x6FFFFEF5
 DT_VERDEF, DT_VERDEFNUM, DT_VERNEED, DT_VERNEEDNUM = 0x6FFFFFFC, 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
+DT_VERSYM = 0x6FFFFFF0
 # Dynamic tags whose value is an offset into the dynamic string table.
 STRING_TAGS = {DT_NEEDED: "needed", DT_SONAME: "soname", DT_RPATH: "rpath", DT_RUNPATH: "runpath",
                0x7FFFFFFD: "auxiliary", 0x7FFFFFFF: "filter", 0x6FFFFEFA: "config",
@@ -135,6 +136,8 @@ class DynLayout:
             raise ELFError(f"{self.path}: .dynstr runs past the end of the file")
         self.refs: list[StrRef] = []
         self.dynsym_names: list = []  # sorted .dynstr offsets of the dynamic symbols' names
+        self.vna_names: dict = {}  # vna_other (the versym index) -> .dynstr offset of its name
+        self.symtab = None  # (file offset, count, entry size) of the dynamic symbol table
         for off, tag, val in self.dynamic:
             if tag in STRING_TAGS:
                 self.refs.append(StrRef(off + self.word, self.word, val, STRING_TAGS[tag]))
@@ -157,9 +160,10 @@ class DynLayout:
             self.refs.append(StrRef(off + 4, 4, file_off, "vn_file"))
             aux_off = off + aux
             for _ in range(min(cnt, MAX_ENTRIES)):
-                _hash, _flags, _other, name_off, aux_next = self._u("IHHII", aux_off)
+                _hash, _flags, other, name_off, aux_next = self._u("IHHII", aux_off)
                 self.refs.append(StrRef(aux_off + 8, 4, name_off, "vna_name", hash_off=aux_off,
                                         owner=file_name))
+                self.vna_names[other & 0x7FFF] = name_off
                 if not aux_next:
                     break
                 aux_off += aux_next
@@ -211,11 +215,44 @@ class DynLayout:
         # st_name is the first 4 bytes of each entry.  Only the set of offsets matters (no
         # rename ever targets a symbol name), so read them as one array: a StrRef per symbol
         # cost 0.8 s on libtorch_cpu.so's 200k symbols (issue 13).
+        self.symtab = (symoff, count, entsize)
         names = array.array("I")
         names.frombytes(bytes(self.data[symoff:symoff + count * entsize]))
         if (self.end == "<") != (sys.byteorder == "little"):
             names.byteswap()
         self.dynsym_names = sorted(set(names[::entsize // 4]) - {0})
+
+    def undefined_symbols(self) -> list:
+        """(name, version or None, weak) of every undefined non-local dynamic symbol.
+
+        What the relinker's refusal check needs (the symbols a library binds elsewhere), read
+        from the raw table: seedance.elf.reader builds an object for every one of
+        libtorch_cpu.so's 200k symbols, 3 s under load (issue 13); most are defined ones."""
+        if self.symtab is None:
+            return []
+        symoff, count, entsize = self.symtab
+        fmt = struct.Struct(self.end + ("IBBHQQ" if self.is64 else "IIIBBH"))
+        versym = array.array("H")
+        if DT_VERSYM in self.tags:
+            off = self.vaddr_to_offset(self.tags[DT_VERSYM])
+            if 0 <= off and off + 2 * count <= len(self.data):
+                versym.frombytes(bytes(self.data[off:off + 2 * count]))
+                if (self.end == "<") != (sys.byteorder == "little"):
+                    versym.byteswap()
+        if entsize != fmt.size:
+            raise ELFError(f"{self.path}: unexpected dynamic symbol size {entsize}")
+        table = bytes(self.data[symoff:symoff + count * entsize])
+        out = []
+        name_at, info_at = (0, 1) if self.is64 else (0, 3)
+        shndx_at = 3 if self.is64 else 5
+        for index, fields in enumerate(fmt.iter_unpack(table)):
+            if fields[shndx_at] != 0 or not fields[name_at] or fields[info_at] >> 4 == 0:
+                continue  # defined, nameless (entry 0) or STB_LOCAL
+            name, info = fields[name_at], fields[info_at]
+            ver = versym[index] & 0x7FFF if versym else 0
+            version = self.string(self.vna_names[ver]) if ver > 1 and ver in self.vna_names else None
+            out.append((self.string(name), version, info >> 4 == 2))  # STB_WEAK
+        return out
 
     def referenced_between(self, low: int, high: int) -> bool:
         """Whether a symbol name starts at a .dynstr offset in [low, high]."""
@@ -586,6 +623,29 @@ _CHUNK = 4 << 20
 def _write_all(fd: int, view) -> None:
     while view:
         view = view[os.write(fd, view):]
+
+
+def undefined_symbols(path: str) -> list:
+    """DynLayout.undefined_symbols() of the file at ``path`` (a read-only mapping of it)."""
+    import mmap
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ELFError(f"{path}: {(exc.strerror or 'cannot open').lower()}") from None
+    try:
+        if os.fstat(fd).st_size < 64:
+            raise ELFError(f"{path}: not an ELF file (too short)")
+        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    layout = None
+    try:
+        layout = DynLayout(mapped, path)
+        return layout.undefined_symbols()
+    finally:
+        del layout
+        mapped.close()
 
 
 def plan_file(path: str, needed_renames: dict, version_renames: dict | None = None,

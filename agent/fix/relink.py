@@ -215,7 +215,8 @@ class Relinker:
         try:
             # the file as planned from: the fix refuses to write if another run replaced it since
             action.identity = atomic.file_identity(os.stat(path))
-            info = read_elf(path, symbols=True)
+            info = read_elf(path)
+            undefined = None  # read on first need: (name, version, weak) of what it binds elsewhere
         except (ELFError, OSError) as exc:
             action.refusal = str(exc) if isinstance(exc, ELFError) else f"{path}: {exc.strerror}"
             return action
@@ -238,7 +239,13 @@ class Relinker:
             action.renames[name] = target_name
             action.targets[target_name] = target_path
             action.version_renames.update(self._version_map(info, name, family, target_path))
-            missing = self._missing(info, name, action.version_renames, target_path)
+            if undefined is None:
+                try:
+                    undefined = dynedit.undefined_symbols(path)
+                except ELFError as exc:
+                    problems.append(str(exc))
+                    continue
+            missing = self._missing(info, name, action.version_renames, target_path, undefined)
             if missing:
                 problems.append(missing)
         if problems:
@@ -296,8 +303,10 @@ class Relinker:
                         target.soname if target.soname in own else own[0])
         return mapping
 
-    def _missing(self, info, old_name: str, version_renames: dict, target_path: str) -> str:
-        """The symbol or version the library needs and the target lacks, naming both."""
+    def _missing(self, info, old_name: str, version_renames: dict, target_path: str, undefined: list) -> str:
+        """The symbol or version the library needs and the target lacks, naming both.
+
+        ``undefined``: dynedit.undefined_symbols() of the library, (name, version, weak)."""
         try:
             target = read_elf(target_path, symbols=True)
         except ELFError as exc:
@@ -320,19 +329,19 @@ class Relinker:
             except ELFError:
                 old_defined = {}
         prefixes = {"cudart": ("cuda", "__cuda")}.get(family_of(old_name), (f"{family_of(old_name)}",))
-        for sym in info.symbols:
-            if sym.defined or sym.binding == "WEAK":
+        for name, version, weak in undefined:
+            if weak:
                 continue
-            bound_here = (sym.version in versions) or (
-                sym.version is None and (sym.name in old_defined or
-                                         (not old_provider and sym.name.startswith(prefixes))))
+            bound_here = (version in versions) or (
+                version is None and (name in old_defined or
+                                     (not old_provider and name.startswith(prefixes))))
             if not bound_here:
                 continue
-            want = version_renames.get(sym.version, sym.version)
-            have = defined.get(sym.name)
+            want = version_renames.get(version, version)
+            have = defined.get(name)
             if have is None or (want is not None and target.version_defs and want not in have
                                 and None not in have):
-                label = f"{sym.name}@{want}" if want else sym.name
+                label = f"{name}@{want}" if want else name
                 return f"{info.path} needs symbol {label}, which {target_path} does not define"
         return ""
 
