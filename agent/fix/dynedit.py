@@ -573,23 +573,32 @@ class FileEdit:
             mapped = mmap.mmap(src, 0, prot=mmap.PROT_READ)
         finally:
             os.close(src)
+        # each chunk is hashed in a second thread while this one writes it (hashlib and write
+        # both release the GIL), so hashing adds no wall time where a core is free
+        from concurrent.futures import ThreadPoolExecutor
+
         try:
             mapped.madvise(mmap.MADV_SEQUENTIAL)
             view = memoryview(mapped)
             patches = sorted(self.patches, key=lambda p: p.offset)
-            for start in range(0, self.size_before, _CHUNK):
-                end = min(start + _CHUNK, self.size_before)
-                chunk = view[start:end]
-                inside = [p for p in patches if p.offset < end and p.offset + len(p.data) > start]
-                if inside:
-                    patched = bytearray(chunk)
-                    for patch in inside:
-                        lo, hi = max(patch.offset, start), min(patch.offset + len(patch.data), end)
-                        patched[lo - start:hi - start] = patch.data[lo - patch.offset:hi - patch.offset]
-                    chunk = memoryview(patched)
-                digest.update(chunk)
-                _write_all(fd, chunk)
-                chunk.release()
+            with ThreadPoolExecutor(1) as hasher:
+                for start in range(0, self.size_before, _CHUNK):
+                    end = min(start + _CHUNK, self.size_before)
+                    chunk = view[start:end]
+                    inside = [p for p in patches if p.offset < end and p.offset + len(p.data) > start]
+                    if inside:
+                        patched = bytearray(chunk)
+                        for patch in inside:
+                            lo, hi = max(patch.offset, start), min(patch.offset + len(patch.data), end)
+                            patched[lo - start:hi - start] = patch.data[lo - patch.offset:hi - patch.offset]
+                        chunk.release()
+                        chunk = memoryview(patched)
+                    hashed = hasher.submit(digest.update, chunk)
+                    try:
+                        _write_all(fd, chunk)
+                    finally:
+                        hashed.result()  # the chunk stays alive until both are done with it
+                    chunk.release()
             view.release()
         finally:
             mapped.close()
