@@ -253,11 +253,8 @@ class Registry:
                      overflow_refused=int(g.overflow_refused))
 
     def find_group(self, key: int) -> Group | None:
-        for i in range(self.lib.SD_MAX_GROUPS):
-            g = self.group(i)
-            if g and g.key == key:
-                return g
-        return None
+        index = self.lib.seedance_group_find(self.base, key)
+        return self.group(index) if index >= 0 else None
 
     def release_group(self, index: int) -> bool:
         return self.lib.seedance_group_release(self.base, index) == 0

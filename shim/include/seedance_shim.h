@@ -102,6 +102,9 @@ struct sd_group {
     int32_t owner_pid;
     uint32_t members;                  /* live processes attached: slots and overflow[] entries */
     uint64_t owner_start;
+    uint64_t slot_bits[SD_MAX_SLOTS / 64];  /* the slots of this group's members: readers
+                                          touch only those (set when a slot joins, cleared
+                                          when it is reclaimed) */
     uint32_t overflow_total;           /* processes that joined without a slot (registry full) */
     uint32_t overflow_refused;         /* ... and found overflow[] full too: their quota'd
                                           allocations were all refused */
@@ -168,6 +171,7 @@ int seedance_registry_slot_dead(void *base, int slot);
 int seedance_group_open(void *base, uint64_t key, const uint64_t *limits, int ndev);
 int seedance_group_release(void *base, int group);
 int seedance_group_slots(void *base, int group, int *out, int max);
+int seedance_group_find(void *base, uint64_t key);
 int seedance_slot_held(void *base, int slot, uint64_t *held);
 uint64_t seedance_proc_start_time(int pid);
 size_t seedance_registry_size(void);

@@ -411,6 +411,7 @@ struct shim_api {
     int (*path)(char *, size_t);
     size_t (*size)(void);
     int (*group_slots)(void *, int, int *, int);
+    int (*group_find)(void *, uint64_t);
     int (*slot_held)(void *, int, uint64_t *);
     int (*reclaim)(void *, int);
     int (*release)(void *, int);
@@ -426,12 +427,13 @@ static int load_shim_api(const char *library, struct shim_api *api)
     *(void **)&api->path = dlsym(h, "seedance_registry_path");
     *(void **)&api->size = dlsym(h, "seedance_registry_size");
     *(void **)&api->group_slots = dlsym(h, "seedance_group_slots");
+    *(void **)&api->group_find = dlsym(h, "seedance_group_find");
     *(void **)&api->slot_held = dlsym(h, "seedance_slot_held");
     *(void **)&api->reclaim = dlsym(h, "seedance_registry_reclaim");
     *(void **)&api->release = dlsym(h, "seedance_group_release");
     *(void **)&api->slot_ptr = dlsym(h, "seedance_registry_slot_ptr");
     *(void **)&api->group_ptr = dlsym(h, "seedance_registry_group_ptr");
-    return api->path && api->size && api->group_slots && api->slot_held && api->reclaim && api->release &&
+    return api->path && api->size && api->group_slots && api->group_find && api->slot_held && api->reclaim && api->release &&
                    api->slot_ptr && api->group_ptr ? 0 : -1;
 }
 
@@ -460,10 +462,7 @@ static int finish_run(const char *library, uint64_t key, const char *affinity_sp
         munmap(base, size);
         return 1;
     }
-    int group = -1;
-    for (int i = 0; i < SD_MAX_GROUPS && group < 0; i++)
-        if (__atomic_load_n(&api.group_ptr(base, i)->key, __ATOMIC_ACQUIRE) == key)
-            group = i;
+    int group = api.group_find(base, key);
     if (group < 0) {
         munmap(base, size);
         return 0;

@@ -310,16 +310,24 @@ SD_EXPORT int seedance_registry_slot_dead(void *base, int i)
     return !pid_alive(s->pid, s->start_time);
 }
 
+/* Groups are placed from key % SD_MAX_GROUPS on, and looked up from there: a reader
+ * (seedance-run after its program) then touches one group's page, not the whole table. */
+static inline int group_home(uint64_t key)
+{
+    return (int)(key % SD_MAX_GROUPS);
+}
+
 /* Find or create the quota group `key`.  Returns its index. */
 static int group_open_locked(void *base, uint64_t key, const uint64_t *limits, int ndev, int owner)
 {
     int free_index = -1;
-    for (int i = 0; i < SD_MAX_GROUPS; i++) {
+    for (int k = 0; k < SD_MAX_GROUPS; k++) {
+        int i = (group_home(key) + k) % SD_MAX_GROUPS;
         struct sd_group *g = group_at(base, i);
-        uint64_t k = __atomic_load_n(&g->key, __ATOMIC_ACQUIRE);
-        if (k == key)
+        uint64_t found = __atomic_load_n(&g->key, __ATOMIC_ACQUIRE);
+        if (found == key)
             return i;
-        if (k == 0 && free_index < 0)
+        if (found == 0 && free_index < 0)
             free_index = i;
     }
     if (free_index < 0)
@@ -336,10 +344,17 @@ static int group_open_locked(void *base, uint64_t key, const uint64_t *limits, i
 
 static int group_find(void *base, uint64_t key)
 {
-    for (int i = 0; i < SD_MAX_GROUPS; i++)
+    for (int k = 0; k < SD_MAX_GROUPS; k++) {
+        int i = (group_home(key) + k) % SD_MAX_GROUPS;
         if (__atomic_load_n(&group_at(base, i)->key, __ATOMIC_ACQUIRE) == key)
             return i;
+    }
     return -1;
+}
+
+SD_EXPORT int seedance_group_find(void *base, uint64_t key)
+{
+    return base && key ? group_find(base, key) : -EINVAL;
 }
 
 SD_EXPORT int seedance_group_open(void *base, uint64_t key, const uint64_t *limits, int ndev)
@@ -409,6 +424,7 @@ static int reclaim_locked(void *base, int i)
         return -EBUSY;
     if (s->group >= 0 && s->group < SD_MAX_GROUPS) {
         struct sd_group *g = group_at(base, s->group);
+        __atomic_fetch_and(&g->slot_bits[i / 64], ~(1ull << (i % 64)), __ATOMIC_ACQ_REL);
         if (state != SD_SLOT_EXITED) {
             uint64_t held[SD_MAX_DEVICES];
             sum_records(s, held);
@@ -433,12 +449,18 @@ static int reclaim_locked(void *base, int i)
 SD_EXPORT int seedance_group_slots(void *base, int group, int *out, int max)
 {
     int n = 0;
-    if (!base)
+    if (!base || group < 0 || group >= SD_MAX_GROUPS)
         return -EINVAL;
-    for (int i = 0; i < SD_MAX_SLOTS && n < max; i++) {
-        struct sd_slot *s = slot_at(base, i);
-        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SD_SLOT_FREE && s->group == group)
-            out[n++] = i;
+    struct sd_group *g = group_at(base, group);
+    for (int w = 0; w < SD_MAX_SLOTS / 64; w++) {
+        uint64_t bits = __atomic_load_n(&g->slot_bits[w], __ATOMIC_ACQUIRE);
+        while (bits && n < max) {
+            int i = w * 64 + __builtin_ctzll(bits);
+            bits &= bits - 1;
+            struct sd_slot *s = slot_at(base, i);
+            if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SD_SLOT_FREE && s->group == group)
+                out[n++] = i;
+        }
     }
     return n;
 }
@@ -569,6 +591,32 @@ static void overflow_sweep_locked(struct sd_group *g)
     }
 }
 
+/* The group table is full: give back the groups of runs whose owner is gone (their
+ * `seedance run` was killed, or plain LD_PRELOAD processes with SEEDANCE_MEM_LIMIT made a
+ * group each): reclaim their members' slots that are dead or exited, then free the
+ * groups left without members.  A live owner's group is never touched: it still has
+ * a report to read.  Under the lock. */
+static void gc_groups_locked(void *base)
+{
+    for (int i = 0; i < SD_MAX_GROUPS; i++) {
+        struct sd_group *g = group_at(base, i);
+        if (!__atomic_load_n(&g->key, __ATOMIC_ACQUIRE) || pid_alive(g->owner_pid, g->owner_start))
+            continue;
+        overflow_sweep_locked(g);
+        for (int w = 0; w < SD_MAX_SLOTS / 64; w++) {
+            uint64_t bits = __atomic_load_n(&g->slot_bits[w], __ATOMIC_ACQUIRE);
+            while (bits) {
+                int slot = w * 64 + __builtin_ctzll(bits);
+                bits &= bits - 1;
+                if (seedance_registry_slot_dead(base, slot) == 1)
+                    reclaim_locked(base, slot);
+            }
+        }
+        if (__atomic_load_n(&g->key, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g->members, __ATOMIC_ACQUIRE))
+            __atomic_store_n(&g->key, 0, __ATOMIC_RELEASE);
+    }
+}
+
 static int sd_overflow_index = -1;   /* this process's entry in sd_group->overflow[], -1 none */
 
 /* Join (or create) the quota group of this run.  `slotted`: this process has a registry
@@ -602,6 +650,10 @@ static void attach_group(void *base, int pid, uint64_t start, int slotted)
             usleep((useconds_t)sd_cfg.hold_lock_ms * 1000);
 #endif
         g = group_open_locked(base, key, limits, SD_MAX_DEVICES, sd_cfg.owner_pid ? sd_cfg.owner_pid : pid);
+        if (g == -ENOSPC) {
+            gc_groups_locked(base);
+            g = group_open_locked(base, key, limits, SD_MAX_DEVICES, sd_cfg.owner_pid ? sd_cfg.owner_pid : pid);
+        }
         unlock_header(base);
     }
     if (g < 0) {
@@ -640,8 +692,11 @@ static void attach_group(void *base, int pid, uint64_t start, int slotted)
     }
     sd_group = group;
     __atomic_fetch_add(&sd_group->members, 1, __ATOMIC_ACQ_REL);
-    if (sd_slot)
+    if (sd_slot && sd_slot != &sd_local_slot) {
+        int index = (int)(((char *)sd_slot - ((char *)base + SD_HEADER_BYTES + SD_GROUPS_BYTES)) / SD_SLOT_BYTES);
         sd_slot->group = g;
+        __atomic_fetch_or(&group->slot_bits[index / 64], 1ull << (index % 64), __ATOMIC_ACQ_REL);
+    }
 }
 
 int sd_registry_attach(void)

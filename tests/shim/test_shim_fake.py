@@ -610,3 +610,19 @@ def test_launcher_reclaims_its_run_and_hands_leaks_to_the_rule_engine(built, env
     reg = registry()
     assert reg.instances() == []                                    # every slot given back
     assert all(reg.group(i) is None for i in range(reg.lib.SD_MAX_GROUPS))   # and every group
+
+
+def test_groups_of_finished_runs_are_given_back_when_the_table_is_full(built, env, ledger):
+    """Plain LD_PRELOAD processes with SEEDANCE_MEM_LIMIT make a group each; more of them
+    than the table holds must still get their quota (not a refusal, not a private one)."""
+    from seedance.shim.binding import header_constant
+
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_MEM_LIMIT="1000")
+    results = []
+    for _ in range(header_constant("SD_MAX_GROUPS") + 6):
+        p = subprocess.run([str(built["linked"]), "init", "ctx:0", "alloc:900", "alloc:900"], env=env,
+                           capture_output=True, text=True, timeout=30)
+        results.append([r["result"] for r in parse_lines(p.stdout)[2:]])
+        assert "table full" not in p.stderr, p.stderr
+    assert all(r == [0, 2] for r in results)          # each one: its own 1000 bytes, held to them
+    assert ledger.read()["allocs"][0] == len(results)  # the driver saw one allocation from each
