@@ -5,6 +5,14 @@ directory is 0700 too), and SO_PEERCRED checks the uid of whoever did connect, b
 file modes do not hold against root-owned sockets handed around, a chmod by mistake, or a
 process that inherited a descriptor.  One request per connection: a JSON line
 {"op": "status" | "reload" | "ping"}, answered by one JSON line.
+
+Robustness (issue 10 item 4): the accept loop only accepts; each connection is answered on
+its own thread (at most MAX_CLIENTS at once, more are told "busy"), so one slow client
+never blocks another.  Each connection has one deadline for the whole request
+(REQUEST_DEADLINE_S), not a timeout per recv: a client dribbling one byte every 1.5 s is
+cut off.  Everything that answers runs under a catch-all: a request that cannot be handled
+(2000 '[' make json.loads raise RecursionError, which is not a ValueError) gets an error
+reply, and the server thread lives on.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +31,8 @@ from ..errors import BadInput, NotAvailable
 
 _PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 MAX_REQUEST = 4096
+REQUEST_DEADLINE_S = 3.0   # the whole request line, however it is dribbled
+MAX_CLIENTS = 16           # connections answered at once; more get a "busy" reply
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
@@ -39,6 +50,7 @@ class StatusServer:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
 
     def start(self) -> None:
         directory = self.path.parent
@@ -88,16 +100,47 @@ class StatusServer:
         while not self._stopping.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
-                return  # shut down by stop()
+            except OSError as exc:
+                if self._stopping.is_set() or exc.errno in (errno.EINVAL, errno.EBADF):
+                    return  # shut down by stop()
+                time.sleep(0.05)  # EMFILE, ENOBUFS...: the listener is fine, try again
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._refuse_busy(conn)
+                continue
+            try:
+                threading.Thread(target=self._connection, args=(conn,), name="seedance-status-conn",
+                                 daemon=True).start()
+            except BaseException:
+                self._slots.release()
+                conn.close()
+
+    def _connection(self, conn: socket.socket) -> None:
+        try:
             with conn:
                 try:
                     self._answer(conn)
                 except OSError:
-                    pass  # the client went away mid-answer: nothing to tell it
+                    pass  # the client went away mid-answer, or its deadline passed
+                except Exception as exc:  # noqa: BLE001 - whatever it was, the server lives on
+                    try:
+                        _send(conn, {"error": f"internal error: {type(exc).__name__}"})
+                    except Exception:  # noqa: BLE001
+                        pass
+        finally:
+            self._slots.release()
+
+    def _refuse_busy(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(0.2)
+                _send(conn, {"error": f"busy: {MAX_CLIENTS} requests are being answered; try again"})
+            except OSError:
+                pass
 
     def _answer(self, conn: socket.socket) -> None:
-        conn.settimeout(2.0)
+        deadline = time.monotonic() + REQUEST_DEADLINE_S
+        conn.settimeout(REQUEST_DEADLINE_S)
         pid, uid, _gid = peer_credentials(conn)
         if uid != os.getuid():
             self.refused += 1
@@ -105,21 +148,26 @@ class StatusServer:
                 self.on_refused(pid, uid)
             # Read (and ignore) what it sent: closing with unread data would turn our answer
             # into ECONNRESET on its side.
-            conn.settimeout(0.2)
             try:
-                _read_line(conn)
+                _read_line(conn, deadline=time.monotonic() + 0.2)
             except OSError:
                 pass
             _send(conn, {"error": f"refused: uid {uid} is not the agent's uid {os.getuid()}"})
             return
-        request = _read_line(conn)
+        try:
+            request = _read_line(conn, deadline=deadline)
+        except socket.timeout:
+            conn.settimeout(0.5)
+            _send(conn, {"error": f"request not complete within {REQUEST_DEADLINE_S:g}s"})
+            return
         try:
             message = json.loads(request) if request.strip() else {"op": "status"}
             if not isinstance(message, dict):
                 raise ValueError("not an object")
-        except ValueError:
+        except (ValueError, RecursionError):  # 2000 '[' nest past the decoder's recursion limit
             _send(conn, {"error": "bad request: expected one JSON object line"})
             return
+        conn.settimeout(10.0)  # the answer: a client that stops reading is dropped
         try:
             reply = self.handler(message)
         except Exception as exc:  # the agent must outlive a bad request
@@ -195,10 +243,17 @@ def _send(conn: socket.socket, obj: dict) -> None:
     conn.sendall(json.dumps(obj, default=str).encode() + b"\n")
 
 
-def _read_line(conn: socket.socket, limit: int = MAX_REQUEST) -> str:
+def _read_line(conn: socket.socket, limit: int = MAX_REQUEST, deadline: float | None = None) -> str:
+    """One line (or what came before EOF / the size limit); socket.timeout once ``deadline``
+    (time.monotonic) passes, however the bytes are dribbled."""
     chunks = []
     size = 0
     while True:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("deadline passed")
+            conn.settimeout(left)
         data = conn.recv(65536)
         if not data:
             break

@@ -66,8 +66,7 @@ class Agent:
         self._probes_info: dict = {"state": "off"}
         self._nvml_info: dict = {"state": "off"}
         self._scan_info: dict = {"state": "off"}
-        self._scan_future = None
-        self._scan_pool = None
+        self._scan_child = None
         self._pending: list[int] = []
         self._stop = False
         self.rules = None
@@ -82,6 +81,10 @@ class Agent:
     # -- start / stop --------------------------------------------------------------------
     def start(self) -> None:
         self.rules = load_rules(self.config.rules_dir)
+        if self.config.metrics:
+            from .metrics import MetricsServer
+
+            MetricsServer(self.config.metrics, self.snapshot)  # a bad address fails here, before any file
         self.state = StateStore.open(config_mod.state_dir(self.env))
         if self.state.moved_aside:
             self.log("state-corrupt", "error", moved_to=str(self.state.moved_aside),
@@ -101,14 +104,19 @@ class Agent:
                  registry=self._registry_info, probes=self._probes_info, nvml=self._nvml_info,
                  rules=len(self.rules))
 
-    def close(self) -> None:
-        """Stop in the order that loses nothing: no new work, probes off, last export, flush."""
-        self.notifier.stopping("stopping: detaching probes, flushing state")
-        self.log("stopping")
+    def close(self, quiet: bool = False) -> None:
+        """Stop in the order that loses nothing: no new work, probes off, last export, flush.
+
+        quiet: start() failed, so the one error line is all the user sees (issue 10 item 8:
+        `--metrics 0.0.0.0:9464` printed JSON stopping/stopped lines around it)."""
+        log = (lambda *a, **k: None) if quiet else self.log
+        if not quiet:
+            self.notifier.stopping("stopping: detaching probes, flushing state")
+        log("stopping")
         self._detach_probes()
-        if self._scan_pool is not None:
-            self._scan_pool.shutdown(wait=False, cancel_futures=True)
-            self._scan_pool = None
+        if self._scan_child is not None:
+            self._scan_child.kill()
+            self._scan_child = None
         if self.api is not None:
             self.api.stop()
         if self.metrics is not None:
@@ -121,8 +129,8 @@ class Agent:
             self.registry.close()
         if self.state is not None:
             self.state.close()
-            self.log("state-flushed", path=str(self.state.path))
-        self.log("stopped", counters=dict(self.counters))
+            log("state-flushed", path=str(self.state.path))
+        log("stopped", counters=dict(self.counters))
         self.notifier.close()
 
     # -- the loop ------------------------------------------------------------------------
@@ -130,8 +138,10 @@ class Agent:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         old_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        started = False
         try:
             self.start()
+            started = True
             self.notifier.ready(self._status_line())
             while not self._stop:
                 self._run_due()
@@ -146,7 +156,7 @@ class Agent:
             return 0
         finally:
             try:
-                self.close()
+                self.close(quiet=not started)
             finally:
                 signal.set_wakeup_fd(old_fd)
                 for sig, handler in previous.items():
@@ -161,7 +171,11 @@ class Agent:
         while self._pending:
             signum = self._pending.pop(0)
             if signum == signal.SIGHUP:
-                self.reload()
+                try:
+                    self.reload()
+                except Exception as exc:  # noqa: BLE001 - a reload must never end the agent
+                    self.log("reload-failed", "error", error=f"{type(exc).__name__}: {exc}")
+                    self.notifier.ready(self._status_line())
             else:
                 self.log("signal", signal=signal.Signals(signum).name)
                 self._stop = True
@@ -310,39 +324,41 @@ class Agent:
         return process_affinity(pid, remapped)
 
     def _task_scan(self):
-        if self._scan_future is not None:
-            if not self._scan_future.done():
-                return 5.0  # still running: look again soon
-            self._collect_scan()
-            return None
+        if self._scan_child is not None:
+            if self._scan_child.ready():
+                self._collect_scan()
+                return None
+            if self._scan_child.expired():
+                child, self._scan_child = self._scan_child, None
+                child.kill()
+                self._scan_failed(f"the check did not finish within {child.timeout:g}s and was stopped")
+                return None
+            return 5.0  # still running: look again soon
         self._start_scan()
         return 5.0
 
     def _start_scan(self) -> None:
-        import concurrent.futures
-        import multiprocessing
+        from .scanchild import ScanChild
 
-        if self._scan_pool is None:
-            # A fresh interpreter per check (spawn, one task per child): the check's caches
-            # never inflate the agent's RSS, and a crash in it cannot take the agent down.
-            self._scan_pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1)
-        self._scan_future = self._scan_pool.submit(run_periodic_check, self.config.rules_dir,
-                                                   list(self.config.scan_paths))
+        # A spawned child with an address-space cap and a deadline (agent/service/scanchild.py).
+        self._scan_child = ScanChild(run_periodic_check, (self.config.rules_dir, list(self.config.scan_paths)))
         self._scan_started = time.time()
         with self._lock:
             self._scan_info = {**self._scan_info, "state": "running", "started": self._scan_started}
 
+    def _scan_failed(self, error: str) -> None:
+        with self._lock:
+            self.counters["scan_errors"] += 1
+            self._scan_info = {**self._scan_info, "state": "failed", "error": error}
+        self.log("scan-failed", "error", error=error)
+        self._due["scan"] = time.monotonic() + self.config.scan_interval
+
     def _collect_scan(self) -> None:
-        future, self._scan_future = self._scan_future, None
+        child, self._scan_child = self._scan_child, None
         try:
-            report = future.result()
+            report = child.result()
         except Exception as exc:
-            with self._lock:
-                self.counters["scan_errors"] += 1
-                self._scan_info = {**self._scan_info, "state": "failed", "error": str(exc)}
-            self.log("scan-failed", "error", error=str(exc))
-            self._due["scan"] = time.monotonic() + self.config.scan_interval
+            self._scan_failed(str(exc))
             return
         findings = [Finding(**{k: f[k] for k in ("rule", "severity", "trap", "layer", "subject", "message",
                                                  "evidence", "fix")}) for f in report.get("findings", [])]
@@ -374,11 +390,16 @@ class Agent:
         changes: dict = {}
         try:
             new_config = config_mod.build_config(config_mod.read_config_file(self.config_path), self.flags, self.env)
+            if new_config.metrics:
+                from .metrics import MetricsServer
+
+                MetricsServer(new_config.metrics, self.snapshot)  # validates; started below
             new_rules = load_rules(new_config.rules_dir)
-        except SeedanceError as exc:
-            self.log("reload-failed", "error", error=str(exc), message="kept the running config and rules")
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with the file, keep running
+            error = str(exc) if isinstance(exc, SeedanceError) else f"{type(exc).__name__}: {exc}"
+            self.log("reload-failed", "error", error=error, message="kept the running config and rules")
             self.notifier.ready(self._status_line())
-            return {"reloaded": False, "error": str(exc)}
+            return {"reloaded": False, "error": error}
         old = self.config
         for key, value in new_config.to_dict().items():
             if old.to_dict().get(key) != value:
@@ -388,8 +409,9 @@ class Agent:
             self._apply_outputs(old)
             if old.probes != new_config.probes:
                 self._apply_probes()
-        except SeedanceError as exc:
-            self.log("reload-partial", "error", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - e.g. the new port is taken: say so, keep running
+            error = str(exc) if isinstance(exc, SeedanceError) else f"{type(exc).__name__}: {exc}"
+            self.log("reload-partial", "error", error=error)
         if not new_config.scan:
             self._due.pop("scan", None)
         elif "scan" not in self._due or old.scan_interval != new_config.scan_interval:

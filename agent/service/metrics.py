@@ -4,6 +4,11 @@ The agent exposes host facts (pids, commands, leaked bytes) that are nobody else
 business, so it never listens beyond loopback; fleets scrape through a node-local
 Prometheus agent or an authenticating proxy (deploy/).  Values are read from the agent's
 snapshot at scrape time (a custom collector), so an idle agent does no metric work.
+
+Served the way prometheus_client's own start_http_server serves (ThreadingWSGIServer: a
+daemon thread per request), plus what it lacks (issue 10 item 4: one local user opening a
+connection and sending nothing stalled every scrape): a socket timeout per read, one
+deadline for the whole connection, and at most MAX_CLIENTS connections at once.
 """
 from __future__ import annotations
 
@@ -14,9 +19,15 @@ from typing import Callable
 
 from ..errors import BadInput, UsageError
 
+READ_TIMEOUT_S = 5.0        # each read of the request
+CONNECTION_DEADLINE_S = 10.0  # the whole connection, however slowly it dribbles
+MAX_CLIENTS = 16
+
 
 def parse_listen(text: str) -> tuple[str, int]:
     """'127.0.0.1:9464', '[::1]:9464', 'localhost:9464' or ':9464' (-> 127.0.0.1)."""
+    if not isinstance(text, str):
+        raise UsageError(f"metrics: {text!r} is not HOST:PORT")
     text = text.strip()
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
@@ -141,17 +152,63 @@ class MetricsServer:
         self._thread = None
 
     def start(self) -> str:
+        from socketserver import ThreadingMixIn
         from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
         from prometheus_client import CollectorRegistry, make_wsgi_app
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(self.snapshot))
+        slots = threading.BoundedSemaphore(MAX_CLIENTS)
 
-        class Server(WSGIServer):
+        class Server(ThreadingMixIn, WSGIServer):
             address_family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            daemon_threads = True
+            block_on_close = False
+
+            def process_request(self, request, client_address):
+                if not slots.acquire(blocking=False):
+                    self.shutdown_request(request)  # full: drop it rather than queue behind slow ones
+                    return
+                try:
+                    super().process_request(request, client_address)
+                except BaseException:
+                    slots.release()
+                    raise
+
+            def process_request_thread(self, request, client_address):
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    slots.release()
+
+            def handle_error(self, request, client_address):
+                pass  # a client that timed out or went away: nothing to log on stderr
 
         class Quiet(WSGIRequestHandler):
+            timeout = READ_TIMEOUT_S  # StreamRequestHandler sets it on the connection
+
+            def setup(self):
+                super().setup()
+                # One deadline for the connection: closing the socket under a dribbling
+                # client ends its thread (the read raises) within CONNECTION_DEADLINE_S.
+                self._deadline = threading.Timer(CONNECTION_DEADLINE_S, self._cut)
+                self._deadline.daemon = True
+                self._deadline.start()
+
+            def _cut(self):
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+            def finish(self):
+                self._deadline.cancel()
+                try:
+                    super().finish()
+                except OSError:
+                    pass
+
             def log_message(self, *args):  # the agent logs JSON; no access log on stderr
                 pass
 
@@ -161,8 +218,9 @@ class MetricsServer:
             raise BadInput(f"--metrics: cannot listen on {self.host}:{self.port}: "
                            f"{(exc.strerror or str(exc)).lower()}") from None
         self.port = self._server.server_port
-        # One request at a time, blocking: serve_forever() would wake twice a second to poll
-        # for shutdown, which is most of what an idle agent would otherwise spend.
+        # Accepting blocks (serve_forever() would wake twice a second to poll for shutdown,
+        # which is most of what an idle agent would otherwise spend); each accepted
+        # connection is answered on its own thread.
         self._server.timeout = None
         self._stopping = False
         self._thread = threading.Thread(target=self._serve, name="seedance-metrics", daemon=True)
