@@ -6,7 +6,6 @@ shim (e.g. `seedance trace` using the LD_AUDIT events as its fallback).
 from __future__ import annotations
 
 import os
-import secrets
 
 from .binding import expected_version, library_path
 
@@ -20,7 +19,8 @@ def wrap_env(base: dict | None = None, *, preload: bool = True, audit: bool = Fa
     ("8589934592,1:4294967296"); ``affinity`` is SEEDANCE_AFFINITY's."""
     env = dict(os.environ if base is None else base)
     library = str(library_path())
-    key = group_key or (secrets.randbits(63) | 1)
+    # os.urandom, not secrets: importing secrets pulls in hmac and hashlib (start-up time)
+    key = group_key or ((int.from_bytes(os.urandom(8), "little") >> 1) | 1)
     env.update(SEEDANCE_GROUP=f"{key:x}", SEEDANCE_GROUP_OWNER=str(os.getpid()),
                SEEDANCE_SHIM_VERSION=expected_version())
     if preload:

@@ -359,8 +359,15 @@ def execute(args) -> int:
     if args.mem_limit:
         mem_value, result.mem_limit = parse_mem_limit(args.mem_limit)
     if args.handles is None:
-        from ..fix.handle_leak import shim_handles_default
-        args.handles = shim_handles_default(env)
+        from ..service.config import config_dir
+
+        # the default lives in shim.yaml (`seedance fix handle-leak`); without one, no YAML
+        # parser is imported (issue 13: start-up time)
+        if (config_dir(env) / "shim.yaml").exists():
+            from ..fix.handle_leak import shim_handles_default
+            args.handles = shim_handles_default(env)
+        else:
+            args.handles = "shared"
     result.handles = args.handles
     env, group_key = wrap_env(env, audit=args.audit, events=bool(args.events),
                               follow_children=args.follow_children, affinity=affinity_value,
