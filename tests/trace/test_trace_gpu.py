@@ -26,7 +26,7 @@ def test_cudamalloc_leak_is_counted_once_at_the_runtime_api(ebpf, tmp_path):
     program = tmp_path / "runtime_alloc"
     _cc("-O2", FIXTURES / "runtime_alloc.c", "-o", program, "-ldl")
     proc, report = trace("--", program, runtime, "0", "1048576", "-4096", "777")
-    assert "leaked 1049353" in proc.stdout, proc.stdout + proc.stderr
+    assert "leaked 1049353" in proc.stderr, proc.stdout + proc.stderr  # the command's stdout: on stderr
     # the runtime may also keep internal driver allocations of its own (library: libcudart);
     # the program's are the ones attributed to the program
     leaks = [f for f in findings(report, "handle-leak") if f["evidence"]["library"] == str(program)]
