@@ -93,7 +93,10 @@ class RunningAgent:
         return self.proc.returncode
 
     def close(self):
-        self.stop(signal.SIGKILL)
+        # SIGTERM: the agent's own shutdown stops its scan child.  SIGKILL (stop()'s fallback
+        # after 20 s) left that child and multiprocessing's resource tracker running after
+        # every run (issue 17; tests/conftest.py now fails a session that leaves processes).
+        self.stop()
         self.notify.close()
         self.log.close()
 
