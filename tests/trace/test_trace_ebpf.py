@@ -17,13 +17,30 @@ from trace_helpers import BIN, findings, trace, validate, wheel_runtime
 CUDA13 = Path("/usr/local/cuda/lib64/libcudart.so.13")
 
 
+def program_lines(proc) -> list:
+    """The traced command's own output.  While the event stream owns seedance's stdout, the
+    command's stdout goes to seedance's stderr (agent/commands/trace.py, child_stdout), one
+    whole line per write beside the tracer's own "seedance trace: ..." notices."""
+    return [line for line in proc.stderr.splitlines() if not line.startswith("seedance trace:")]
+
+
+def program_line(proc, prefix: str) -> str:
+    """The first line the traced command printed starting with prefix; a failure names the
+    tracer's exit status and both of its streams (issue 17: this used to be a bare StopIteration)."""
+    for line in program_lines(proc):
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"the traced command printed no {prefix!r} line; seedance trace exited "
+                         f"{proc.returncode}\n--- stderr ---\n{proc.stderr}\n--- stdout ---\n{proc.stdout[-3000:]}")
+
+
 def test_mixed_runtimes_raise_cuda_runtime_mixed_with_both_paths(ebpf, built):
     cu12 = wheel_runtime("12")
     if cu12 is None or not CUDA13.exists():
         pytest.skip("needs the nvidia-cuda-runtime-cu12 wheel and the CUDA 13 toolkit")
     proc, report = trace("--", built / "dlopen_each", cu12, CUDA13)
     assert proc.returncode == 1, proc.stderr  # an error-level finding
-    assert f"ok {cu12}" in proc.stdout and f"ok {CUDA13}" in proc.stdout
+    assert program_line(proc, f"ok {cu12}") and program_line(proc, f"ok {CUDA13}")
     validate(report)
     assert report["command"] == "trace"
     mixed = findings(report, "cuda-runtime-mixed")
@@ -43,7 +60,7 @@ def test_missing_version_node_carries_the_loaders_own_message(ebpf, built):
     consumer = built / "run" / "libconsumer.so"
     proc, report = trace("--", built / "dlopen_each", consumer)
     # the program prints dlerror(): the loader's message as the application saw it
-    dlerror = next(line[len("error "):] for line in proc.stdout.splitlines() if line.startswith("error "))
+    dlerror = program_line(proc, "error ")[len("error "):]
     assert "version `PROVIDER_2' not found" in dlerror
     validate(report)
     missing = findings(report, "symbol-version-missing")
@@ -61,7 +78,7 @@ def test_missing_version_node_carries_the_loaders_own_message(ebpf, built):
 def test_undefined_symbol_at_dlopen_carries_the_loaders_message(ebpf, built):
     library = built / "libundefined.so"
     proc, report = trace("--", built / "dlopen_each", library)
-    dlerror = next(line[len("error "):] for line in proc.stdout.splitlines() if line.startswith("error "))
+    dlerror = program_line(proc, "error ")[len("error "):]
     undefined = findings(report, "symbol-undefined")
     assert len(undefined) == 1, report["findings"]
     assert undefined[0]["evidence"]["symbol"] == "seedance_nowhere_fn"
@@ -75,7 +92,7 @@ def test_leak_at_exit_reports_the_exact_bytes_device_and_library(ebpf, built):
     sizes = ["1048576", "-4096", "12345", "-777", "3000000"]
     proc, report = trace("--", built / "leaky", "1", *sizes)
     expected = 1048576 + 12345 + 3000000
-    assert f"leaked {expected}" in proc.stdout  # the program's own account
+    assert program_line(proc, "leaked ") == f"leaked {expected}"  # the program's own account
     validate(report)
     leaks = findings(report, "handle-leak")
     assert len(leaks) == 1, (report["findings"], proc.stderr)
@@ -91,7 +108,7 @@ def test_no_leak_when_everything_is_freed(ebpf, built):
     if not (built / "leaky").exists():
         pytest.skip("needs cuda.h to build the leak program")
     proc, report = trace("--", built / "leaky", "0", "-4096", "-65536")
-    assert "leaked 0" in proc.stdout
+    assert program_line(proc, "leaked ") == "leaked 0"
     assert findings(report, "handle-leak") == []
     assert proc.returncode == 0
 
@@ -101,7 +118,7 @@ def test_renamed_runtime_raises_needed_soname_mismatch_observed_vs_expected(ebpf
         pytest.skip("needs the nvidia-cuda-runtime-cu11 wheel")
     proc, report = trace("--", built / "dlopen_each", "libcudart.so.12",
                          env={"LD_LIBRARY_PATH": str(built / "renamed")})
-    assert "ok libcudart.so.12" in proc.stdout
+    assert program_line(proc, "ok libcudart.so.12")
     mismatch = findings(report, "needed-soname-mismatch")
     assert len(mismatch) == 1, report["findings"]
     evidence = mismatch[0]["evidence"]
@@ -227,7 +244,7 @@ def test_lost_events_are_counted_and_the_leak_is_still_exact(ebpf, built):
     sizes = [str(4096 + i) for i in range(600)]
     proc, report = trace("--json", "--buffer-pages", "1", "--", built / "leaky", "0", *sizes)
     expected = sum(int(s) for s in sizes)
-    assert f"leaked {expected}" in proc.stdout
+    assert program_line(proc, "leaked ") == f"leaked {expected}"
     assert report["stats"]["lost_events"] > 0
     assert f"{report['stats']['lost_events']} lost" in proc.stderr.strip().splitlines()[-1]
     leaks = findings(report, "handle-leak")
