@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import sys
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None, prog: str = "seedance") -> int:
     except UnicodeError as exc:
         # a rule file, config or journal that is not UTF-8 text: bad input, not a crash
         _error_line(f"input is not valid UTF-8 text ({_unicode_reason(exc)})", EXIT_USAGE)
+        return EXIT_USAGE
+    except json.JSONDecodeError as exc:
+        # a damaged state file, journal or report read back: bad input, one line
+        _error_line(f"damaged JSON input: {exc.msg} (line {exc.lineno}, column {exc.colno})", EXIT_USAGE)
         return EXIT_USAGE
     except RecursionError:
         _error_line("input nested too deeply to read", EXIT_USAGE)
