@@ -26,7 +26,7 @@ named by mistake is never destroyed.  A file counts as a seedance output (see is
   - JSON whose top-level "schema" starts with "seedance." (seedance.report/v1, ldd/v1,
     bench/v1, ...), or JSON lines whose first object has one;
   - a JSON-lines event stream: the first line is an object with a string "event" field
-    (trace --json, run --events);
+    (trace --json), or the shim's event shape, "kind" with "seq" and "t_ns" (run --events);
   - a SARIF log whose tool driver is named seedance;
   - text whose first line starts with "# seedance" (trace -o FILE writes that header);
   - a PNG carrying a tEXt "Software" chunk that names seedance (bench --plot sets it);
@@ -231,6 +231,8 @@ def _json_is_ours(document) -> bool:
         return True
     if isinstance(document.get("event"), str):
         return True
+    if isinstance(document.get("kind"), str) and isinstance(document.get("seq"), int) and "t_ns" in document:
+        return True  # shim/events.py event_to_dict
     if "sarif" in str(document.get("$schema", "")).lower():
         try:
             return any(run["tool"]["driver"]["name"] == "seedance" for run in document.get("runs", ()))

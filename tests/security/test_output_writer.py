@@ -318,6 +318,8 @@ def _refused(path) -> bool:
     (json.dumps({"schema": "seedance.report/v1", "findings": []}).encode(), True),
     (json.dumps({"schema": "seedance.ldd/v1"}, indent=2).encode(), True),
     (b'{"event": "exec", "pid": 1}\n{"event": "exit", "pid": 1}\n', True),
+    (b'{"seq": 1, "t_ns": 5, "pid": 7, "kind": "init"}\n', True),
+    (b'{"kind": "Deployment", "apiVersion": "v1"}\n', False),
     (b"# seedance trace: ./app\n   42 app  exec  /app\n", True),
     (json.dumps({"$schema": "https://json.schemastore.org/sarif-2.1.0.json",
                  "runs": [{"tool": {"driver": {"name": "seedance"}}}]}).encode(), True),
