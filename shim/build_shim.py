@@ -14,6 +14,8 @@ Python side can never disagree with the C layout.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -60,7 +62,8 @@ def ffi_module_source() -> str:
     ffi.set_source("_shim_cffi", None)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "_shim_cffi.py"
-        ffi.emit_python_code(str(out))
+        with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..." on stdout
+            ffi.emit_python_code(str(out))
         return out.read_text()
 
 

@@ -135,6 +135,23 @@ def test_real_runtime_remap_quota_and_caller(sdrt_real, tmp_path):
     assert data["stats"]["quota_refusals"] >= 1
 
 
+def test_launcher_on_the_real_driver(sdtest):
+    """seedance-run (the C launcher, issue 13): the same quota and remap as `seedance run`."""
+    from seedance import shim
+
+    try:
+        launcher = shim.launcher_path()
+    except shim.NotAvailable as exc:
+        pytest.skip(str(exc))
+    p = subprocess.run([str(launcher), "--affinity", f"gpu:{GPUS - 1}", "--mem-limit", "1G", "--", str(sdtest),
+                        "--via", "procaddr", "init", "count", "ctx:0", "alloc:536870912", "alloc:1073741824",
+                        "free:all"], capture_output=True, text=True, timeout=300)
+    lines = p.stdout.splitlines()
+    assert "count result=0 count=1" in lines, p.stdout + p.stderr
+    assert lines[3] == "alloc result=0" and lines[4] == "alloc result=2", p.stdout
+    assert p.returncode == 0 and "handle-leak" not in p.stderr
+
+
 def test_real_runtime_environment_changes_after_start_change_nothing(sdtest, tmp_path):
     """The quota is read before main on the real driver too (issue 10)."""
     p = run("--mem-limit", "1M", "--", sdtest, "--via", "procaddr", "unsetenv:SEEDANCE_MEM_LIMIT",
