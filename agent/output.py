@@ -300,8 +300,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _replace_atomically(path: str, data: bytes) -> None:
     directory = os.path.dirname(path) or "."
+    owner = None
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        old = os.stat(path)
+        mode, owner = stat.S_IMODE(old.st_mode), (old.st_uid, old.st_gid)
     except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
@@ -312,6 +314,11 @@ def _replace_atomically(path: str, data: bytes) -> None:
     try:
         try:
             _write_all(fd, data)
+            if owner is not None and os.geteuid() == 0 and owner != (0, 0):
+                # root rewriting a user's report: it stays theirs (before the chmod, which
+                # a chown would clear setgid bits of)
+                with contextlib.suppress(OSError):
+                    os.fchown(fd, *owner)
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:

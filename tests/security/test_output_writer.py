@@ -358,3 +358,17 @@ def test_bench_plot_png_is_ours(tmp_path):
     plot(result, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not _refused(path)
+
+
+def test_replacing_keeps_owner_and_mode(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the report another owner")
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"schema": SCHEMA}))
+    os.chown(report, 65534, 65534)
+    os.chmod(report, 0o640)
+    proc = run("check", "--no-progress", "--report-json", report, TRUE)
+    assert proc.returncode in (0, 1), proc.err
+    st = report.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o640)
+    assert json.loads(report.read_text())["findings"] is not None
