@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Mutation testing of seedance's core (issue 17): `make mutate`, bench time, not CI.
+
+    .venv/bin/python bench/run_mutation.py                 # every module, one after another
+    .venv/bin/python bench/run_mutation.py elf resolve     # some of them
+    .venv/bin/python bench/run_mutation.py --report        # scores of the last runs only
+
+Why mutmut 3 runs in a staged copy, not in the checkout:
+  * mutmut 3 names a mutant after the file's path (agent/elf/reader.py -> agent.elf.reader.x_f__mutmut_1)
+    but its trampoline looks the mutant up by the function's ``__module__`` at run time, which is
+    ``seedance.elf.reader`` (setup.py maps the package seedance to the directory agent/ with
+    package_dir).  Run on the checkout, every mutant would be "no tests" (mutmut 3.8 stops
+    early saying so).  The stage copies agent/ to seedance/, so path and import name agree,
+    and mutmut's own sys.path set-up (mutants/ first) makes the tests import the mutants.
+  * mutmut writes mutants/ beside the sources; the checkout is shared by people editing it.
+  * cosmic-ray would handle the layout but rewrites the files in place and starts a fresh
+    interpreter per mutant; mutmut forks from a warmed-up process and runs only the tests
+    that reached the mutated function, which is what makes this affordable on two cores.
+The stage lives outside the repository ($SEEDANCE_MUTATION_DIR or ~/.cache/seedance-mutation).
+
+Subprocesses: PYTHONPATH points at mutants/ too, so a test that runs the CLI in a child
+python runs the mutant (the trampoline reads MUTANT_UNDER_TEST from the environment).
+
+The rule conditions (rules/*.yaml, CEL) are not Python, so mutmut cannot mutate them: the
+"rules" module is a small CEL mutator here (negate, && <-> ||, drop a !, == <-> !=, > <-> >=,
+drop one operand of a top-level &&/||), each mutant run against the rule tests in a child.
+
+Scores: killed / (mutants - "no tests" is NOT excused: a mutant no test reaches counts as
+survived).  Timeouts count as killed (mutmut's convention: the mutant made the code loop).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = Path(sys.executable)
+STAGE = Path(os.environ.get("SEEDANCE_MUTATION_DIR", Path.home() / ".cache" / "seedance-mutation"))
+RESULTS = ROOT / "bench" / "mutation-results.json"
+
+# module -> (files to mutate, relative to agent/ (globs), the fast tests that exercise them)
+MODULES = {
+    # test_elf_fatbin_oracle.py (cuobjdump) is left out: its nvcc builds take ~50 s, and a
+    # fresh pytest session per mutant would rebuild them for every fatbin mutant
+    "elf": (["elf/*"], ["tests/unit/test_elf_reader.py", "tests/unit/test_collect_fatbin.py",
+                        "tests/unit/test_elf_fatbin.py", "tests/unit/test_mutation_kills_elf.py"]),
+    "resolve": (["resolve/*"], ["tests/unit/test_resolve_hwcaps.py", "tests/unit/test_resolve_ldcache.py",
+                                "tests/unit/test_resolve_scenarios.py", "tests/unit/test_resolve_symbols.py",
+                                "tests/unit/test_collect_closure.py",
+                                "tests/unit/test_mutation_kills_resolve.py"]),
+    "journal": (["fix/journal.py"], ["tests/unit/test_fix_journal.py", "tests/integration/test_fix_crash.py",
+                                     "tests/unit/test_mutation_kills_journal.py"]),
+    "atomic": (["fix/atomic.py"], ["tests/unit/test_fix_atomic.py", "tests/unit/test_plugins_store.py",
+                                   "tests/unit/test_mutation_kills_atomic.py"]),
+    "collect": (["collect/*"], ["tests/unit/test_collect_closure.py", "tests/unit/test_collect_config.py",
+                                "tests/unit/test_collect_cuda.py", "tests/unit/test_collect_cxxabi.py",
+                                "tests/unit/test_collect_fatbin.py", "tests/unit/test_collect_host.py",
+                                "tests/unit/test_collect_process.py", "tests/unit/test_collect_scan.py",
+                                "tests/unit/test_collect_torch_ext.py", "tests/unit/test_mutation_kills_collect.py"]),
+}
+RULE_TESTS = ["tests/unit/test_engine.py", "tests/unit/test_collect_config.py", "tests/unit/test_collect_process.py",
+              "tests/unit/test_service_gpu.py", "tests/unit/test_plugins_verify.py",
+              "tests/unit/test_collect_fatbin.py", "tests/unit/test_collect_torch_ext.py",
+              "tests/contract/test_report_schema.py", "tests/unit/test_mutation_kills_rules.py"]
+ORDER = ["elf", "resolve", "atomic", "journal", "collect", "rules"]
+KILLED = {"killed", "timeout", "segfault", "suspicious"}
+
+
+def repo_files() -> list[str]:
+    """Tracked and untracked-but-not-ignored files (what a commit would hold), plus the built shim."""
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                         capture_output=True).stdout
+    files = [f for f in out.decode("utf-8", "surrogateescape").split("\0") if f]
+    if (ROOT / "shim" / "libseedance_shim.so").exists():
+        files.append("shim/libseedance_shim.so")
+    return files
+
+
+def stage(module: str) -> Path:
+    """A fresh copy of the checkout with agent/ renamed seedance/ and mutmut's config."""
+    where = STAGE / module
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    for rel in repo_files():
+        src = ROOT / rel
+        if not src.is_file():
+            continue  # deleted in the work tree but still tracked
+        dest = where / ("seedance" + rel[len("agent"):] if rel.startswith("agent/") else rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+    # the installed layout's data subpackages (setup.py package_dir)
+    for name, src in (("rules_data", "rules"), ("probes", "probes"), ("shim", "shim")):
+        if (where / src).is_dir():
+            shutil.copytree(where / src, where / "seedance" / name, dirs_exist_ok=True)
+    if module != "rules":
+        globs, tests = MODULES[module]
+        top = sorted({p.parts[0] for p in where.iterdir() for p in [p.relative_to(where)]}
+                     - {"seedance", "setup.py", "setup.cfg", "pyproject.toml"})
+        lines = ["[mutmut]", "source_paths = seedance",
+                 "only_mutate =\n" + "".join(f"    seedance/{g}\n" for g in globs).rstrip("\n"),
+                 "also_copy =\n" + "".join(f"    {t}\n" for t in top).rstrip("\n"),
+                 "pytest_add_cli_args_test_selection =\n"
+                 + "".join(f"    {t}\n" for t in tests if (where / t).exists()).rstrip("\n"),
+                 "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -p\n    no:randomly",
+                 "use_git_change_detection = false",
+                 "timeout_multiplier = 5.0",
+                 "timeout_constant = 10.0",
+                 "debug = " + ("true" if os.environ.get("MUTMUT_DEBUG") else "false")]
+        (where / "setup.cfg").write_text("\n".join(lines) + "\n")
+    return where
+
+
+def run_mutmut(module: str, where: Path, log) -> dict:
+    # mutants/ must exist before mutmut starts: a PYTHONPATH entry that does not exist yet is
+    # cached by the import system as "no finder" and later inserts of the same path are ignored
+    # (the tests then import the original package through the editable install: 0 hits).
+    (where / "mutants").mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(where / "mutants"), "PYTHONDONTWRITEBYTECODE": "1"}
+    mutmut = PYTHON.parent / "mutmut"
+    started = time.time()
+    proc = subprocess.run([str(mutmut), "run", "--max-children", os.environ.get("MUTMUT_CHILDREN", "1")],
+                          cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT)
+    elapsed = time.time() - started
+    results = subprocess.run([str(mutmut), "results", "--all", "true"], cwd=where, env=env, capture_output=True,
+                             text=True, errors="replace")
+    status = {}
+    for line in results.stdout.splitlines():
+        match = re.match(r"\s*(\S+__mutmut_\d+): (.+)$", line)
+        if match:
+            status[match.group(1)] = match.group(2).strip()
+    return summarise(module, status, proc.returncode, elapsed)
+
+
+def summarise(module: str, status: dict, rc: int, elapsed: float) -> dict:
+    counts: dict = {}
+    for value in status.values():
+        counts[value] = counts.get(value, 0) + 1
+    total = len(status)
+    killed = sum(n for s, n in counts.items() if s in KILLED)
+    survivors = sorted(name for name, s in status.items() if s not in KILLED)
+    return {"module": module, "rc": rc, "seconds": round(elapsed), "total": total, "killed": killed,
+            "score": round(100.0 * killed / total, 1) if total else None, "counts": counts,
+            "survivors": {name: status[name] for name in survivors}}
+
+
+# -- rule conditions (CEL in YAML) -------------------------------------------------------------
+CEL_SWAPS = [("&&", "||"), ("||", "&&"), ("!=", "=="), ("==", "!="), (">=", ">"), ("<=", "<"),
+             (" > ", " >= "), (" < ", " <= ")]
+
+
+def cel_mutants(condition: str) -> list[str]:
+    out = [f"!({condition})"]
+    for old, new in CEL_SWAPS:
+        start = 0
+        while (index := condition.find(old, start)) >= 0:
+            out.append(condition[:index] + new + condition[index + len(old):])
+            start = index + len(old)
+    for match in re.finditer(r"!(?!=)", condition):
+        out.append(condition[:match.start()] + condition[match.end():])
+    for op in ("&&", "||"):
+        parts = [p.strip() for p in condition.split(op)]
+        if len(parts) > 1 and all(p.count("(") == p.count(")") for p in parts):
+            for drop in range(len(parts)):
+                out.append(f" {op} ".join(p for i, p in enumerate(parts) if i != drop))
+    return list(dict.fromkeys(m for m in out if m != condition))
+
+
+def run_rules(where: Path, log) -> dict:
+    tests = [t for t in RULE_TESTS if (where / t).exists()]
+    env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    started = time.time()
+    base = subprocess.run(cmd, cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if base.returncode != 0:
+        return summarise("rules", {}, base.returncode, time.time() - started) | {"error": "rule tests fail unmutated"}
+    status = {}
+    for path in sorted((where / "rules").glob("*.yaml")):
+        text = path.read_text()
+        for match in re.finditer(r'^(\s*condition:\s*)"(.*)"\s*$', text, re.M):
+            rule = re.findall(r"^\s*-?\s*id:\s*(\S+)", text[:match.start()], re.M)
+            rule_id = rule[-1] if rule else "?"
+            for n, mutant in enumerate(cel_mutants(match.group(2))):
+                mutated = text[:match.start()] + f'{match.group(1)}"{mutant}"' + text[match.end():]
+                path.write_text(mutated)
+                shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
+                try:
+                    proc = subprocess.run(cmd, cwd=where, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, timeout=900)
+                    verdict = "survived" if proc.returncode == 0 else "killed"
+                except subprocess.TimeoutExpired:
+                    verdict = "timeout"
+                name = f"rules/{path.name}:{rule_id}:{n}: {mutant}"
+                status[name] = verdict
+                print(f"{verdict:9} {name}", file=log, flush=True)
+            path.write_text(text)
+            shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
+    return summarise("rules", status, 0, time.time() - started)
+
+
+def report(results: dict) -> None:
+    print(f"{'module':10} {'mutants':>8} {'killed':>7} {'score':>7} {'time':>7}  survivors")
+    for module in ORDER:
+        r = results.get(module)
+        if not r:
+            continue
+        score = "-" if r["score"] is None else f"{r['score']:.1f}%"
+        print(f"{module:10} {r['total']:8} {r['killed']:7} {score:>7} {r['seconds']:6}s  {len(r['survivors'])}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"some of {', '.join(ORDER)} (default: all)")
+    parser.add_argument("--report", action="store_true", help="print the stored scores and exit")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.modules if m not in ORDER]
+    if unknown:
+        parser.error(f"unknown module(s) {', '.join(unknown)}: choose from {', '.join(ORDER)}")
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if args.report:
+        report(results)
+        return 0
+    for module in args.modules or ORDER:
+        where = stage(module)
+        with open(STAGE / f"{module}.log", "w") as log:
+            print(f"== {module}: staged in {where}, log {STAGE / (module + '.log')}", flush=True)
+            result = run_rules(where, log) if module == "rules" else run_mutmut(module, where, log)
+        result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                          text=True).stdout.strip()
+        results[module] = result
+        # re-read: another module may have finished in a parallel invocation meanwhile
+        merged = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        merged[module] = result
+        RESULTS.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+        results = merged
+        report({module: result})
+    report(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
