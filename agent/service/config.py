@@ -16,6 +16,7 @@ from ..errors import BadInput, UsageError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+MAX_DURATION_S = 30 * 86400.0
 
 HANDLE_MODES = ("per-instance", "shared")
 PROBE_MODES = ("auto", "on", "off")
@@ -32,6 +33,8 @@ def parse_duration(text, what: str = "duration") -> float:
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if seconds <= 0:
         raise UsageError(f"{what}: {text!r} must be longer than zero")
+    if not seconds <= MAX_DURATION_S:  # also nan and inf (YAML .nan/.inf): select() would raise
+        raise UsageError(f"{what}: {text!r} must be a finite duration of at most 30 days")
     return seconds
 
 
@@ -142,6 +145,16 @@ def read_config_file(path: Path) -> dict:
     if unknown:
         raise BadInput(f"{path}: unknown agent setting(s) {', '.join(sorted(map(str, unknown)))}")
     return dict(agent)
+
+
+def load_config(path: Path, flags: Mapping, env: Mapping[str, str] = os.environ) -> AgentConfig:
+    """agent.yaml merged with the flags; a bad value in the file names the file."""
+    values = read_config_file(path)
+    try:
+        build_config(values, {}, env)
+    except UsageError as exc:
+        raise BadInput(f"{path}: {exc}") from None
+    return build_config(values, flags, env)
 
 
 def build_config(file_values: Mapping, flags: Mapping, env: Mapping[str, str] = os.environ) -> AgentConfig:

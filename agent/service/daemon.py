@@ -46,7 +46,7 @@ class Agent:
         self.env = env
         self.log = log or JsonLog()
         self.config_path = config_mod.agent_config_path(env)
-        self.config = config_mod.build_config(config_mod.read_config_file(self.config_path), self.flags, env)
+        self.config = config_mod.load_config(self.config_path, self.flags, env)
         self.registry_factory = registry_factory
         self.notifier = Notifier(env)
         self.started = time.time()
@@ -389,7 +389,7 @@ class Agent:
         self.notifier.reloading()
         changes: dict = {}
         try:
-            new_config = config_mod.build_config(config_mod.read_config_file(self.config_path), self.flags, self.env)
+            new_config = config_mod.load_config(self.config_path, self.flags, self.env)
             if new_config.metrics:
                 from .metrics import MetricsServer
 

@@ -174,6 +174,7 @@ BAD_CONFIGS = {
     "rules_dir-a-number": b"agent:\n  rules_dir: 5\n",
     "agent-a-list": b"agent: [1, 2]\n",
     "syntax": b"agent: {gc_interval: [\n",
+    "gc_interval-nan": b"agent:\n  gc_interval: .nan\n",  # select(nan) ended the loop
 }
 
 
@@ -233,8 +234,7 @@ def test_agent_run_with_a_bad_agent_yaml_is_one_line_exit_2(agent_root, name):
     config.parent.mkdir(parents=True)
     config.write_bytes(BAD_CONFIGS[name])
     proc = run_cli("agent", "run", "--probes", "off", "--no-scan", env=_agent_env(agent_root), timeout=60)
-    line = _one_line_exit_2(proc)
-    assert "agent.yaml" in line or "rules-dir" in line, line
+    assert "agent.yaml" in _one_line_exit_2(proc)
 
 
 def test_agent_run_with_a_non_utf8_rule_file_is_one_line_exit_2(agent_root):
