@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import NotAvailable
 from seedance.service import metrics as metrics_mod
 from seedance.service.api import StatusServer, request
 from tests.conftest import run_cli
