@@ -268,8 +268,8 @@ def _follow(absolute: str, shown: str, what: str) -> str:
                 and st.st_uid not in (os.geteuid(), pst.st_uid)):
             raise UsageError(f"refusing to write the {what} through {escape_path(current)}: a symlink in a "
                              f"sticky world-writable directory owned by another user (uid {st.st_uid})")
-        target = os.readlink(current)
-        current = os.path.normpath(os.path.join(parent, target))
+        # no normpath: ".." after a linked directory is the kernel's to resolve, not ours
+        current = os.path.join(parent, os.readlink(current))
     # resolve the directories above the final name too, so the temp file and rename(2)
     # happen where the content really lands
     return os.path.join(os.path.realpath(os.path.dirname(current)), os.path.basename(current))
