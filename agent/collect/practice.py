@@ -184,36 +184,52 @@ def _records(site: str) -> dict:
     return table
 
 
-def _dpkg() -> dict:
-    if _DPKG:
-        return _DPKG
-    files: dict = {}
-    names: dict = {}
-    try:
-        lists = sorted(n for n in os.listdir(DPKG_INFO) if n.endswith(".list"))
-    except OSError:
+def _dpkg_lists() -> list:
+    """[(package, text of its .list)], read once: ~1000 small files, a few MB."""
+    lists = _DPKG.get("lists")
+    if lists is None:
         lists = []
-    for listing in lists:
-        package = listing[: -len(".list")].split(":", 1)[0]
         try:
-            with open(os.path.join(DPKG_INFO, listing), encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    path = line.rstrip("\n")
-                    if ".so" not in path and "/bin/" not in path and "/sbin/" not in path \
-                            and "/libexec/" not in path and "/lib/" not in path:
-                        continue
-                    files.setdefault(_canonical(path), package)
-                    names.setdefault(os.path.basename(path), []).append(path)
+            names = sorted(n for n in os.listdir(DPKG_INFO) if n.endswith(".list"))
         except OSError:
-            continue
-    _DPKG["files"], _DPKG["names"] = files, names
-    return _DPKG
+            names = []
+        for listing in names:
+            try:
+                with open(os.path.join(DPKG_INFO, listing), encoding="utf-8", errors="replace") as handle:
+                    lists.append((listing[: -len(".list")].split(":", 1)[0], handle.read()))
+            except OSError:
+                continue
+        _DPKG["lists"] = lists
+    return lists
+
+
+def _dpkg_by_name(name: str) -> list:
+    """[(package, listed path)] for every Debian file whose name is ``name``."""
+    memo = _DPKG.setdefault("by_name", {})
+    if name not in memo:
+        found = []
+        needle = "/" + name + "\n"
+        for package, text in _dpkg_lists():
+            start = text.find(needle)
+            while start >= 0:
+                line_start = text.rfind("\n", 0, start) + 1
+                found.append((package, text[line_start:start + len(needle) - 1]))
+                start = text.find(needle, start + 1)
+        memo[name] = found
+    return memo[name]
+
+
+_REAL_DIRS: dict = {}
 
 
 def _canonical(path: str) -> str:
-    """The path with its directory realpath'd (usrmerge: /lib -> /usr/lib)."""
+    """The path with its directory realpath'd (usrmerge: /lib -> /usr/lib); one realpath
+    per directory, not per file (the dpkg lists name ~50,000 files in ~5,000 directories)."""
     head, tail = os.path.split(path)
-    return os.path.join(os.path.realpath(head), tail)
+    real = _REAL_DIRS.get(head)
+    if real is None:
+        real = _REAL_DIRS[head] = os.path.realpath(head)
+    return os.path.join(real, tail)
 
 
 def package_of(path: str) -> str | None:
@@ -224,7 +240,11 @@ def package_of(path: str) -> str | None:
         dist = _records(site).get(rel)
         if dist:
             return dist
-    return _dpkg()["files"].get(_canonical(path))
+    wanted = _canonical(path)
+    for package, listed in _dpkg_by_name(os.path.basename(path)):
+        if _canonical(listed) == wanted:
+            return package
+    return None
 
 
 def dpkg_files_of(package: str) -> list:
@@ -283,7 +303,7 @@ def installed_copies(name: str, requester: str, tree_index: dict) -> list:
         path = nvidia_wheel_libs(site).get(name)
         if path is not None and path not in found:
             found.append(path)
-    for path in _dpkg()["names"].get(name, ()):
+    for _package, path in _dpkg_by_name(name):
         if os.path.exists(path) and not any(os.path.samefile(path, p) for p in found if os.path.exists(p)):
             found.append(path)
     return found[:5]

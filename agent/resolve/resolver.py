@@ -660,9 +660,14 @@ class Resolver:
                 continue
             if check.provider == check.requester:
                 continue
-            provider_info = closure.objects.get(check.provider)
-            if provider_info is None or self._per_release_nodes(check.requester, check.provider,
-                                                                 provider_info):
+            pair = ("pair", check.requester, check.provider)
+            skip = self._elf.get(pair)
+            if skip is None:
+                provider_info = closure.objects.get(check.provider)
+                skip = provider_info is None or self._per_release_nodes(check.requester, check.provider,
+                                                                         provider_info)
+                self._elf[pair] = skip
+            if skip:
                 continue
             nodes.setdefault(check.requester, {})[check.version] = check.provider
         gaps = []
