@@ -34,8 +34,10 @@ CORPORA = (
 
 
 def _class_of(case, row: dict, corpus: str) -> str:
-    kind = row.get("kind") or getattr(case, "kind", None) or getattr(case, "cls", None) or "-"
-    return f"{corpus}/{kind}"
+    kind = row.get("kind") or getattr(case, "kind", None) or getattr(case, "cls", None)
+    if not kind and getattr(case, "rules", None):  # the CUDA corpus names the rules it judges
+        kind = "+".join(case.rules)
+    return f"{corpus}/{kind or '-'}"
 
 
 def main() -> int:
