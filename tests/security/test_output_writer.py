@@ -372,3 +372,25 @@ def test_replacing_keeps_owner_and_mode(tmp_path):
     st = report.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o640)
     assert json.loads(report.read_text())["findings"] is not None
+
+
+def test_a_failed_write_leaves_the_old_report_and_no_temp(tmp_path):
+    """RLIMIT_FSIZE makes the write fail half way (EFBIG): the old report stays whole and the
+    temp file is removed."""
+    import resource
+    import signal
+
+    report = tmp_path / "r.json"
+    old = json.dumps({"schema": SCHEMA, "findings": [], "note": "the previous run"})
+    report.write_text(old)
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+    proc = subprocess.run([SEEDANCE, "check", "--no-progress", "--report-json", str(report), TRUE],
+                          capture_output=True, text=True, timeout=180, preexec_fn=limit)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("seedance: error: cannot write the report to ")
+    assert report.read_text() == old
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]
