@@ -9,7 +9,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
 APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree systemd graphviz jq
 
-.PHONY: install run test system-deps headers bench bench-churn clean
+.PHONY: install run test system-deps headers bench bench-churn mutate clean
 
 install: $(STAMP)
 
@@ -70,6 +70,13 @@ bench: install
 
 bench-churn: install
 	$(BIN)/python bench/bench_agent_churn.py
+
+# Mutation testing (issue 17), bench time, not CI: hours on two cores.  Scores per module go to
+# bench/mutation-results.json; survivors are explained in bench/mutation-survivors.md.
+# `make mutate MUTATE="elf resolve"` for some modules; MUTATE_ARGS="--sample 200" for an estimate.
+MUTATE ?=
+mutate: install
+	$(BIN)/python bench/run_mutation.py $(MUTATE_ARGS) $(MUTATE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info shim/libseedance_shim.so
