@@ -132,6 +132,11 @@ def test_threads_and_processes_never_overcommit(built, env, ledger, tmp_path, fr
     data = json.loads(report.read_text())
     assert data["stats"]["instances"] == 4       # the 4 forked children (the parent made no CUDA call)
     assert data["stats"]["leaked_bytes"] == 0
+    # 64 threads a process: 16 count in blocks of their own, the rest in the shared
+    # counters; none of the counts may be lost
+    granted = sum(r["ok"] for r in rows)
+    assert data["calls_by_api"]["cuMemAlloc_v2"] == granted
+    assert sum(data["allocations_by_library"].values()) == granted
 
 
 def test_sigkill_leak_is_reported(built, env, tmp_path, front):
