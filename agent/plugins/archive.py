@@ -26,6 +26,7 @@ import errno
 import os
 import posixpath
 import stat
+import struct
 import tarfile
 import zipfile
 import zlib
@@ -43,10 +44,12 @@ IGNORED_IN_DIRS = ("__pycache__", ".git")   # copied from a source directory: ne
 _CHUNK = 1 << 20
 
 # What a broken archive raises from tarfile/zipfile/gzip/zlib, beside their own errors: an
-# unsupported zip compression is NotImplementedError, an encrypted member RuntimeError.
-_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError,
-               NotImplementedError, RuntimeError, ValueError, OSError)
-_TAR_ERRORS = (tarfile.TarError, zlib.error, EOFError, ValueError, OSError)
+# unsupported zip compression is NotImplementedError, an encrypted member RuntimeError, and
+# a damaged zip central directory IndexError or struct.error (found by
+# tests/security/test_fuzz_yaml_archive.py: one flipped byte in a wheel was a traceback).
+_DAMAGED = (zlib.error, EOFError, ValueError, OSError, LookupError, struct.error, OverflowError)
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, *_DAMAGED)
+_TAR_ERRORS = (tarfile.TarError, *_DAMAGED)
 
 
 @dataclass(frozen=True)

@@ -202,3 +202,43 @@ def test_a_good_archive_still_unpacks_with_its_inner_links(tmp_path, place):
     root = archive.extract(src, dest)
     assert (root / "lib" / "libx.so").read_bytes() == b"\x7fELF"
     assert (root / "up").resolve() == (root / "lib" / "libx.so.1").resolve()
+
+
+def _each_byte_damaged(blob: bytes):
+    for pos in range(len(blob)):
+        for value in (0x00, 0xFF, blob[pos] ^ 0x01):
+            yield pos, blob[:pos] + bytes([value]) + blob[pos + 1:]
+
+
+@pytest.mark.parametrize("fmt", ["whl", "tar.gz"])
+def test_every_single_byte_damage_is_one_line_or_a_clean_extract(tmp_path, fmt):
+    # The fuzz run found a wheel with one flipped byte in its central directory that made
+    # zipfile raise IndexError: a traceback from `plugin install`.  Here every byte of a
+    # small plugin is damaged in turn.
+    src = tmp_path / f"tiny-1.0.0.{fmt}"
+    if fmt == "whl":
+        with zipfile.ZipFile(src, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("tiny/manifest.yaml", MANIFEST)
+            info = zipfile.ZipInfo("tiny/tool")
+            info.external_attr = (stat.S_IFREG | 0o755) << 16
+            zf.writestr(info, b"#!/bin/sh\n")
+    else:
+        _tar(src, [("tiny/manifest.yaml", "file", MANIFEST, 0o644), ("tiny/lib.so", "sym", "tool", 0o777),
+                   ("tiny/tool", "file", b"#!/bin/sh\n", 0o755)])
+    blob = src.read_bytes()
+    outcomes = {"refused": 0, "extracted": 0}
+    for n, (pos, damaged) in enumerate(_each_byte_damaged(blob)):
+        case = tmp_path / f"c{n}"
+        case.mkdir()
+        bad = case / src.name
+        bad.write_bytes(damaged)
+        try:
+            archive.manifest_text(bad)
+            archive.extract(bad, case)
+            outcomes["extracted"] += 1
+        except BadInput as exc:
+            assert "\n" not in str(exc)
+            outcomes["refused"] += 1
+        except Exception as exc:  # noqa: BLE001 - this is what the test is looking for
+            raise AssertionError(f"byte {pos}: {type(exc).__name__}: {exc}") from None
+    assert outcomes["refused"] > 0
