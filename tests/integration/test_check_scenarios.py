@@ -114,6 +114,25 @@ def test_one_runtime_major_is_clean(tmp_path):
     assert run_ld(app).returncode == 0  # and the real loader agrees it loads
 
 
+@needs_gcc
+@needs_cu12
+@pytest.mark.parametrize("driver, too_old", [
+    ("12.4", False),         # nvidia-smi's "CUDA Version": a driver for CUDA 12.4, not driver 12.4
+    ("550", False),          # a branch
+    ("550.54.15", False),    # a full driver version
+    ("11.8", True),          # a driver for CUDA 11.8 cannot run the 12.x runtime
+    ("470.82.01", True),
+])
+def test_driver_version_forms_against_a_cuda12_runtime(tmp_path, driver, too_old):
+    build_two_runtimes(tmp_path, CU12)
+    code, report = check("--driver-version", driver, tmp_path)
+    assert set(rules(report)) == ({"cuda-driver-too-old"} if too_old else set()), report["findings"]
+    assert code == (1 if too_old else 0)
+    for finding in report["findings"]:
+        assert "None" not in finding["message"] and "None" not in finding["fix"]
+        assert "--runtime 11" in finding["fix"]  # relink to the runtime this driver can run
+
+
 # --- (b) a file named libcudart.so.12 that is really 11.x -----------------------------------
 
 def build_renamed_runtime(tmp: Path, runtime: Path) -> Path:
