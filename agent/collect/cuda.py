@@ -391,6 +391,8 @@ def static_runtime_facts(objects: dict, gpu, seen: set) -> list:
         if path in seen:
             continue
         seen.add(path)
+        if info is not None and not any(n in info.section_names for n in (".nv_fatbin", "__nv_relfatbin")):
+            continue  # without device code the runtime's version cannot be told: not judged
         try:
             found = static_runtime(path, info)
         except OSError:

@@ -232,18 +232,19 @@ def choose_image(entries, target: int, ptx_isa_max: tuple | None = None) -> tupl
 
 
 def runnable_on(entries, target: int, target_variant: str = "", ptx_isa_max: tuple | None = None) -> tuple:
-    """Can every module of this fatbin run on a device of compute capability ``target``?
+    """Coarse, file-level: does any module have an image for capability ``target``?
 
-    Returns (ok, why).  ``target_variant`` is accepted for callers that pass sm_90a: a device
-    is a capability, so the variant of the target changes nothing.  Modules are judged by
-    their images only; collect.fatbin also drops modules that hold no kernel.
+    Returns (ok, why).  It cannot tell a device-link stub or a kernel-less cubin from code,
+    so it is only a first look; collect.fatbin.judge decides per module and kernel (issue
+    11).  ``target_variant`` is accepted for callers that pass sm_90a: a device is a
+    capability, so the variant of the target changes nothing.
     """
     if not entries:
         return True, "no device code"
-    reasons = []
+    first_why = "no SASS for this arch and no PTX that JITs to it"
     for number, module in modules(entries).items():
         image, why, _too_new = choose_image(module, target, ptx_isa_max)
-        if image is None:
-            return False, f"module {number}: {why}"
-        reasons.append(why)
-    return True, reasons[0] if len(set(reasons)) == 1 else "; ".join(sorted(set(reasons)))
+        if image is not None:
+            return True, why
+        first_why = why if number == 0 else first_why
+    return False, first_why
