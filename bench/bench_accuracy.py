@@ -8,7 +8,7 @@ corpora where those modules are present).  Wheels are cached under ~/.cache/seed
 ($SEEDANCE_CORPUS); a corpus that cannot be had here is listed with the reason, never
 counted as passed.
 
-    .venv/bin/python bench/bench_accuracy.py [--verbose]
+    .venv/bin/python bench/bench_accuracy.py [--verbose] [--corpus loader|cuda|torch ...]
 """
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def _class_of(case, row: dict, corpus: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", action="store_true", help="one line per case")
+    parser.add_argument("--corpus", action="append", choices=[c for _m, c in CORPORA],
+                        help="only this corpus (repeatable; default: all)")
     args = parser.parse_args()
     started = time.monotonic()
     per_class: dict = defaultdict(lambda: {"cases": 0, "broken": 0, "false": 0, "missed": 0})
@@ -50,6 +52,8 @@ def main() -> int:
     wrong = []
     with tempfile.TemporaryDirectory(prefix="seedance-accuracy-") as work:
         for module_name, corpus in CORPORA:
+            if args.corpus and corpus not in args.corpus:
+                continue
             if not (ROOT / (module_name.replace(".", "/") + ".py")).is_file():
                 unavailable.append((corpus, "not in this checkout"))
                 continue

@@ -98,7 +98,7 @@ def _preloading(path: str) -> bool:
     return site_dir is not None and os.path.relpath(path, site_dir).split(os.sep)[0] in PRELOADING_PACKAGES
 
 
-def in_practice(objects: list, optional: dict | None = None) -> dict:
+def in_practice(objects: list, optional: dict | None = None, programs: dict | None = None) -> dict:
     """path -> (loads, how) for every object, as it is loaded in practice (module docstring)."""
     results = dict(zip(objects, load_all([{"path": p, "preload": []} for p in objects])))
     how = {p: ("loads on its own" if r["ok"] else r["error"]) for p, r in results.items()}
@@ -138,6 +138,14 @@ def in_practice(objects: list, optional: dict | None = None) -> dict:
             verdicts[path] = (True, f"loaded by {mapped[real]}")
         else:
             verdicts[path] = (False, how[path])
+    for library, program in (programs or {}).items():
+        if not verdicts[library][0]:
+            ldd = subprocess.run(["ldd", "-r", program], capture_output=True, text=True, errors="replace",
+                                 env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+            listed = {os.path.realpath(p) for p in re.findall(r"=> (/\S+)", ldd.stdout)}
+            if ldd.returncode == 0 and "not found" not in ldd.stdout and "undefined symbol" not in ldd.stdout \
+                    and os.path.realpath(library) in listed:
+                verdicts[library] = (True, f"loaded by {program} (ldd -r: every library and symbol found)")
     for plugin, host in (optional or {}).items():
         host_ok = verdicts.get(host) or (load_all([{"path": host, "preload": []}])[0]["ok"], "")
         if not verdicts[plugin][0] and host_ok[0]:
@@ -154,6 +162,7 @@ class Env:
     kind: str  # the class of issue 11 it exercises (the bench's table rows)
     target: Path
     optional: dict = field(default_factory=dict)  # plugin -> host
+    programs: dict = field(default_factory=dict)  # private library -> the program outside that loads it
     objects: list | None = None  # default: every ELF file under target
     check_args: list = field(default_factory=list)
 
@@ -214,6 +223,19 @@ def wheel_envs() -> tuple:
         envs.append(Env("cupy-cuda12x + nvidia-cublas-cu12", "package-preload",
                         site("cupy-cublas", [(cupy, "cupy"), (cupy, "cupy_backends"), (cupy, "cupyx"),
                                              (cublas, f"{NV}/cublas")])))
+    # optional transport plugins: NVSHMEM dlopens a bootstrap/transport only when selected,
+    # cuFile its RDMA library only when cufile.json enables RDMA; healthy when the host loads
+    nvshmem = get("nvshmem-cu12", "nvidia-nvshmem-cu12", "nvidia/nvshmem/lib/libnvshmem_host.so.3")
+    if nvshmem:
+        lib = nvshmem / NV / "nvshmem" / "lib"
+        plugins = sorted(lib.glob("nvshmem_transport_*.so*")) + sorted(lib.glob("nvshmem_bootstrap_*.so*"))
+        envs.append(Env("nvidia-nvshmem-cu12 (transports without MPI/UCX/rdma-core)", "optional-plugin", nvshmem,
+                        optional={str(p): str(lib / "libnvshmem_host.so.3") for p in plugins}))
+    cufile = get("cufile-cu12", "nvidia-cufile-cu12", "nvidia/cufile/lib/libcufile.so.0")
+    if cufile:
+        lib = cufile / NV / "cufile" / "lib"
+        envs.append(Env("nvidia-cufile-cu12 (RDMA library without rdma-core)", "optional-plugin", cufile,
+                        optional={str(p): str(lib / "libcufile.so.0") for p in lib.glob("libcufile_rdma.so*")}))
     for name, requirement, marker, label in (
             ("scipy", "scipy", "scipy.libs", "scipy (vendored gfortran/openblas, inherited RPATH)"),
             ("onnxruntime", "onnxruntime", "onnxruntime", "onnxruntime"),
@@ -222,6 +244,16 @@ def wheel_envs() -> tuple:
         if where is not None:
             envs.append(Env(label, "vendored-wheel", where))
     return envs, missing
+
+
+def host_envs() -> list:
+    """This host's own private library: systemd's libsystemd-core, loaded only by systemd."""
+    core = sorted(Path("/usr/lib/x86_64-linux-gnu/systemd").glob("libsystemd-core-*.so"))
+    program = Path("/lib/systemd/systemd")
+    if not core or not program.exists() or shutil.which("ldd") is None:
+        return []
+    return [Env("Debian host: systemd's private libraries", "private-library", core[0].parent,
+                programs={str(core[0]): str(program)})]
 
 
 def _cc(*args):
@@ -308,7 +340,7 @@ def gcc_envs(work: Path) -> list:
         f"-L{plugin / 'ucx'}", "-Wl,--no-as-needed", "-l:libucp.so.0")
     host = _so(plugin / "lib" / "libnvshmem_host.so.3", "int h(void){return 0;}\n", "-Wl,-soname,libnvshmem_host.so.3")
     shutil.rmtree(plugin / "ucx")
-    envs.append(Env("gcc: optional transport plugin without UCX", "standalone-view", plugin / "lib",
+    envs.append(Env("gcc: optional transport plugin without UCX", "optional-plugin", plugin / "lib",
                     optional={str(plugin / "lib" / "nvshmem_transport_ucx.so.3"): str(host)}))
     return envs
 
@@ -316,6 +348,7 @@ def gcc_envs(work: Path) -> list:
 def cases(workdir: Path) -> list:
     """Every (environment, object) case; Unavailable when nothing at all can be built."""
     envs, missing = wheel_envs()
+    envs += host_envs()
     try:
         envs += gcc_envs(workdir)
     except Unavailable as exc:
@@ -349,7 +382,7 @@ def truth_for(env: Env, subject: Path) -> tuple:
     key = str(env.target)
     if key not in _TRUTHS:
         objects = env.objects if env.objects is not None else elf_files(env.target)
-        _TRUTHS[key] = in_practice(list(objects), env.optional)
+        _TRUTHS[key] = in_practice(list(objects), env.optional, env.programs)
     return _TRUTHS[key][str(subject)]
 
 
