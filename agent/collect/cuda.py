@@ -158,17 +158,20 @@ def driver_max_major(driver_version) -> int | None:
 
 
 def driver_fact(requester: str, runtime_path: str, major: int, driver_version, driver_source: str,
-                linkage: str = "shared", compat: str | None = None, extra: dict | None = None) -> Fact | None:
+                linkage: str = "shared", compat: str | None = "auto", extra: dict | None = None) -> Fact | None:
     """cuda_driver fact for one object that loads (or links in) a runtime of ``major``.
 
-    ``compat``: the version of a cuda-compat libcuda on the loader path; where present it
-    replaces the driver for this floor (forward compatibility, CUDA Compatibility guide).
+    ``compat``: the version of a cuda-compat libcuda on the loader path ("auto": look on
+    LD_LIBRARY_PATH); where present it replaces the driver for this floor (forward
+    compatibility, CUDA Compatibility guide).
     """
     needed = MIN_DRIVER.get(major)
     if needed is None:
         return None  # a future major we have no table entry for: say nothing rather than guess
     spec = _spec(driver_version)
     ok = spec.meets(needed)
+    if compat == "auto":
+        compat = compat_driver()
     if not ok and compat:
         ok = version_tuple(compat) >= version_tuple(needed)
     best = driver_max_major(spec)

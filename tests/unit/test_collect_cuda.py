@@ -106,6 +106,17 @@ def test_compat_driver_on_the_loader_path(tmp_path):
     fact = cuda.driver_fact("/x.so", "/x.so", 12, "470.82.01", "--driver-version", linkage="static",
                             compat="570.124.06")
     assert fact.data["driver_ok"] is True
+    assert cuda.driver_fact("/x.so", "/x.so", 13, "470.82.01", "--driver-version", compat="570.124.06").data["driver_ok"] is False
+
+
+def test_compat_on_ld_library_path_applies_to_shared_runtimes(tmp_path, monkeypatch):
+    compat = tmp_path / "compat"
+    compat.mkdir()
+    (compat / "libcuda.so.580.65.06").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(compat))
+    assert cuda.driver_fact("/x.so", "/libcudart.so.13", 13, "535.104.05", "nvml").data["driver_ok"] is True
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    assert cuda.driver_fact("/x.so", "/libcudart.so.13", 13, "535.104.05", "nvml").data["driver_ok"] is False
 
 
 # --- a statically linked runtime, judged by the real static runtime against a driver -------
