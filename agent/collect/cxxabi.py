@@ -113,10 +113,15 @@ class TorchAbiCache:
         return self._defined[path]
 
     def missing(self, imports, ext_path: str, closure_objects: dict, torch_paths, read_symbols) -> list:
-        """The ``imports`` no object of the closure defines; torch's own libraries are read
-        first, the others only while something is still missing."""
+        """The ``imports`` no object of the closure defines.
+
+        Only torch's own libraries and the objects that link a torch library themselves can
+        define a c10/at/torch symbol (c10 is torch's; one defines it by including its headers
+        and building against it), so the CUDA and system libraries of the closure, gigabytes
+        in a CUDA torch, are not read."""
         torch_dirs = {os.path.dirname(p) for p in torch_paths}
-        ordered = sorted((p for p in closure_objects if p != ext_path),
+        ordered = sorted((p for p in closure_objects if p != ext_path
+                          and (os.path.dirname(p) in torch_dirs or _links_torch(closure_objects[p]))),
                          key=lambda p: (os.path.dirname(p) not in torch_dirs, p))
         left = set(imports)
         for path in ordered:
@@ -203,6 +208,10 @@ def cxx_abi_fact(ext_path: str, ext_info, torch_paths, cache: TorchAbiCache) -> 
                          "example_symbol": example},
                         source="collect.cxxabi")
     return None
+
+
+def _links_torch(info) -> bool:
+    return any(name.startswith(("libc10", "libtorch")) for name in info.needed)
 
 
 def _same_directory(path: str, others) -> bool:
