@@ -66,9 +66,16 @@ class Rule:
     # (gpu-memory-fragmented: warning at "warning", error at "danger").
     escalate: Any = None
     escalate_program: Any = field(default=None, compare=False, repr=False)
+    # defaults: values for data keys a fact may lack, so facts from another collector still
+    # match (trace's observed `needed` facts carry no `same_library`) instead of reading as
+    # a missing attribute, which is no match
+    defaults: Any = None
 
     def matches(self, fact: Fact) -> bool:
         context = _cel_context(fact, self.names)
+        for name, value in (self.defaults or {}).items():
+            if name in self.names and name not in context:
+                context[name] = value
         key = _memo_key(context)
         if key is not None and key in self.memo:
             return self.memo[key]
@@ -236,6 +243,10 @@ def _build_rule(entry: Any, where: str) -> Rule:
         except Exception as exc:
             raise RuleError(f"{where} ({entry['id']}): escalate condition does not compile: "
                             f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
+    defaults = entry.get("defaults", {})
+    if not isinstance(defaults, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in defaults.items()):
+        raise RuleError(f"{where} ({entry['id']}): defaults must map data keys to plain values")
     known = set(Rule.__dataclass_fields__) - {"program", "source", "escalate_program"}
     unknown = set(entry) - known
     if unknown:

@@ -268,3 +268,22 @@ def test_strict_judges_extension_modules_with_their_interpreter(tmp_path):
     assert {f.subject["path"] for f in report.findings} == {str(bad)}
     rows = [line for line in table(report, width=200).splitlines() if "symbol-undefined" in line]
     assert len(rows) == 1 and "2 symbols defined by nothing" in rows[0]
+
+
+def test_facts_without_the_new_keys_still_match_through_rule_defaults():
+    """trace's observed `needed` facts carry no same_library/context: the loader rules' defaults
+    keep judging them by name, as before (rules/README.md, `defaults`)."""
+    from seedance.engine import load_rules
+    from seedance.model import Fact
+
+    rules = load_rules()
+    observed = {"name": "libcudart.so.12", "resolved": True, "resolved_path": "/x/libcudart.so.12",
+                "has_soname": True, "source": "DT_NEEDED", "tried": [], "search_order": [], "observed": True}
+    wrong = Fact("needed", {"path": "/x/app", "pid": 1}, {**observed, "soname": "libcudart.so.11.0"})
+    right = Fact("needed", {"path": "/x/app", "pid": 1}, {**observed, "soname": "libcudart.so.12"})
+    assert [f.rule for f in rules.evaluate([wrong, right])] == ["needed-soname-mismatch"]
+    missing = Fact("needed", {"path": "/x/app"}, {"name": "libgone.so", "resolved": False})
+    assert [f.rule for f in rules.evaluate([missing])] == ["needed-unresolved"]
+    miss = Fact("undefined_symbol", {"path": "/x/app", "pid": 1},
+                {"symbol": "f", "version": None, "provided": False, "observed": True})
+    assert [f.rule for f in rules.evaluate([miss], strict=True)] == ["symbol-undefined"]
