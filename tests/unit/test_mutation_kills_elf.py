@@ -137,3 +137,77 @@ def test_which_targets_ptx_jits_to(arch, variant, target, jits):
 
     entry = fatbin.FatbinEntry("ptx", arch, variant, False, 0)
     assert fatbin.ptx_jits_to(entry, target) is jits
+
+
+# -- fatbin: architecture names as nvcc spells them (-arch=sm_90a, -gencode code=compute_100f) --
+@pytest.mark.parametrize("text, parsed", [
+    ("sm_90a", (90, "a")), ("compute_100f", (100, "f")), ("SM_86", (86, "")), ("sm90", (90, "")),
+    ("compute86", (86, "")), ("compute_86", (86, "")), ("8.6", (86, "")), ("12.0", (120, "")),
+    ("9.0a", (90, "a")), ("90", (90, "")), ("sm_10", (10, "")), ("sm_999", (999, "")),
+])
+def test_arch_names(text, parsed):
+    from seedance.elf import fatbin
+
+    assert fatbin.parse_arch(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["gfx90a", "sm_9", "sm_1000", "8.x", "x.6", "sm_", "", "sm_abc", "compute_9.0.1"])
+def test_not_arch_names_say_so(text):
+    from seedance.elf import fatbin
+
+    with pytest.raises(ValueError) as caught:
+        fatbin.parse_arch(text)
+    assert str(caught.value) == f"not a GPU architecture: {text!r} (expected e.g. sm_90)"
+
+
+# SASS: binary-compatible within a major at or above its minor; 'a' SASS only on exactly its
+# architecture; 'f' SASS within its family (CUDA programming guide, "Binary Compatibility").
+@pytest.mark.parametrize("arch, variant, target, runs", [
+    (80, "", 86, True), (86, "", 89, True), (86, "", 90, False), (90, "", 86, False),
+    (100, "a", 100, True), (100, "a", 103, False), (100, "f", 103, True), (100, "f", 110, False),
+])
+def test_where_sass_runs(arch, variant, target, runs):
+    from seedance.elf import fatbin
+
+    assert fatbin.sass_runs_on(fatbin.FatbinEntry("sass", arch, variant, False, 0), target) is runs
+
+
+def _image(kind, arch, variant="", isa=(), note=""):
+    from seedance.elf import fatbin
+
+    return fatbin.FatbinEntry(kind, arch, variant, False, 0, isa=isa, note=note)
+
+
+def test_what_the_driver_loads_from_a_module():
+    from seedance.elf import fatbin
+
+    sm90, sm86 = _image("sass", 90), _image("sass", 86)
+    assert fatbin.choose_image([sm86, sm90], 90) == (sm90, "SASS sm_90", False)
+    assert fatbin.choose_image([sm86], 89) == (sm86, "SASS sm_86 (binary-compatible)", False)
+    ptx80 = _image("ptx", 80, isa=(7, 0))
+    assert fatbin.choose_image([sm86, ptx80], 90, (8, 5)) == (ptx80, "PTX compute_80 JIT", False)
+    assert fatbin.choose_image([sm90], 86) == (None, "no SASS for this arch and no PTX that JITs to it", False)
+    assert fatbin.choose_image([], 86) == (None, "no SASS for this arch and no PTX that JITs to it", False)
+
+
+def test_a_damaged_container_decides_before_any_image():
+    from seedance.elf import fatbin
+
+    damaged = _image("damaged", 0, note="container overruns .nv_fatbin")
+    assert fatbin.choose_image([damaged, _image("sass", 90)], 90) == (None, "container overruns .nv_fatbin", False)
+
+
+def test_ptx_too_new_for_the_driver_names_the_cuda_it_needs():
+    from seedance.elf import fatbin
+
+    new, old = _image("ptx", 90, isa=(9, 0)), _image("ptx", 80, isa=(7, 0))
+    # a later PTX the driver can JIT still wins over one it cannot
+    assert fatbin.choose_image([new, old], 90, (8, 5)) == (old, "PTX compute_80 JIT", False)
+    # PTX ISA 9.0 came with CUDA 13.0 (PTX ISA release notes)
+    assert fatbin.choose_image([new], 90, (8, 5)) == (
+        None, "PTX compute_90 is ISA 9.0, which needs a driver for CUDA 13.0; the driver JITs up to ISA 8.5 "
+              "(cudaErrorUnsupportedPtxVersion)", True)
+    future = _image("ptx", 90, isa=(9, 9))
+    assert fatbin.choose_image([future], 90, (8, 5)) == (
+        None, "PTX compute_90 is ISA 9.9, which needs a driver for a newer CUDA; the driver JITs up to ISA 8.5 "
+              "(cudaErrorUnsupportedPtxVersion)", True)
