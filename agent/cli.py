@@ -20,6 +20,7 @@ from .errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error, es
 COMMANDS = {
     "check": "check",
     "ldd": "ldd",
+    "why": "why",
     "fix": "fix",
     "run": "run",
     "trace": "trace",

@@ -21,6 +21,8 @@ examples:
   seedance check --explain libcudart.so.12 ./libkernels.so
   seedance check --driver-version 535.104.05 ./build
   seedance check --python ~/venv/bin/python ./build/lib.linux-x86_64-cpython-311
+  seedance check --python ~/venv/bin/python --imports torch,tensorflow --graph closure.svg
+  seedance check --pid 4242 --then-dlopen libcudart.so.11.0
 """
 
 
@@ -52,6 +54,18 @@ def configure_parser(sub):
     parser.add_argument("--python", metavar="PATH",
                         help="judge torch extensions against the torch this interpreter imports "
                              "(default: the torch in each extension's own environment)")
+    # issue 12: the process model (seedance.resolve.process): loads in order, in one process
+    parser.add_argument("--imports", metavar="A,B,C",
+                        help="predict what `import A, B, C` loads in --python's interpreter (default python3) "
+                             "and whether it fails, without importing anything")
+    parser.add_argument("--dlopen", metavar="LIB1,LIB2",
+                        help="predict a program (TARGET, default --python's interpreter) dlopening these in order")
+    parser.add_argument("--observe", action="store_true",
+                        help="with --imports: also run the import for real under LD_DEBUG=files (executes code)")
+    parser.add_argument("--then-dlopen", metavar="LIB", action="append", default=[],
+                        help="with --pid: what a later dlopen of LIB would do in that process (repeatable)")
+    parser.add_argument("--graph", metavar="FILE.svg|FILE.png",
+                        help="with --imports/--dlopen/--pid: draw the closure (graphviz); red edges carry findings")
     parser.add_argument("--rules", metavar="DIR", help="load rules from DIR instead of the built-in rules")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
     parser.add_argument("--plugin", metavar="NAME", help="seven-layer check of an installed plugin (L1 kernel/driver .. L7 manifest)")
@@ -75,6 +89,9 @@ def execute(args) -> int:
     if args.plugin:
         from ..plugins.layers import main_for_check
         return main_for_check(args)
+    if args.imports is not None or args.dlopen is not None or args.then_dlopen or args.graph:
+        from .process_check import execute_process
+        return execute_process(args)
     if args.explain:
         if args.targets or args.pid:
             raise UsageError("seedance check: --explain takes no other targets")

@@ -23,6 +23,7 @@ examples:
   seedance ldd /usr/bin/curl
   seedance ldd --json ./libkernels.so | jq '.not_found'
   seedance ldd --env LD_LIBRARY_PATH=/opt/cuda/lib64 ./app
+  seedance ldd --tree ./libkernels.so            the tree, with how each edge resolved
 """
 
 SCHEMA = "seedance.ldd/v1"
@@ -41,6 +42,9 @@ def configure_parser(sub):
                              "(repeatable; default: a clean environment)")
     parser.add_argument("--secure", action="store_true",
                         help="resolve as for a set-user-ID program (AT_SECURE)")
+    parser.add_argument("--tree", action="store_true",
+                        help="print libtree's tree shape with the reason per edge (rpath, runpath, "
+                             "ld_library_path, ld.so.cache, default, already loaded)")
     parser.set_defaults(execute=execute)
     return parser
 
@@ -81,6 +85,10 @@ def execute(args) -> int:
             print("\tstatically linked")
         return 0
     closure = resolver.closure(args.file)
+    if getattr(args, "tree", False) and not args.json:
+        from ..render_graph import tree_text
+        sys.stdout.write(escape_path(tree_text(closure)).replace("\\n", "\n"))
+        return 0
     if args.json:
         print(json.dumps(_document(args.file, closure, info), indent=2))
     else:

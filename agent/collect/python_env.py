@@ -1,0 +1,509 @@
+"""Which extension modules `import a, b, c` would dlopen, found on disk without importing.
+
+The interpreter is asked once (``python -c``, no package imported) for what only it knows:
+sys.path (PYTHONPATH and site-packages included), its extension suffixes, its dlopen flags,
+the modules already imported at start-up and the executable.  Then each import is followed
+statically: a module's top-level statements are walked in order, as Python executes them
+(class bodies run, function bodies do not), and every `import`/`from ... import` is
+resolved the way importlib's PathFinder/FileFinder does (a directory with __init__ wins,
+then extension suffixes, then .py).  An extension module found that way is one dlopen, in
+Python's order.  What cannot be known statically (ctypes.CDLL, importlib.import_module of a
+computed name, sys.setdlopenflags, `from x import *`) is reported as a note: observe() runs
+the import for real under LD_DEBUG=files, and says that it executed code.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+from ..errors import BadInput
+
+# Printed with repr() and read back with ast.literal_eval: json would import _json, an
+# extension module of some builds, and change the very start-up state we ask about.
+_FACTS_SCRIPT = r"""
+import sys, importlib.machinery as m
+mods = []
+for name, mod in list(sys.modules.items()):
+    f = getattr(mod, '__file__', None)
+    if isinstance(f, str) and f.endswith(tuple(m.EXTENSION_SUFFIXES)):
+        mods.append((name, f))
+print(repr({'executable': sys.executable, 'path': list(sys.path),
+ 'builtins': list(sys.builtin_module_names), 'suffixes': list(m.EXTENSION_SUFFIXES),
+ 'dlopenflags': sys.getdlopenflags(), 'modules': list(sys.modules), 'extensions': mods,
+ 'platform': sys.platform, 'version': tuple(sys.version_info[:3]), 'exe': __import__('os').readlink('/proc/self/exe')}))
+"""
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    python: str
+    executable: str  # the running binary (/proc/self/exe): the main program of the process
+    path: tuple
+    builtins: frozenset
+    suffixes: tuple
+    dlopenflags: int
+    modules: frozenset  # imported at start-up
+    startup_extensions: tuple  # ((module, path), ...) dlopened at start-up, in order
+    platform: str
+    version: tuple
+
+
+@dataclass(frozen=True)
+class ExtensionLoad:
+    module: str
+    path: str
+    importer: str  # the name given to --imports that led here
+
+
+@dataclass
+class ImportPlan:
+    names: tuple
+    loads: list = field(default_factory=list)  # ExtensionLoad in dlopen order
+    missing: list = field(default_factory=list)  # (importer, module) not found on sys.path
+    notes: list = field(default_factory=list)  # what static analysis cannot know
+    per_name: dict = field(default_factory=dict)  # import name -> [ExtensionLoad]
+
+
+def ask_interpreter(python: str = "python3", env: dict | None = None, timeout: float = 30) -> Interpreter:
+    """Start ``python`` once without importing any package; BadInput when it cannot run."""
+    import shutil
+    exe = python if "/" in python else shutil.which(python)
+    if not exe or not os.path.exists(exe):
+        raise BadInput(f"{python}: no such interpreter")
+    try:
+        proc = subprocess.run([exe, "-c", _FACTS_SCRIPT], capture_output=True, timeout=timeout,
+                              env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BadInput(f"{python}: cannot run it as a Python interpreter ({exc.__class__.__name__})") from None
+    text = proc.stdout.decode("utf-8", "surrogateescape").strip().splitlines()
+    try:
+        facts = ast.literal_eval(text[-1]) if proc.returncode == 0 and text else None
+    except (ValueError, SyntaxError):
+        facts = None
+    if not isinstance(facts, dict):
+        raise BadInput(f"{python}: not a Python interpreter seedance can ask (exit {proc.returncode})")
+    return Interpreter(python=exe, executable=facts["exe"], path=tuple(facts["path"]),
+                       builtins=frozenset(facts["builtins"]), suffixes=tuple(facts["suffixes"]),
+                       dlopenflags=int(facts["dlopenflags"]), modules=frozenset(facts["modules"]),
+                       startup_extensions=tuple(tuple(x) for x in facts["extensions"]),
+                       platform=facts["platform"], version=tuple(facts["version"]))
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    kind: str  # package | source | extension | namespace | builtin
+    origin: str | None
+    search: tuple  # submodule_search_locations
+
+
+class _Finder:
+    """importlib's PathFinder + FileFinder over directories (zip entries are not read)."""
+
+    def __init__(self, interp: Interpreter):
+        self.interp = interp
+        self._listing: dict = {}
+        self.cwd = os.getcwd()
+
+    def _names(self, directory: str):
+        if directory not in self._listing:
+            try:
+                self._listing[directory] = frozenset(os.listdir(directory or "."))
+            except OSError:
+                self._listing[directory] = frozenset()
+        return self._listing[directory]
+
+    def find(self, fullname: str, search: tuple | None) -> _Spec | None:
+        tail = fullname.rpartition(".")[2]
+        if search is None:
+            if fullname in self.interp.builtins:
+                return _Spec(fullname, "builtin", None, ())
+            search = self.interp.path
+        portions = []
+        for entry in search:
+            directory = entry or self.cwd
+            if not os.path.isabs(directory):
+                directory = os.path.join(self.cwd, directory)
+            names = self._names(directory)
+            if not names:
+                continue
+            if tail in names and os.path.isdir(os.path.join(directory, tail)):
+                pkg = os.path.join(directory, tail)
+                inner = self._names(pkg)
+                for suffix in self.interp.suffixes + (".py", ".pyc"):
+                    if "__init__" + suffix in inner:
+                        kind = "extension" if suffix in self.interp.suffixes else "package"
+                        return _Spec(fullname, kind if kind == "extension" else "package",
+                                     os.path.join(pkg, "__init__" + suffix), (pkg,))
+                portions.append(pkg)
+            for suffix in self.interp.suffixes:
+                if tail + suffix in names:
+                    return _Spec(fullname, "extension", os.path.join(directory, tail + suffix), ())
+            for suffix in (".py", ".pyc"):
+                if tail + suffix in names:
+                    return _Spec(fullname, "source" if suffix == ".py" else "bytecode",
+                                 os.path.join(directory, tail + suffix), ())
+        if portions:
+            return _Spec(fullname, "namespace", None, tuple(portions))
+        return None
+
+
+_DYNAMIC_CALLS = {"CDLL", "LoadLibrary", "PyDLL", "setdlopenflags", "dlopen", "load_library",
+                  "_load_global_deps", "_preload_cuda_deps", "load_dynamic"}
+
+
+class _Planner:
+    def __init__(self, interp: Interpreter):
+        self.interp = interp
+        self.finder = _Finder(interp)
+        self.done: dict = {}  # module -> _Spec or None
+        self.plan: ImportPlan | None = None
+        self.importer = ""
+        self._trees: dict = {}
+
+    def import_name(self, fullname: str) -> bool:
+        """Import ``fullname`` and its parents; False when it is not found."""
+        parts = fullname.split(".")
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            if name in self.interp.modules:
+                continue
+            if name in self.done:
+                if self.done[name] is None:
+                    return False
+                continue
+            parent = self.done.get(".".join(parts[:i - 1])) if i > 1 else None
+            if i > 1 and parent is None and ".".join(parts[:i - 1]) not in self.interp.modules:
+                return False
+            search = parent.search if parent is not None else None
+            if i > 1 and parent is None:
+                search = self._startup_search(".".join(parts[:i - 1]))
+            spec = self.finder.find(name, search)
+            self.done[name] = spec
+            if spec is None:
+                return False
+            self._exec(spec)
+        return True
+
+    def _startup_search(self, package: str) -> tuple:
+        """__path__ of a package imported at start-up (found again on sys.path)."""
+        spec = self.finder.find(package, None if "." not in package else self._startup_search(
+            package.rpartition(".")[0]))
+        return spec.search if spec is not None else ()
+
+    def _exec(self, spec: _Spec) -> None:
+        if spec.kind == "extension":
+            load = ExtensionLoad(spec.name, spec.origin, self.importer)
+            self.plan.loads.append(load)
+            self.plan.per_name.setdefault(self.importer, []).append(load)
+            return
+        if spec.kind == "bytecode":
+            self.plan.notes.append(f"{spec.origin}: bytecode only; its imports are not read")
+            return
+        if spec.kind not in ("package", "source"):
+            return
+        tree = self._parse(spec.origin)
+        if tree is None:
+            return
+        package = spec.name if spec.kind == "package" else spec.name.rpartition(".")[0]
+        self._walk(tree.body, spec, package)
+
+    def _parse(self, path: str):
+        if path not in self._trees:
+            try:
+                with open(path, "rb") as handle:
+                    self._trees[path] = ast.parse(handle.read(), filename=path)
+            except (OSError, SyntaxError, ValueError):
+                self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
+                self._trees[path] = None
+        return self._trees[path]
+
+    def _walk(self, body, spec: _Spec, package: str) -> bool:
+        """Walk statements in order; returns False when an import in them was not found
+        (so a `try:` body would raise ImportError and its handlers run)."""
+        ok = True
+        for stmt in body:
+            if isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    ok = self.import_name(alias.name) and ok
+            elif isinstance(stmt, ast.ImportFrom):
+                base = _absolute(stmt.module, stmt.level, package)
+                if base is None:
+                    continue
+                if not self.import_name(base):
+                    ok = False
+                    continue
+                base_spec = self.done.get(base)
+                for alias in stmt.names:
+                    if alias.name == "*":
+                        continue
+                    sub = f"{base}.{alias.name}"
+                    if sub in self.done or sub in self.interp.modules:
+                        continue
+                    search = base_spec.search if base_spec is not None else ()
+                    if search and self.finder.find(sub, search) is not None:
+                        self.import_name(sub)
+            elif isinstance(stmt, ast.If):
+                verdict = _static_test(stmt.test, self.interp)
+                if verdict is not False:
+                    ok = self._walk(stmt.body, spec, package) and ok
+                if verdict is not True:
+                    ok = self._walk(stmt.orelse, spec, package) and ok
+            elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+                body_ok = self._walk(stmt.body, spec, package)
+                if not body_ok:
+                    for handler in stmt.handlers:
+                        self._walk(handler.body, spec, package)
+                else:
+                    self._walk(stmt.orelse, spec, package)
+                self._walk(stmt.finalbody, spec, package)
+            elif isinstance(stmt, (ast.With, ast.ClassDef)):
+                ok = self._walk(stmt.body, spec, package) and ok
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            else:
+                self._note_dynamic(stmt, spec)
+        return ok
+
+    def _note_dynamic(self, stmt, spec: _Spec) -> None:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if name == "import_module" and node.args and isinstance(node.args[0], ast.Constant) \
+                        and isinstance(node.args[0].value, str) and not node.args[0].value.startswith("."):
+                    self.import_name(node.args[0].value)
+                elif name in _DYNAMIC_CALLS or name in ("import_module", "__import__"):
+                    self.plan.notes.append(f"{spec.origin}:{node.lineno}: {name}() runs at import time; "
+                                           "what it loads is not known statically (use --observe)")
+
+
+def _absolute(module: str | None, level: int, package: str) -> str | None:
+    if level == 0:
+        return module
+    parts = package.split(".") if package else []
+    if level - 1 > len(parts) or not parts:
+        return None
+    base = ".".join(parts[:len(parts) - (level - 1)])
+    return f"{base}.{module}" if module else base
+
+
+def _static_test(test, interp: Interpreter):
+    """True/False for the few tests known before running (TYPE_CHECKING, sys.platform,
+    os.name, sys.version_info comparisons); None otherwise (both branches are followed)."""
+    text = ast.unparse(test)
+    if text in ("TYPE_CHECKING", "typing.TYPE_CHECKING", "_TYPE_CHECKING"):
+        return False
+    if text in ("not TYPE_CHECKING", "not typing.TYPE_CHECKING"):
+        return True
+    env = {"sys.platform": interp.platform, "os.name": "posix" if interp.platform != "win32" else "nt"}
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left = ast.unparse(test.left)
+        right = test.comparators[0]
+        if left in env and isinstance(right, ast.Constant) and isinstance(test.ops[0], (ast.Eq, ast.NotEq)):
+            equal = env[left] == right.value
+            return equal if isinstance(test.ops[0], ast.Eq) else not equal
+        if left == "sys.version_info" and isinstance(right, ast.Tuple):
+            try:
+                value = tuple(ast.literal_eval(right))
+            except ValueError:
+                return None
+            ops = {ast.GtE: lambda a, b: a >= b, ast.Lt: lambda a, b: a < b,
+                   ast.Gt: lambda a, b: a > b, ast.LtE: lambda a, b: a <= b}
+            op = ops.get(type(test.ops[0]))
+            return op(interp.version[:len(value)], value) if op else None
+    if isinstance(test, ast.Call) and ast.unparse(test.func) == "sys.platform.startswith" and test.args \
+            and isinstance(test.args[0], ast.Constant):
+        return interp.platform.startswith(test.args[0].value)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _static_test(test.operand, interp)
+        return None if inner is None else not inner
+    return None
+
+
+def plan_imports(interp: Interpreter, names) -> ImportPlan:
+    """The extension modules `import <names>` dlopens, in order, and what is not knowable."""
+    planner = _Planner(interp)
+    plan = ImportPlan(names=tuple(names))
+    planner.plan = plan
+    for name in names:
+        planner.importer = name
+        plan.per_name.setdefault(name, [])
+        if not planner.import_name(name):
+            plan.missing.append((name, name))
+    return plan
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What really happened: the files ld.so mapped, in order, and how Python ended."""
+    loaded: tuple  # (name as ld.so was asked for it, requester or '') in mapping order
+    returncode: int
+    error_line: str  # the last line Python wrote on stderr ('' when it exited 0)
+    executed: bool = True
+
+
+def observe(python: str, statement: str, env: dict | None = None, timeout: float = 300) -> Observation:
+    """Run ``python -c statement`` under LD_DEBUG=files (glibc's own trace, written to a
+    private directory through LD_DEBUG_OUTPUT): this EXECUTES the imported packages' code."""
+    import re
+    run_env = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory(prefix="seedance-observe-") as tmp:
+        run_env["LD_DEBUG"] = "files"
+        run_env["LD_DEBUG_OUTPUT"] = os.path.join(tmp, "ld")
+        try:
+            proc = subprocess.run([python, "-c", statement], capture_output=True, timeout=timeout,
+                                  env=run_env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise BadInput(f"{python} -c {statement!r} did not finish in {timeout:.0f} s") from None
+        text = ""
+        for entry in sorted(os.listdir(tmp)):
+            with open(os.path.join(tmp, entry), "rb") as handle:
+                text += handle.read().decode("utf-8", "surrogateescape")
+    loaded = []
+    pattern = re.compile(r"file=(.*?) \[\d+\];  (?:needed by (.*?) \[\d+\]|dynamically loaded by (.*?) \[\d+\])$")
+    for line in text.splitlines():
+        body = line.split(":", 1)[1].strip() if ":" in line else line
+        match = pattern.match(body)
+        if match:
+            loaded.append((match.group(1), match.group(2) or match.group(3) or ""))
+    err = proc.stderr.decode("utf-8", "surrogateescape").strip().splitlines()
+    return Observation(tuple(loaded), proc.returncode, err[-1] if err and proc.returncode else "")
+
+
+# --- predictions: the plan run through the process model -----------------------------------
+
+@dataclass
+class Prediction:
+    """What `import <names>` (or a sequence of dlopens) would do, decided without running it."""
+    names: tuple
+    model: object  # seedance.resolve.process.ProcessModel
+    plan: ImportPlan | None
+    interpreter: Interpreter | None
+    ok: bool
+    error: str | None  # dlerror() text / Python's exception line
+    failed_module: str | None = None
+    orders: list = field(default_factory=list)  # (order, ok) tried when it fails
+    working_order: tuple | None = None
+    searched_orders: bool = False
+
+    def loaded_names(self) -> list:
+        """The names ld.so maps, in order, as LD_DEBUG=files prints them (file=NAME)."""
+        out = []
+        for step in self.model.steps:
+            for obj in step.new_objects:
+                if step.load.kind != "exec" and obj == step.load.target:
+                    out.append(obj)
+                    continue
+                edge = next((e for e in step.edges if e.path == obj), None)
+                # an object found 'loaded' was in the process already (ld.so itself): no
+                # file is mapped for it, so LD_DEBUG=files prints no file= line
+                if edge is not None and edge.source != "loaded":
+                    out.append(edge.name)
+        return out
+
+
+def predict_imports(interp: Interpreter, names, resolver=None, search_orders: bool = True,
+                    dlopenflags: int | None = None) -> Prediction:
+    """`import a, b, c` in this interpreter: the extension modules it dlopens, in order,
+    through the process model; Python stops at the first ImportError."""
+    from ..resolve import Resolver
+    resolver = resolver or Resolver(env=_loader_env())
+    names = tuple(names)
+    prediction = _run_imports(interp, names, resolver, dlopenflags)
+    if not prediction.ok and search_orders and len(names) > 1:
+        import itertools
+        candidates = list(itertools.permutations(names)) if len(names) <= 4 else \
+            [names[i:] + names[:i] for i in range(1, len(names))]
+        for order in candidates:
+            if order == names:
+                continue
+            other = _run_imports(interp, order, resolver, dlopenflags)
+            prediction.orders.append((order, other.ok))
+            if other.ok:
+                prediction.working_order = order
+                break
+        prediction.searched_orders = True
+    return prediction
+
+
+def _loader_env() -> dict:
+    """The loader variables of this environment (the interpreter runs with them too)."""
+    return {k: v for k, v in os.environ.items() if k in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+
+
+def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Prediction:
+    from ..resolve.process import Load, Simulator
+    flags = interp.dlopenflags if dlopenflags is None else dlopenflags
+    sim = Simulator(resolver, interp.executable)
+    sim.start()
+    for module, path in interp.startup_extensions:
+        sim.dlopen(Load(path, "import", flags, module, "<startup>"))
+    plan = plan_imports(interp, names)
+    ok, error, failed = True, None, None
+    missing = dict(plan.missing)
+    for name in names:
+        for load in plan.per_name.get(name, ()):
+            step = sim.dlopen(Load(load.path, "import", flags, load.module, name))
+            if not step.ok:
+                ok, error, failed = False, step.python_error, load.module
+                break
+        if not ok:
+            break
+        if name in missing:
+            ok, error, failed = False, f"ModuleNotFoundError: No module named '{name}'", name
+            break
+    return Prediction(names, sim.model, plan, interp, ok, error, failed)
+
+
+def predict_dlopens(executable: str, libraries, flags: int, resolver=None) -> Prediction:
+    """A non-Python host: ``executable`` starts, then dlopens each library in order."""
+    from ..resolve import Resolver
+    from ..resolve.process import Load, Simulator
+    resolver = resolver or Resolver(env=_loader_env())
+    sim = Simulator(resolver, executable)
+    sim.start()
+    ok, error, failed = True, None, None
+    for lib in libraries:
+        step = sim.dlopen(Load(lib, "dlopen", flags, None, lib))
+        if not step.ok:
+            ok, error, failed = False, step.error, lib
+            break
+    return Prediction(tuple(libraries), sim.model, None, None, ok, error, failed)
+
+
+def shadowing_facts(prediction: Prediction) -> list:
+    """One `process-load` fact per shadowed NEEDED and per failed load (rules/process.yaml)."""
+    from ..model import Fact
+    if prediction.ok:
+        hint = "this order loads: the copy loaded first serves both here"
+    elif prediction.working_order:
+        hint = "import order that works: " + ", ".join(prediction.working_order) \
+            if prediction.plan is not None else "order that works: " + ", ".join(prediction.working_order)
+    elif prediction.searched_orders:
+        hint = "no import order works" if prediction.plan is not None else "no order works"
+    else:
+        hint = ""
+    facts = []
+    for step in prediction.model.steps:
+        module = step.load.module or step.load.target
+        for shadow in step.shadowed:
+            missing = ", ".join(s + (f"@{v}" if v else "") for s, v in shadow.missing)
+            copies = ", ".join(s + (f"@{v}" if v else "") for s, v, _p in shadow.other_copy[:5])
+            facts.append(Fact("process-load", {"path": shadow.requester}, {
+                "event": "shadowed", "importer": step.load.importer or "", "module": module,
+                "name": shadow.name, "used": shadow.used, "alone": shadow.alone,
+                "loaded_by": shadow.loaded_by, "loaded_for": shadow.loaded_for,
+                "missing": missing, "other_copy": copies, "order_hint": hint,
+                "consequence": (f"undefined symbol: {missing}" if missing else
+                                f"{len(shadow.other_copy)} of its symbols bind to that copy"
+                                + (f" ({copies})" if copies else "")),
+                "error": step.error or ""}, source="python_env"))
+        if not step.ok and not step.shadowed and step.load.kind != "exec":
+            facts.append(Fact("process-load", {"path": step.load.target}, {
+                "event": "failed", "importer": step.load.importer or "", "module": module,
+                "error": step.error or "", "order_hint": hint}, source="python_env"))
+    return facts

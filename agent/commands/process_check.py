@@ -1,0 +1,219 @@
+"""seedance check --imports / --dlopen / --pid --then-dlopen / --graph: the process model.
+
+Parses nothing itself (check.py does): builds the prediction from the core
+(seedance.collect.python_env, seedance.resolve.process), runs the rules over its facts and
+renders.  Imports, dlopens and the live process are read, never executed, except with
+--observe, which runs the import and says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..errors import UsageError, escape_path
+
+_FLAGS = {0x1: "RTLD_LAZY", 0x2: "RTLD_NOW", 0x100: "RTLD_GLOBAL", 0x4: "RTLD_NOLOAD", 0x8: "RTLD_DEEPBIND",
+          0x1000: "RTLD_NODELETE"}
+
+
+def flag_names(flags: int) -> str:
+    names = [n for bit, n in _FLAGS.items() if flags & bit]
+    if not flags & 0x100:
+        names.append("RTLD_LOCAL")
+    return "|".join(names)
+
+
+def _split(text: str, what: str) -> list:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise UsageError(f"seedance check: {what} needs at least one name")
+    return items
+
+
+def execute_process(args) -> int:
+    from ..engine import load_rules
+    from ..model import Report
+    from ..output import prepare_output
+
+    if args.observe and args.imports is None:
+        raise UsageError("seedance check: --observe goes with --imports")
+    if args.then_dlopen and not args.pid:
+        raise UsageError("seedance check: --then-dlopen goes with --pid")
+    if args.imports is not None and args.dlopen is not None:
+        raise UsageError("seedance check: give --imports or --dlopen, not both")
+    if args.graph and args.imports is None and args.dlopen is None and not args.pid:
+        raise UsageError("seedance check: --graph draws --imports, --dlopen or --pid")
+    graph_target, fmt = None, None
+    if args.graph:
+        fmt = os.path.splitext(args.graph)[1].lower().lstrip(".")
+        if fmt not in ("svg", "png"):
+            raise UsageError(f"seedance check: --graph writes .svg or .png, not {escape_path(args.graph)}")
+        graph_target = prepare_output(args.graph, force=args.force, what="graph")
+    rules = load_rules(args.rules)
+    report = Report(command="check")
+    lines: list = []
+    if args.imports is not None:
+        prediction = _imports(args, lines)
+        model = prediction.model
+        facts = _facts(prediction)
+    elif args.dlopen is not None:
+        prediction = _dlopens(args, lines)
+        model = prediction.model
+        facts = _facts(prediction)
+    else:
+        model, facts = _pid(args, lines)
+    report.add(rules.evaluate(facts, strict=args.strict))
+    report.stats["process_model"] = {"loads": len(model.steps), "objects": len(model.link_map)}
+    if graph_target is not None:
+        from .. import render_graph
+        data, why = render_graph.render(render_graph.to_dot(model, report.findings), fmt)
+        if data is None:
+            lines.append(why)
+            lines.append(render_graph.model_tree_text(model).rstrip("\n"))
+        else:
+            graph_target.write_bytes(data)
+            lines.append(f"graph: {escape_path(args.graph)}")
+    from .. import render
+    target = args.report_target
+    if target is None or not target.is_stdout:
+        sys.stdout.write("".join(escape_path(line) + "\n" for line in lines))
+        sys.stdout.write(render.table(report))
+    if target is not None:
+        render.write_json(report, target)
+    return report.exit_code(args.strict)
+
+
+def _facts(prediction) -> list:
+    from ..collect.python_env import shadowing_facts
+    return shadowing_facts(prediction)
+
+
+def _describe(model, lines: list) -> None:
+    for step in model.steps[1:]:
+        label = step.load.module or step.load.target
+        if step.already_loaded:
+            lines.append(f"  {label}: already loaded")
+            continue
+        head = f"  {label}: {step.load.target}"
+        extra = len(step.new_objects) - 1
+        head += f" (+{extra} object{'s' if extra != 1 else ''})" if extra > 0 else ""
+        lines.append(head + ("" if step.ok else "  FAILS"))
+        for shadow in step.shadowed:
+            lines.append(f"    {shadow.name} => {shadow.used} (already loaded by {shadow.loaded_by}; "
+                         f"alone it finds {shadow.alone})")
+
+
+def _imports(args, lines: list):
+    from ..collect.python_env import ask_interpreter, observe, predict_imports
+    names = _split(args.imports, "--imports")
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise UsageError(f"seedance check: --imports: not a module name: {escape_path(name)}")
+    interp = ask_interpreter(args.python or "python3")
+    prediction = predict_imports(interp, names)
+    lines.append(f"import {', '.join(names)} in {interp.executable} "
+                 f"(extensions dlopened {flag_names(interp.dlopenflags)}); predicted without importing:")
+    _describe(prediction.model, lines)
+    lines.append("predicted: " + ("imports" if prediction.ok else prediction.error))
+    if prediction.working_order:
+        lines.append("an import order that works: " + ", ".join(prediction.working_order))
+    elif prediction.searched_orders:
+        lines.append("no import order works")
+    for note in prediction.plan.notes[:20]:
+        lines.append("not known statically: " + note)
+    if args.observe:
+        statement = "import " + ", ".join(names)
+        seen = observe(interp.python, statement)
+        lines.append(f"observed: ran `{interp.python} -c '{statement}'` under LD_DEBUG=files "
+                     f"(this executed the packages' code): " +
+                     ("imports" if seen.returncode == 0 else seen.error_line or f"exit {seen.returncode}"))
+        predicted = prediction.loaded_names()
+        actual = [name for name, _who in seen.loaded]
+        same = predicted == actual and prediction.ok == (seen.returncode == 0)
+        lines.append(f"observed {len(actual)} objects mapped, predicted {len(predicted)}: "
+                     + ("the same, in the same order" if same else "they differ"))
+        if not same:
+            for name in [n for n in actual if n not in predicted][:10]:
+                lines.append(f"  loaded but not predicted: {name}")
+            for name in [n for n in predicted if n not in actual][:10]:
+                lines.append(f"  predicted but not loaded: {name}")
+    return prediction
+
+
+def _dlopens(args, lines: list):
+    from ..collect.python_env import predict_dlopens
+    libs = _split(args.dlopen, "--dlopen")
+    if len(args.targets) > 1:
+        raise UsageError("seedance check: --dlopen takes one program TARGET")
+    program = args.targets[0] if args.targets else None
+    if program is None:
+        from ..collect.python_env import ask_interpreter
+        program = ask_interpreter(args.python or "python3").executable
+    if not os.path.isfile(program):
+        from ..errors import BadInput
+        raise BadInput(f"{program}: no such file")
+    prediction = predict_dlopens(program, libs, 0x2)
+    lines.append(f"{program} dlopens {', '.join(libs)} (RTLD_NOW|RTLD_LOCAL), predicted:")
+    _describe(prediction.model, lines)
+    lines.append("predicted: " + ("loads" if prediction.ok else prediction.error))
+    return prediction
+
+
+def _pid(args, lines: list):
+    from ..collect.process import ProcessGone, read_process
+    from ..errors import BadInput
+    from ..model import Fact
+    from ..resolve import Resolver
+    from ..resolve.process import Load, live
+
+    if len(args.pid) != 1:
+        raise UsageError("seedance check: --then-dlopen and --graph take one --pid")
+    pid = args.pid[0]
+    try:
+        view = read_process(pid)
+    except ProcessGone:
+        raise BadInput(f"process {pid}: no such process") from None
+    except PermissionError:
+        raise BadInput(f"process {pid}: permission denied") from None
+    if view.root not in ("", "/") or view.exe is None:
+        raise BadInput(f"process {pid}: no executable on this root to model")
+    env = {k: v for k, v in view.environ.items() if k in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+    resolver = Resolver(env=env)
+    sim, shadowed = live(resolver, view.exe, [m.path for m in view.mappings if not m.deleted])
+    lines.append(f"process {pid} ({view.exe}): {len(sim.model.link_map)} objects in its link map")
+    facts = []
+    for shadow in shadowed:
+        lines.append(f"  already shadowed: {shadow.name} needed by {shadow.requester} is {shadow.used}; "
+                     f"alone it finds {shadow.alone}")
+        facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester}, {
+            "event": "shadowed", "importer": "", "module": shadow.requester, "name": shadow.name,
+            "used": shadow.used, "alone": shadow.alone, "loaded_by": shadow.loaded_by,
+            "loaded_for": shadow.loaded_for, "missing": "", "other_copy": "", "order_hint": "",
+            "consequence": "already mapped in the running process", "error": ""}, source="process"))
+    for lib in args.then_dlopen:
+        step = sim.dlopen(Load(lib, "dlopen", 0x2, None, lib))
+        verdict = "already loaded" if step.already_loaded else ("loads" if step.ok else f"fails: {step.error}")
+        lines.append(f"then dlopen({lib}): {verdict}")
+        for shadow in step.shadowed:
+            lines.append(f"    {shadow.name} => {shadow.used} (already loaded; alone it finds {shadow.alone})")
+        for shadow in step.shadowed:
+            missing = ", ".join(s for s, _v in shadow.missing)
+            facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester}, {
+                "event": "shadowed", "importer": lib, "module": lib, "name": shadow.name,
+                "used": shadow.used, "alone": shadow.alone, "loaded_by": shadow.loaded_by,
+                "loaded_for": shadow.loaded_for, "missing": missing, "other_copy": "",
+                "order_hint": "", "consequence": f"undefined symbol: {missing}" if missing
+                else "binds to the loaded copy", "error": step.error or ""}, source="process"))
+        if not step.ok and not step.shadowed:
+            facts.append(Fact("process-load", {"pid": pid, "path": lib}, {
+                "event": "failed", "importer": lib, "module": lib, "error": step.error or "",
+                "order_hint": ""}, source="process"))
+    return sim.model, facts
+
+
+def prediction_json(prediction) -> str:
+    """A plain JSON view of a prediction (for tests and --report-json consumers)."""
+    from ..model import _plain
+    return json.dumps({"ok": prediction.ok, "error": prediction.error,
+                       "steps": _plain(prediction.model.steps)}, indent=2)
