@@ -167,9 +167,12 @@ class MappedIndex:
     A rewrite by rename leaves a running process on the old inode: it keeps running the old
     code until it restarts, and a later dlopen of a sibling mixes old and new.  So a file a
     process maps is refused and the user is told which process to restart.
+
+    scan() keeps each process's maps as read; users() looks for one file's inode (or path)
+    with a C-speed substring search and parses only the lines that name it.  Parsing every
+    line of every process up front cost 0.2 s of a 15 KB library's fix (issue 13).
     """
-    by_inode: dict = field(default_factory=dict)  # (dev_major, dev_minor, ino) -> [(pid, comm)]
-    by_path: dict = field(default_factory=dict)  # path -> [(pid, comm)]
+    maps: list = field(default_factory=list)  # (pid, comm, raw /proc/PID/maps bytes)
 
     @classmethod
     def scan(cls, proc: str = "/proc") -> "MappedIndex":
@@ -190,24 +193,8 @@ class MappedIndex:
                     comm = handle.read().decode("utf-8", "replace").strip()
             except OSError:
                 continue  # exited mid-scan or not ours to read: nothing it maps can be known
-            seen = set()
-            for line in maps.splitlines():
-                parts = line.split(None, 5)
-                if len(parts) < 6 or parts[4] == b"0":
-                    continue
-                path = parts[5].decode("utf-8", "replace")
-                if path.endswith(" (deleted)"):
-                    continue  # the old inode: the path on disk is already another file
-                try:
-                    major, minor = (int(x, 16) for x in parts[3].split(b":"))
-                    key = (major, minor, int(parts[4]))
-                except ValueError:
-                    continue
-                if key in seen:
-                    continue
-                seen.add(key)
-                index.by_inode.setdefault(key, []).append((pid, comm))
-                index.by_path.setdefault(path, []).append((pid, comm))
+            if maps:
+                index.maps.append((pid, comm, maps))
         return index
 
     def users(self, path: str) -> list:
@@ -216,11 +203,27 @@ class MappedIndex:
         except OSError:
             return []
         key = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-        found = list(self.by_inode.get(key, []))
-        # overlayfs reports another device in maps than stat() does; the path still matches
-        for user in self.by_path.get(os.path.realpath(path), []):
-            if user not in found:
-                found.append(user)
+        inode = b" %d " % st.st_ino
+        real = os.fsencode(os.path.realpath(path))
+        found = []
+        for pid, comm, maps in self.maps:
+            if inode not in maps and real not in maps:
+                continue
+            for line in maps.splitlines():
+                if inode not in line and real not in line:
+                    continue
+                parts = line.split(None, 5)
+                if len(parts) < 6 or parts[4] == b"0" or parts[5].endswith(b" (deleted)"):
+                    continue  # anonymous, or the old inode: the path on disk is already another file
+                try:
+                    major, minor = (int(x, 16) for x in parts[3].split(b":"))
+                    same = (major, minor, int(parts[4])) == key
+                except ValueError:
+                    continue
+                # overlayfs reports another device in maps than stat() does; the path still matches
+                if same or parts[5] == real:
+                    found.append((pid, comm))
+                    break
         return found
 
 
