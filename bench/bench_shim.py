@@ -79,11 +79,20 @@ def base_env(tmp: Path) -> dict:
     return env
 
 
-PIN: list[str] = []   # --pin CPU: the in-process loops run on one CPU (and SCHED_FIFO as root)
+PIN: dict = {}   # --pin CPU: the in-process loops run on one CPU (and SCHED_FIFO as root)
+
+
+def _pin():
+    # in the child before exec: no taskset/chrt in between (a program started through
+    # them would run unwrapped: the shim leaves the programs a process execs alone)
+    os.sched_setaffinity(0, {PIN["cpu"]})
+    if os.geteuid() == 0:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
 
 
 def per_call(exe, mode, n, env) -> float:
-    out = subprocess.run([*PIN, str(exe), mode, str(n)], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([str(exe), mode, str(n)], env=env, capture_output=True, text=True, check=True,
+                         preexec_fn=_pin if PIN else None)
     return float(out.stdout.strip())
 
 
@@ -215,12 +224,13 @@ def main():
                          "shared machine the other jobs then stop preempting them; both sides get the same")
     args = ap.parse_args()
     if args.pin is not None:
-        PIN[:] = ["taskset", "-c", str(args.pin)] + (["chrt", "-f", "10"] if os.geteuid() == 0 else [])
+        PIN["cpu"] = args.pin
     rounds, n = (3, 200000) if args.quick else (7, 2000000)
     rounds = args.rounds or rounds
     with tempfile.TemporaryDirectory(prefix="seedance-bench-shim-") as d:
         b = build(Path(d))
-        result = {"machine": dict(machine(), pinned=" ".join(PIN) or None),
+        result = {"machine": dict(machine(), pinned=(f"cpu {PIN['cpu']}" + (", SCHED_FIFO 10" if os.geteuid() == 0
+                                                                                  else "")) if PIN else None),
                   "overhead_ns_per_call": overhead(b, rounds, n),
                   "run_200_programs": run_commands(b, rounds, 200, 10 if args.quick else 20),
                   "startup": startup(b, 200),

@@ -613,6 +613,10 @@ int main(int argc, char **argv)
     }
     if (i >= argc)
         usage_error("give the command after --, e.g. seedance run -- python train.py");
+    if (affinity && !*affinity) /* an empty value means "not given", as `if args.affinity:` */
+        affinity = NULL;
+    if (mem_limit && !*mem_limit)
+        mem_limit = NULL;
     if (affinity && strcasecmp(affinity, "auto") == 0)
         to_python(); /* NVML utilisation or the registry's view: Python */
     if (handles && strcmp(handles, "per-instance") != 0 && strcmp(handles, "shared") != 0)
