@@ -150,3 +150,28 @@ def test_python_tag_read_from_torchs_own_extension_module(torch):
     assert len(names) == 1
     digits = names[0].split("-")[1]
     assert torch_ext.python_tag_of(torch.path) == "py" + digits
+
+
+def test_rebuild_command_follows_how_the_extension_was_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    python_torch = torch_ext.TorchInstall(path="/x/torch", version="2.13.0", cuda=None,
+                                          source="--python /venv/bin/python")
+    cached = tmp_path / "cache" / "kernels" / "kernels.so"
+    assert torch_ext.rebuild_command(str(cached), python_torch) == \
+        "seedance fix torch-ext --clean-cache --rebuild kernels"
+    setup_project = tmp_path / "proj"
+    (setup_project / "pkg").mkdir(parents=True)
+    (setup_project / "setup.py").write_text("")
+    assert torch_ext.rebuild_command(str(setup_project / "pkg" / "_C.so"), python_torch) == \
+        f"cd {setup_project} && /venv/bin/python setup.py build_ext --inplace --force"
+    toml_project = tmp_path / "proj2"
+    (toml_project / "src").mkdir(parents=True)
+    (toml_project / "pyproject.toml").write_text("")
+    assert torch_ext.rebuild_command(str(toml_project / "src" / "_C.so"), None) == \
+        f"python -m pip install --no-build-isolation --no-deps --force-reinstall {toml_project}"
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    (site / "myext").mkdir(parents=True)
+    (site / "myext-1.0.dist-info").mkdir()
+    (site / "myext-1.0.dist-info" / "RECORD").write_text("myext/_C.so,,\n")
+    assert torch_ext.rebuild_command(str(site / "myext" / "_C.so"), python_torch) == \
+        "/venv/bin/python -m pip install --no-build-isolation --no-deps --force-reinstall --no-binary myext myext"
