@@ -79,8 +79,6 @@ def to_dot(model, findings=()) -> str:
             what = ("undefined symbol: " + ", ".join(s for s, _v in shadow.missing)) if shadow.missing \
                 else "binds to another copy"
             red[(shadow.requester, shadow.used)] = f"soname-shadowed: {shadow.name} ({what})"
-        for binding in step.unbound[:1]:
-            red.setdefault((binding.requester, None), f"undefined symbol: {binding.symbol}")
     for finding in findings:  # a rule may name more than the model marks
         ev = getattr(finding, "evidence", {}) or {}
         if finding.rule == "soname-shadowed" and ev.get("used"):
@@ -92,8 +90,10 @@ def to_dot(model, findings=()) -> str:
     def node(path: str | None, name: str) -> str:
         key = path or f"missing:{name}"
         if key not in nodes:
-            nodes[key] = f"n{len(nodes)}"
-            label = os.path.basename(path) if path else f"{name} (not found)"
+            # the node id is the path itself: an SVG's <title> then names the object, and an
+            # edge's title names both ends (tests read them)
+            nodes[key] = f'"{_q(key)}"'
+            label = f"{os.path.basename(path)}\n{_short_dir(path)}" if path else f"{name} (not found)"
             tip = path or name
             colour = ', color="red"' if path is None else ""
             lines.append(f'  {nodes[key]} [label="{_q(label)}", tooltip="{_q(tip)}"{colour}];')
@@ -104,6 +104,8 @@ def to_dot(model, findings=()) -> str:
         if step.load.kind != "exec" and step.new_objects:
             root = node(step.new_objects[0], step.load.target)
             label = step.load.module or step.load.target
+            if not step.ok:
+                label += ": " + (step.error.split(": ", 1)[-1] if step.unbound else step.error)
             colour = FAIL_COLOUR if not step.ok else "black"
             lines.append(f'  {root} [peripheries=2, color="{colour}", xlabel="{_q(label)}"];')
     for step, edge in _edges(model):
@@ -116,18 +118,27 @@ def to_dot(model, findings=()) -> str:
         label = red.get((edge.requester, edge.path))
         if label is None and edge.path is None:
             label = f"{edge.name}: cannot open shared object file"
-        if label is None and (edge.requester, None) in red and not step.ok:
-            label = red.pop((edge.requester, None))
         if label is not None:
             lines.append(f'  {a} -> {b} [color="{FAIL_COLOUR}", fontcolor="{FAIL_COLOUR}", penwidth=2.5, '
                          f'label="{_q(label)}", class="finding"];')
         else:
             colour = EDGE_COLOURS.get(edge.source, "black")
             lines.append(f'  {a} -> {b} [color="{colour}", tooltip="{_q(edge.source)}"];')
+    for step in model.steps:
+        for shadow in step.shadowed:
+            a, b = node(shadow.requester, shadow.requester), node(shadow.alone, shadow.name)
+            lines.append(f'  {a} -> {b} [style=dashed, color="gray50", fontcolor="gray50", '
+                         f'label="would load alone", class="alone"];')
     legend = " | ".join(f"{k}: {v}" for k, v in EDGE_COLOURS.items())
     lines.append(f'  labelloc=b; label="edges by how they resolved: {_q(legend)}; red: finding";')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _short_dir(path: str) -> str:
+    """The last two directories: two copies of one SONAME differ there (a/libs, b/libs)."""
+    parts = os.path.dirname(path).strip("/").split("/")
+    return "/".join(parts[-2:])
 
 
 def _q(text: str) -> str:

@@ -56,6 +56,7 @@ class ExtensionLoad:
     module: str
     path: str
     importer: str  # the name given to --imports that led here
+    flags: int | None = None  # dlopen flags set by a sys.setdlopenflags() before it; None: the interpreter's
 
 
 @dataclass
@@ -163,6 +164,7 @@ class _Planner:
         self.plan: ImportPlan | None = None
         self.importer = ""
         self._trees: dict = {}
+        self.flags: int | None = None  # after a static sys.setdlopenflags(...)
 
     def import_name(self, fullname: str) -> bool:
         """Import ``fullname`` and its parents; False when it is not found."""
@@ -196,7 +198,7 @@ class _Planner:
 
     def _exec(self, spec: _Spec) -> None:
         if spec.kind == "extension":
-            load = ExtensionLoad(spec.name, spec.origin, self.importer)
+            load = ExtensionLoad(spec.name, spec.origin, self.importer, self.flags)
             self.plan.loads.append(load)
             self.plan.per_name.setdefault(self.importer, []).append(load)
             return
@@ -273,12 +275,32 @@ class _Planner:
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if name == "setdlopenflags" and node.args:
+                    value = _dl_flags(node.args[0])
+                    if value is not None:
+                        self.flags = value  # every later extension import uses these
+                        continue
                 if name == "import_module" and node.args and isinstance(node.args[0], ast.Constant) \
                         and isinstance(node.args[0].value, str) and not node.args[0].value.startswith("."):
                     self.import_name(node.args[0].value)
                 elif name in _DYNAMIC_CALLS or name in ("import_module", "__import__"):
                     self.plan.notes.append(f"{spec.origin}:{node.lineno}: {name}() runs at import time; "
                                            "what it loads is not known statically (use --observe)")
+
+
+_RTLD = {"RTLD_LAZY": 0x1, "RTLD_NOW": 0x2, "RTLD_NOLOAD": 0x4, "RTLD_DEEPBIND": 0x8,
+         "RTLD_GLOBAL": 0x100, "RTLD_LOCAL": 0, "RTLD_NODELETE": 0x1000}
+
+
+def _dl_flags(node):
+    """The value of os.RTLD_NOW | os.RTLD_GLOBAL (ctypes.RTLD_*, bare names, ints), or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = _dl_flags(node.left), _dl_flags(node.right)
+        return None if left is None or right is None else left | right
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+    return _RTLD.get(name)
 
 
 def _absolute(module: str | None, level: int, package: str) -> str | None:
@@ -447,7 +469,8 @@ def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Pr
     missing = dict(plan.missing)
     for name in names:
         for load in plan.per_name.get(name, ()):
-            step = sim.dlopen(Load(load.path, "import", flags, load.module, name))
+            step = sim.dlopen(Load(load.path, "import", flags if load.flags is None else load.flags,
+                                   load.module, name))
             if not step.ok:
                 ok, error, failed = False, step.python_error, load.module
                 break
@@ -467,12 +490,14 @@ def predict_dlopens(executable: str, libraries, flags: int, resolver=None) -> Pr
     sim = Simulator(resolver, executable)
     sim.start()
     ok, error, failed = True, None, None
-    for lib in libraries:
-        step = sim.dlopen(Load(lib, "dlopen", flags, None, lib))
+    for item in libraries:
+        lib, lib_flags = item if isinstance(item, tuple) else (item, flags)
+        step = sim.dlopen(Load(lib, "dlopen", lib_flags, None, lib))
         if not step.ok:
             ok, error, failed = False, step.error, lib
             break
-    return Prediction(tuple(libraries), sim.model, None, None, ok, error, failed)
+    return Prediction(tuple(x[0] if isinstance(x, tuple) else x for x in libraries), sim.model, None, None,
+                      ok, error, failed)
 
 
 def shadowing_facts(prediction: Prediction) -> list:

@@ -153,11 +153,24 @@ def _dlopens(args, lines: list):
     if not os.path.isfile(program):
         from ..errors import BadInput
         raise BadInput(f"{program}: no such file")
-    prediction = predict_dlopens(program, libs, 0x2)
-    lines.append(f"{program} dlopens {', '.join(libs)} (RTLD_NOW|RTLD_LOCAL), predicted:")
+    loads = [_lib_and_flags(item) for item in libs]
+    prediction = predict_dlopens(program, loads, 0x2)
+    lines.append(f"{program} dlopens " + ", ".join(f"{lib} ({flag_names(flags)})" for lib, flags in loads)
+                 + ", predicted:")
     _describe(prediction.model, lines)
     lines.append("predicted: " + ("loads" if prediction.ok else prediction.error))
     return prediction
+
+
+def _lib_and_flags(item: str) -> tuple:
+    """LIB, LIB:GLOBAL, LIB:LAZY:GLOBAL -> (LIB, flags); RTLD_NOW|RTLD_LOCAL by default."""
+    parts = item.split(":")
+    flags, words = 0, []
+    while len(parts) > 1 and parts[-1].upper().removeprefix("RTLD_") in ("GLOBAL", "LOCAL", "LAZY", "NOW"):
+        words.append(parts.pop().upper().removeprefix("RTLD_"))
+    flags |= 0x100 if "GLOBAL" in words else 0
+    flags |= 0x1 if "LAZY" in words and "NOW" not in words else 0x2
+    return ":".join(parts), flags
 
 
 def _pid(args, lines: list):

@@ -223,8 +223,11 @@ class Simulator:
         closure = self.resolver.closure(path, preloaded=prior)
         new = [p for p in closure.objects if self._known(p) is None]
         new_set = set(new)
+        # the closure maps `prior` (and LD_PRELOAD) as if the root needed them: those are not
+        # NEEDED edges of the root
+        injected = set(prior) | set(_preload_names(self.resolver))
         edges = tuple(Edge(r.requester, r.name, r.path, r.source) for r in closure.resolutions
-                      if r.requester in new_set)
+                      if r.requester in new_set and not (r.requester == path and r.name in injected))
         local = _search_list(path, edges)
         scope = list(self.model.global_scope) + [p for p in local if p not in self.model.global_scope]
 
@@ -324,6 +327,11 @@ def simulate(resolver, executable: str, loads, startup: tuple = ()) -> ProcessMo
     for load in loads:
         sim.dlopen(load)
     return sim.model
+
+
+def _preload_names(resolver) -> list:
+    env = getattr(resolver, "env", {}) or {}
+    return [p for item in env.get("LD_PRELOAD", "").split(" ") for p in item.split(":") if p]
 
 
 def _search_list(root: str, edges) -> list:

@@ -37,12 +37,14 @@ def shared_lib(path, source, soname=None, version_script=None, links=(), rpath=N
     return path
 
 
-def extension(package_dir, module, calls, links=(), rpath="$ORIGIN/libs", extra=()):
+def extension(package_dir, module, calls, links=(), rpath="$ORIGIN/libs", extra=(), refs=(), expr=None):
     """A real CPython extension module ``module`` that calls each function of ``calls``
-    (declared extern int f(void)) when imported."""
+    (declared extern int f(void)) when imported, and takes the address of each of ``refs``
+    (so they must bind, RTLD_NOW); ``value`` is the sum of the calls (or ``expr``)."""
     include = sysconfig.get_paths()["include"]
     decls = "".join(f"extern int {name}(void);\n" for name in calls)
-    body = " + ".join(f"{name}()" for name in calls) or "0"
+    decls += "".join(f"extern char {name}[];\n" for name in refs)
+    body = expr or " + ".join([f"{name}()" for name in calls] + [f"({name} != 0)" for name in refs]) or "0"
     source = f"""
 #include <Python.h>
 {decls}
@@ -83,3 +85,35 @@ def run_python(site, statement, python=sys.executable):
     env = dict(os.environ, PYTHONPATH=site)
     env.pop("LD_LIBRARY_PATH", None)
     return subprocess.run([python, "-c", statement], capture_output=True, env=env, timeout=120)
+
+
+def host_program(path):
+    """A C program that dlopens each argument (PATH[:GLOBAL][:LAZY]) in order and prints
+    dlerror()'s text for the first that fails (exit 1), or 'ok' (exit 0)."""
+    source = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        char *name = argv[i];
+        int flags = RTLD_NOW;
+        char *mark;
+        while ((mark = strrchr(name, ':')) != NULL) {
+            if (strcmp(mark, ":GLOBAL") == 0) flags |= RTLD_GLOBAL;
+            else if (strcmp(mark, ":LAZY") == 0) flags = (flags & ~RTLD_NOW) | RTLD_LAZY;
+            else break;
+            *mark = 0;
+        }
+        if (!dlopen(name, flags)) { printf("%s\n", dlerror()); return 1; }
+    }
+    printf("ok\n");
+    return 0;
+}
+"""
+    src = path + ".c"
+    with open(src, "w") as handle:
+        handle.write(source)
+    gcc("-o", path, src, "-ldl")
+    os.unlink(src)
+    return path
