@@ -505,3 +505,26 @@ def torch_not_found_fact(path: str, needs) -> Fact:
     loaded after `import torch`, so that is no loader error; it is simply not judged."""
     return Fact("torch_env", {"path": path},
                 {"found": False, "needs": sorted(needs)}, source="collect.torch_ext")
+
+
+# torch's own libraries that torch dlopens only on demand, never at `import torch`
+# (issue 11, item 7: judged as loaded in practice).  libcaffe2_nvrtc.so: CUDAHooks::nvrtc()
+# (aten/src/ATen/cuda/detail/CUDAHooks.cpp) opens it through at::DynamicLibrary on the
+# first NVRTC use (jiterator, fused kernels), which needs a GPU and so the driver's
+# libcuda.so.1 that it NEEDs; on a host without the driver it is never loaded.
+_LAZY_TORCH_LIBS = {
+    "libcaffe2_nvrtc.so": "torch dlopens it only on the first NVRTC use on a GPU "
+                          "(CUDAHooks::nvrtc, ATen/cuda/detail/CUDAHooks.cpp), where the driver provides {name}",
+}
+
+
+def lazily_loaded_by_torch(path: str, name: str) -> str | None:
+    """Why a missing NEEDED ``name`` of torch's own library ``path`` is no load failure of
+    torch, or None.  For the loader rules' context (collect/practice.py, scan._explain_missing)."""
+    reason = _LAZY_TORCH_LIBS.get(os.path.basename(path))
+    if reason is None or name != "libcuda.so.1":
+        return None
+    lib_dir = os.path.dirname(os.path.abspath(path))
+    if not os.path.isfile(os.path.join(os.path.dirname(lib_dir), "version.py")):
+        return None  # not inside a torch install
+    return reason.format(name=name)

@@ -402,3 +402,22 @@ if __name__ == "__main__":  # print the table: python -m tests.accuracy.test_tor
         print(table(found))
         print(f"{len(found)} cases, {sum(r['predicted_broken'] and not r['broken'] for r in found)} false errors, "
               f"{sum(r['broken'] and not r['predicted_broken'] for r in found)} missed")
+
+
+def test_torch_lazy_nvrtc_library_is_not_loaded_by_import_torch():
+    """The torch fact for the loader rules (issue 11, item 7): libcaffe2_nvrtc.so NEEDs the
+    driver's libcuda.so.1, yet `import torch` never loads it; /proc/self/maps says so."""
+    from seedance.collect.torch_ext import lazily_loaded_by_torch
+
+    try:
+        env = old_torch_env()
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    lib = env.torch / "lib" / "libcaffe2_nvrtc.so"
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, errors="replace").stdout
+    assert "[libcuda.so.1]" in needed
+    proc = import_in(env.site, "import torch; print(open('/proc/self/maps').read())")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "libtorch_cuda.so" in proc.stdout and "libcaffe2_nvrtc" not in proc.stdout
+    assert lazily_loaded_by_torch(str(lib), "libcuda.so.1")
+    assert lazily_loaded_by_torch(str(lib), "libcublas.so.12") is None
