@@ -138,8 +138,9 @@ NODE_LACKS_SYMBOL = "node-lacks-symbol"  # X@V, the provider defines V but not X
 NO_DEFINITION = "no-definition"  # nothing in the closure (nor its host) defines it
 
 
-def gap_facts(closure, gaps, dedup: FactDedup) -> list:
-    """undefined_symbol facts for references X@V whose provider defines node V but not X."""
+def gap_facts(closure, gaps, dedup: FactDedup, package_of=None) -> list:
+    """undefined_symbol facts for references X@V whose provider defines node V but not X.
+    ``package_of(path)``: the pip distribution or Debian package shipping the provider."""
     facts = []
     size = len(closure.objects)
     for gap in gaps:
@@ -149,9 +150,20 @@ def gap_facts(closure, gaps, dedup: FactDedup) -> list:
         facts.append(Fact("undefined_symbol", {"path": gap.requester},
                           {"symbol": gap.symbol, "version": gap.version, "provided": False,
                            "closure_size": size, "cause": NODE_LACKS_SYMBOL,
-                           "provider": gap.provider, "host": ""},
+                           "provider": gap.provider, "host": "",
+                           "upgrade": _upgrade(gap.provider, package_of)},
                           source="collect.closure"))
     return facts
+
+
+def _upgrade(provider: str, package_of) -> str:
+    """The command that brings a newer provider: from its package manager when known."""
+    package = package_of(provider) if package_of is not None else None
+    if package and ("site-packages" in provider or "dist-packages" in provider):
+        return f"pip install -U {package}"
+    if package:
+        return f"apt-get install --only-upgrade {package}"
+    return f"install a newer {os.path.basename(provider)}"
 
 
 def undefined_facts(closure, dedup: FactDedup, undefined=None, host: str = "") -> list:

@@ -274,7 +274,8 @@ class Scanner:
         add = self.facts.extend
         closure_facts.note_needed(result, self.dedup, skip_names=preload, preloaded_by=preloaded_by)
         add(closure_facts.version_facts(result, self.dedup))
-        add(closure_facts.gap_facts(result, self.resolver.version_gaps(result), self.dedup))
+        add(closure_facts.gap_facts(result, self.resolver.version_gaps(result), self.dedup,
+                                    package_of=practice.package_of))
         if self.options.strict:
             host, scope = self._host_of(path)
             undefined = self.resolver.undefined(result, scope) if scope else None

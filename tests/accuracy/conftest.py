@@ -64,16 +64,20 @@ def install(name: str, requirement: str, marker: str = "") -> Path:
 
 def site(name: str, parts: list) -> Path:
     """CORPUS/envs/<name>/lib/pythonX.Y/site-packages made of ``parts``: (install dir, path
-    inside it) pairs, each linked into the same relative place."""
+    inside it) pairs, each linked into the same relative place, with each install's
+    .dist-info (so the package that ships a file is known, as in a real environment)."""
     root = CORPUS / "envs" / name
     packages = root / "lib" / f"python{PY}" / "site-packages"
-    done = root / ".seedance-complete"
+    done = root / ".seedance-complete-v2"  # v2: the wheels' .dist-info come along
     if done.is_file():
         return packages
     with _locked(f"env-{name}"):
         if done.is_file():
             return packages
         shutil.rmtree(root, ignore_errors=True)
+        sources = sorted({str(source) for source, _relative in parts})
+        parts = list(parts) + [(source, info.name) for source in sources
+                               for info in sorted(Path(source).glob("*.dist-info"))]
         for source, relative in parts:
             src = Path(source) / relative
             if not src.exists():

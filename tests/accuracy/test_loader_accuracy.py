@@ -430,6 +430,7 @@ def test_the_mismatched_cusparse_is_named_with_its_cause(corpus):
     report = report_for(env)
     gaps = [f for f in report["findings"] if f["rule"] == "symbol-version-lacks-symbol"]
     assert gaps and all(f["evidence"]["version"] == "libnvJitLink.so.12" for f in gaps)
+    assert all(f["evidence"]["upgrade"] == "pip install -U nvidia-nvjitlink-cu12" for f in gaps)
     subject = next(c.subject for c in corpus if c.env is env and c.subject.name == "libcusparse.so.12")
     loads, how = truth_for(env, subject)
     assert not loads and "version libnvJitLink.so.12" in how
