@@ -59,6 +59,7 @@ class Case:
     oracle: str  # how reality is known
     reality_fn: object = field(repr=False, default=None)  # () -> (broken, how)
     known_limit: str = ""  # a disagreement seedance cannot avoid statically, and why
+    kind: str = ""  # the class of issue 11 it plants, for the bench's table
     _reality: tuple | None = field(default=None, repr=False)
 
     def reality(self) -> tuple:
@@ -205,7 +206,7 @@ def cases(workdir: Path) -> list:
         args = ["--arch", f"sm_{device}", *extra]
         found.append(Case(f"{name} @ sm_{device}{' ' + ' '.join(extra) if extra else ''}", lib, args, ARCH_RULES,
                           oracle, lambda: unit_reality(cuobjdump, str(ptxas), units, device, workdir),
-                          known_limit=known_limit))
+                          known_limit=known_limit, kind="ptx vs driver (nvcc)" if extra else "arch per module (nvcc)"))
 
     # item 1: two translation units, one sm_90 + PTX, one sm_80 only
     two = [Unit(KERNEL_A, gencode(("compute_90", "sm_90"), ("compute_90", "compute_90"))),
@@ -294,7 +295,7 @@ def _static_runtime_cases(workdir: Path) -> list:
                             ("580.65.06", 13000), ("13.0", 13000), ("590", 13010)):
         made.append(Case(f"static runtime (nvcc default) with --driver-version {driver}", tmp / "probe",
                          ["--driver-version", driver], DRIVER_RULES,
-                         "the real static runtime on the fake driver", reality(reports)))
+                         "the real static runtime on the fake driver", reality(reports), kind="static runtime (nvcc)"))
     return made
 
 
@@ -335,7 +336,7 @@ def _wheel_cases(workdir: Path, cuobjdump: str) -> list:
         for device in (60, 70, 75, 80, 86, 89, 90, 100, 103, 120):
             made.append(Case(f"{path.name} ({package}) @ sm_{device}", path, ["--arch", f"sm_{device}"], ARCH_RULES,
                              "cuobjdump of the whole library + NVIDIA's rules (it dispatches by arch)",
-                             library_reality(device)))
+                             library_reality(device), kind="arch (NVIDIA wheels)"))
         if runtime_major:
             for driver in ("470.82.01", "525.60.13", "550.54.15", "12.4", "580"):
                 floor = NVIDIA_FLOORS[runtime_major]
@@ -344,13 +345,15 @@ def _wheel_cases(workdir: Path, cuobjdump: str) -> list:
                 made.append(Case(f"{path.name} static CUDA {runtime_major} runtime, driver {driver}", path,
                                  ["--driver-version", driver], DRIVER_RULES,
                                  "NVIDIA's minimum-driver table (CUDA 12.x: 525.60.13)",
-                                 (lambda b=broken, d=driver: (b, f"driver {d} {'below' if b else 'meets'} the 12.x floor"))))
+                                 (lambda b=broken, d=driver: (b, f"driver {d} {'below' if b else 'meets'} the 12.x floor")),
+                                 kind="static runtime (wheels)"))
     cupy = CORPUS / "cupy-cuda12x" / "cupy" / "cuda"
     for module in sorted(cupy.glob("cub.cpython-*.so"))[:1]:
         for driver, broken in (("470.82.01", True), ("12.4", False)):
             made.append(Case(f"cupy {module.name} (static CUDA 12 runtime), driver {driver}", module,
                              ["--driver-version", driver], DRIVER_RULES, "NVIDIA's minimum-driver table",
-                             (lambda b=broken, d=driver: (b, f"driver {d} {'below' if b else 'meets'} the 12.x floor"))))
+                             (lambda b=broken, d=driver: (b, f"driver {d} {'below' if b else 'meets'} the 12.x floor")),
+                             kind="static runtime (wheels)"))
     return made
 
 
@@ -377,7 +380,7 @@ def evaluate(case: Case) -> dict:
     predicted = any(f["severity"] in ("error", "fatal") for f in mine)
     broken, how = case.reality()
     return {"case": case.name, "predicted_broken": predicted, "broken": broken, "how": how,
-            "known_limit": case.known_limit,
+            "known_limit": case.known_limit, "kind": case.kind,
             "rules": sorted({f["rule"] for f in mine}), "oracle": case.oracle,
             "messages": [f["message"] for f in mine], "skipped": report["stats"].get("errors", [])}
 
