@@ -139,6 +139,23 @@ def preload_plan(path: str, missing: set) -> dict:
     return plan
 
 
+def preloader_hint(path: str) -> str:
+    """For a library of a package that preloads the NVIDIA wheels, what would provide a
+    missing one: cupy loads its CUDA libraries on first use of the submodule, from a wheel
+    or the CUDA Toolkit, and its [ctk] extra installs them."""
+    site = site_packages_of(path)
+    if site is None:
+        return ""
+    top = _top_package(path, site)
+    if top.startswith("cupy"):
+        dist = package_of(path) or "cupy-cuda12x"
+        return (f"; cupy loads it (cuda-pathfinder) from an NVIDIA wheel or the CUDA Toolkit when this "
+                f"module is first used, and none is installed: pip install \"{dist}[ctk]\"")
+    if top in ("torch", "nvidia"):
+        return "; torch loads it from site-packages/nvidia/*/lib, and no NVIDIA wheel there has it"
+    return ""
+
+
 def optional_plugin(path: str) -> str | None:
     """Why ``path`` is an optional plugin that is only loaded on demand, or None."""
     base = os.path.basename(path)

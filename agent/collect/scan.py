@@ -329,7 +329,8 @@ class Scanner:
             return {"context": "private", "loader": private[0], "reason": private[1]}
         copies = practice.installed_copies(res.name, res.requester, self.tree_index)
         if not copies:
-            return {}
+            hint = practice.preloader_hint(res.requester)
+            return {"where": hint} if hint else {}
         described = []
         for copy in copies:
             package = practice.package_of(copy)

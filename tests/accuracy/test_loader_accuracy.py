@@ -464,3 +464,18 @@ def test_stock_debian_host_errors_are_real():
     verdicts = in_practice(sorted(subjects) + loaders[:50])
     false_errors = [(e, verdicts[e][1]) for e in errors if verdicts[e][0]]
     assert false_errors == []
+
+
+def test_cupy_modules_are_judged_with_cupys_preload(corpus):
+    envs = {case.env.label: case.env for case in corpus}
+    env = envs.get("cupy-cuda12x + nvidia-cublas-cu12")
+    if env is None:
+        pytest.skip("cupy-cuda12x / nvidia-cublas-cu12 wheels unavailable")
+    report = report_for(env)
+    via = [f for f in report["findings"] if f["rule"] == "needed-via-loader"]
+    assert via and all("cuda-pathfinder" in f["message"] and "nvidia/cublas/lib" in f["message"] for f in via)
+    for finding in (f for f in report["findings"] if f["rule"] == "needed-unresolved"):
+        # each really fails to load, and the message says what would provide the library
+        subject = Path(finding["subject"]["path"])
+        assert not truth_for(env, subject)[0]
+        assert '"cupy-cuda12x[ctk]"' in finding["message"]
