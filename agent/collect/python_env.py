@@ -513,13 +513,18 @@ def shadowing_facts(prediction: Prediction) -> list:
     else:
         hint = ""
     facts = []
+    python = prediction.plan is not None
+    why_args = (f"--imports {','.join(prediction.names)}" if python
+                else f"--in {prediction.model.executable}")
     for step in prediction.model.steps:
         module = step.load.module or step.load.target
+        how = f"import {step.load.importer}" if python else f"dlopen {step.load.target}"
         for shadow in step.shadowed:
             missing = ", ".join(s + (f"@{v}" if v else "") for s, v in shadow.missing)
             copies = ", ".join(s + (f"@{v}" if v else "") for s, v, _p in shadow.other_copy[:5])
             facts.append(Fact("process-load", {"path": shadow.requester}, {
                 "event": "shadowed", "importer": step.load.importer or "", "module": module,
+                "how": how, "why_args": why_args,
                 "name": shadow.name, "used": shadow.used, "alone": shadow.alone,
                 "loaded_by": shadow.loaded_by, "loaded_for": shadow.loaded_for,
                 "missing": missing, "other_copy": copies, "order_hint": hint,
@@ -530,5 +535,6 @@ def shadowing_facts(prediction: Prediction) -> list:
         if not step.ok and not step.shadowed and step.load.kind != "exec":
             facts.append(Fact("process-load", {"path": step.load.target}, {
                 "event": "failed", "importer": step.load.importer or "", "module": module,
+                "how": how, "why_args": why_args, "then": f"; {hint}" if hint else "",
                 "error": step.error or "", "order_hint": hint}, source="python_env"))
     return facts

@@ -89,7 +89,7 @@ def execute(args) -> int:
     if args.plugin:
         from ..plugins.layers import main_for_check
         return main_for_check(args)
-    if args.imports is not None or args.dlopen is not None or args.then_dlopen or args.graph:
+    if args.imports is not None or args.dlopen is not None or args.then_dlopen or args.graph or args.observe:
         from .process_check import execute_process
         return execute_process(args)
     if args.explain:

@@ -201,8 +201,10 @@ def _pid(args, lines: list):
                      f"alone it finds {shadow.alone}")
         facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester}, {
             "event": "shadowed", "importer": "", "module": shadow.requester, "name": shadow.name,
+            "how": f"mapped in process {pid}", "why_args": f"--pid {pid}",
             "used": shadow.used, "alone": shadow.alone, "loaded_by": shadow.loaded_by,
-            "loaded_for": shadow.loaded_for, "missing": "", "other_copy": "", "order_hint": "",
+            "loaded_for": shadow.loaded_for, "missing": "", "other_copy": "",
+            "order_hint": "the copy mapped first serves it",
             "consequence": "already mapped in the running process", "error": ""}, source="process"))
     for lib in args.then_dlopen:
         step = sim.dlopen(Load(lib, "dlopen", 0x2, None, lib))
@@ -214,13 +216,16 @@ def _pid(args, lines: list):
             missing = ", ".join(s for s, _v in shadow.missing)
             facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester}, {
                 "event": "shadowed", "importer": lib, "module": lib, "name": shadow.name,
+                "how": f"dlopen in process {pid}", "why_args": f"--pid {pid}",
                 "used": shadow.used, "alone": shadow.alone, "loaded_by": shadow.loaded_by,
                 "loaded_for": shadow.loaded_for, "missing": missing, "other_copy": "",
-                "order_hint": "", "consequence": f"undefined symbol: {missing}" if missing
+                "order_hint": "dlopen it before the library that shadows it" if missing else
+                "the copy already loaded serves it", "consequence": f"undefined symbol: {missing}" if missing
                 else "binds to the loaded copy", "error": step.error or ""}, source="process"))
         if not step.ok and not step.shadowed:
             facts.append(Fact("process-load", {"pid": pid, "path": lib}, {
                 "event": "failed", "importer": lib, "module": lib, "error": step.error or "",
+                "how": f"dlopen in process {pid}", "why_args": f"--pid {pid}", "then": "",
                 "order_hint": ""}, source="process"))
     return sim.model, facts
 

@@ -43,8 +43,10 @@ def extension(package_dir, module, calls, links=(), rpath="$ORIGIN/libs", extra=
     (so they must bind, RTLD_NOW); ``value`` is the sum of the calls (or ``expr``)."""
     include = sysconfig.get_paths()["include"]
     decls = "".join(f"extern int {name}(void);\n" for name in calls)
-    decls += "".join(f"extern char {name}[];\n" for name in refs)
-    body = expr or " + ".join([f"{name}()" for name in calls] + [f"({name} != 0)" for name in refs]) or "0"
+    # a data relocation against each ref: bound at load time, and not optimised away (the
+    # address of an array is never NULL, so `X != 0` alone would drop the reference)
+    decls += "".join(f"extern char {name}[];\nchar *volatile ref_{name} = {name};\n" for name in refs)
+    body = expr or " + ".join([f"{name}()" for name in calls] + [f"(ref_{name} != 0)" for name in refs]) or "0"
     source = f"""
 #include <Python.h>
 {decls}

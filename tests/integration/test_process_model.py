@@ -1,0 +1,300 @@
+"""Issue 12 acceptance: real conflicts inside one Python process, built with gcc, imported
+for real, and predicted by seedance without importing anything.
+
+Every oracle is the real interpreter: `python -c 'import ...'` (its exit status and the
+ImportError line it prints) and glibc's LD_DEBUG=files trace of what it mapped."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import process_fixtures as F  # noqa: E402
+
+from seedance.collect.python_env import ask_interpreter, observe, predict_imports  # noqa: E402
+
+PYTHON = sys.executable
+SITE_PACKAGES = __import__("sysconfig").get_paths()["purelib"]
+
+
+def _env(site):
+    env = dict(os.environ, PYTHONPATH=site)
+    env.pop("LD_LIBRARY_PATH", None)
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+def _predict(site, names):
+    interp = ask_interpreter(PYTHON, env=_env(site))
+    return predict_imports(interp, names)
+
+
+def _real(site, names):
+    proc = F.run_python(site, "import " + ", ".join(names), PYTHON)
+    last = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    return proc.returncode == 0, (last[-1] if last and proc.returncode else None)
+
+
+def _agree(site, names):
+    """The prediction against reality: verdict, the exact line Python prints, and the
+    objects ld.so mapped in order (LD_DEBUG=files)."""
+    prediction = _predict(site, names)
+    real_ok, real_line = _real(site, names)
+    assert (prediction.ok, prediction.error) == (real_ok, real_line)
+    seen = observe(PYTHON, "import " + ", ".join(names), env=_env(site))
+    assert prediction.loaded_names() == [name for name, _who in seen.loaded]
+    return prediction
+
+
+@pytest.fixture(scope="module")
+def libfoo_site(tmp_path_factory):
+    site = str(tmp_path_factory.mktemp("libfoo-site"))
+    F.libfoo_pair(site)
+    return site
+
+
+def test_libfoo_pair_import_a_b_fails_as_predicted(libfoo_site):
+    prediction = _agree(libfoo_site, ["a", "b"])
+    assert not prediction.ok
+    assert prediction.error.endswith("undefined symbol: foo_b")  # what Python really printed, checked above
+    assert prediction.working_order == ("b", "a")
+
+
+def test_libfoo_pair_import_b_a_works_as_predicted(libfoo_site):
+    prediction = _agree(libfoo_site, ["b", "a"])
+    assert prediction.ok
+    shadow = [s for step in prediction.model.steps for s in step.shadowed]
+    assert [(s.requester.split(os.sep)[-2], s.used.split(os.sep)[-3], s.alone.split(os.sep)[-3]) for s in shadow] \
+        == [("a", "b", "a")]
+    assert shadow[0].other_copy and shadow[0].other_copy[0][0] == "foo_a"
+
+
+def test_check_imports_cli_names_module_copy_symbol_and_order(libfoo_site, tmp_path):
+    from conftest import run_cli
+    report = tmp_path / "r.json"
+    proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--report-json", str(report),
+                   env=_env(libfoo_site))
+    assert proc.returncode == 1, proc.stderr
+    import json
+    findings = json.loads(report.read_text())["findings"]
+    shadowed = [f for f in findings if f["rule"] == "soname-shadowed"]
+    assert len(shadowed) == 1 and shadowed[0]["severity"] == "error"
+    ev = shadowed[0]["evidence"]
+    assert ev["module"] == "b._ext" and ev["importer"] == "b" and ev["loaded_by"] == "a._ext"
+    assert ev["missing"] == "foo_b"
+    assert ev["used"] == os.path.join(libfoo_site, "a", "libs", "libfoo.so.1")
+    assert ev["alone"] == os.path.join(libfoo_site, "b", "libs", "libfoo.so.1")
+    assert ev["order_hint"] == "import order that works: b, a"
+    real_ok, real_line = _real(libfoo_site, ["a", "b"])
+    assert ev["error"] == real_line.removeprefix("ImportError: ")
+    ok = run_cli("check", "--python", PYTHON, "--imports", "b,a", env=_env(libfoo_site))
+    assert ok.returncode == 0 and "soname-shadowed" in ok.stdout  # a warning: a's foo_a binds to b's copy
+
+
+def test_observe_says_it_executed_code(libfoo_site):
+    from conftest import run_cli
+    proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--observe", env=_env(libfoo_site))
+    assert "executed the packages' code" in proc.stdout
+    assert "the same, in the same order" in proc.stdout
+
+
+def test_graph_svg_has_the_red_edge_on_the_shadowed_pair(libfoo_site, tmp_path):
+    from conftest import run_cli
+    if not shutil.which("dot"):
+        pytest.skip("graphviz's dot is not installed")
+    svg = tmp_path / "closure.svg"
+    proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--graph", str(svg), env=_env(libfoo_site))
+    assert proc.returncode == 1, proc.stderr
+    text = svg.read_text()
+    assert "<!-- seedance check --graph -->" in text
+    root = ET.fromstring(text[text.index("<svg"):])
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    red = []
+    for group in root.iter("{http://www.w3.org/2000/svg}g"):
+        if "edge" not in (group.get("class") or "").split():
+            continue
+        path = group.find("s:path", ns)
+        if path is not None and path.get("stroke") == "red":
+            title = group.find("s:title", ns).text
+            label = " ".join(t.text or "" for t in group.iter("{http://www.w3.org/2000/svg}text"))
+            red.append((tuple(title.split("->")), label))
+    b_ext = os.path.join(libfoo_site, "b", "_ext" + F.EXT_SUFFIX)
+    a_foo = os.path.join(libfoo_site, "a", "libs", "libfoo.so.1")
+    assert red == [((b_ext, a_foo), "soname-shadowed: libfoo.so.1 (undefined symbol: foo_b)")]
+    # rerun replaces our own picture (it carries the marker)
+    again = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--graph", str(svg), env=_env(libfoo_site))
+    assert again.returncode == 1, again.stderr
+
+
+@pytest.fixture(scope="module")
+def libstdcxx_site(tmp_path_factory):
+    """`old` bundles an older libstdc++.so.6 (nodes up to GLIBCXX_3.4.21); `new` needs
+    GLIBCXX_3.4.30 from the system libstdc++.so.6."""
+    system = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
+    if not os.path.exists(system):
+        pytest.skip("no system libstdc++.so.6")
+    site = str(tmp_path_factory.mktemp("libstdcxx-site"))
+    old = F.package(site, "old", "from ._ext import value\n")
+    new = F.package(site, "new", "from ._ext import value\n")
+    legacy = "_ZNSt7__cxx1112basic_stringIwSt11char_traitsIwESaIwEE10_M_disposeEv"
+    recent = "_ZNSt18condition_variable4waitERSt11unique_lockISt5mutexE"
+    F.shared_lib(os.path.join(old, "libs", "libstdc++.so.6"), f"void {legacy}(void){{}}\nvoid old_marker(void){{}}\n",
+                 soname="libstdc++.so.6",
+                 version_script=f"GLIBCXX_3.4 {{ global: old_marker; local: *; }};\n"
+                                f"GLIBCXX_3.4.21 {{ global: {legacy}; }} GLIBCXX_3.4;\n")
+    F.extension(old, "_ext", [], refs=[legacy], links=(f"-L{old}/libs", "-l:libstdc++.so.6"))
+    F.extension(new, "_ext", [], refs=[recent], links=("-l:libstdc++.so.6",), rpath=None)
+    return site
+
+
+def test_libstdcxx_older_copy_loaded_first(libstdcxx_site):
+    prediction = _agree(libstdcxx_site, ["old", "new"])
+    assert not prediction.ok and "version `GLIBCXX_3.4.30' not found" in prediction.error
+    assert prediction.working_order == ("new", "old")
+
+
+def test_libstdcxx_system_copy_loaded_first(libstdcxx_site):
+    assert _agree(libstdcxx_site, ["new", "old"]).ok
+
+
+@pytest.fixture(scope="module")
+def cudart_site(tmp_path_factory):
+    """Two majors of the CUDA runtime from the nvidia-cuda-runtime-cu11/-cu12 wheels, one per
+    package, plus a package bundling its own copy of libcudart.so.12."""
+    wheel_lib = os.path.join(SITE_PACKAGES, "nvidia", "cuda_runtime", "lib")
+    if not (os.path.exists(os.path.join(wheel_lib, "libcudart.so.11.0"))
+            and os.path.exists(os.path.join(wheel_lib, "libcudart.so.12"))):
+        pytest.skip("nvidia-cuda-runtime-cu11 and -cu12 wheels are not both installed in this environment")
+    site = str(tmp_path_factory.mktemp("cudart-site"))
+    for name, soname in (("cu11", "libcudart.so.11.0"), ("cu12", "libcudart.so.12")):
+        pkg = F.package(site, name, "from ._ext import value\n")
+        F.extension(pkg, "_ext", [], refs=["cudaRuntimeGetVersion"], links=(f"-L{wheel_lib}", f"-l:{soname}"),
+                    rpath=wheel_lib)
+    bundled = F.package(site, "bundled", "from ._ext import value\n")
+    os.makedirs(os.path.join(bundled, "libs"))
+    shutil.copy2(os.path.join(wheel_lib, "libcudart.so.12"), os.path.join(bundled, "libs", "libcudart.so.12"))
+    F.extension(bundled, "_ext", [], refs=["cudaRuntimeGetVersion"], links=(f"-L{bundled}/libs", "-l:libcudart.so.12"))
+    return site
+
+
+def test_two_cudart_majors_both_load(cudart_site):
+    prediction = _agree(cudart_site, ["cu11", "cu12"])
+    assert prediction.ok
+    loaded = [os.path.basename(p) for p in prediction.model.link_map]
+    assert "libcudart.so.11.0" in loaded and "libcudart.so.12" in loaded
+
+
+def test_bundled_cudart_copy_shadows_the_wheel(cudart_site):
+    prediction = _agree(cudart_site, ["bundled", "cu12"])
+    assert prediction.ok
+    shadow = [s for step in prediction.model.steps for s in step.shadowed]
+    assert [(os.path.basename(s.used), s.used.split(os.sep)[-3]) for s in shadow] == [("libcudart.so.12", "bundled")]
+    assert ("cudaRuntimeGetVersion", "libcudart.so.12") in [(n, v) for n, v, _p in shadow[0].other_copy]
+
+
+@pytest.fixture(scope="module")
+def global_site(tmp_path_factory):
+    """`g` switches to RTLD_GLOBAL around its extension import (sys.setdlopenflags); `p`'s
+    extension uses `provided` without a NEEDED on its provider, and has its own `twice`
+    that g's global provider interposes."""
+    site = str(tmp_path_factory.mktemp("global-site"))
+    g = F.package(site, "g", "import os, sys\nsys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)\n"
+                             "from ._ext import value\nsys.setdlopenflags(os.RTLD_NOW)\n")
+    p = F.package(site, "p", "from ._ext import value\n")
+    F.shared_lib(os.path.join(g, "libs", "libprov.so"), "int provided(void){return 5;}\nint twice(void){return 1;}\n",
+                 soname="libprov.so")
+    F.extension(g, "_ext", ["provided"], links=(f"-L{g}/libs", "-l:libprov.so"))
+    F.shared_lib(os.path.join(p, "libs", "libown.so"), "int twice(void){return 2;}\n", soname="libown.so")
+    F.extension(p, "_ext", ["provided", "twice"], links=(f"-L{p}/libs", "-l:libown.so"),
+                extra=("-Wl,--unresolved-symbols=ignore-all",), expr="twice() * 10 + provided()")
+    return site
+
+
+def test_rtld_global_provider_first_works_and_interposes(global_site):
+    prediction = _agree(global_site, ["g", "p"])
+    assert prediction.ok
+    step = prediction.model.steps[-1]
+    sim_symbols = __import__("seedance.resolve.process", fromlist=["_Symbols"])._Symbols(
+        __import__("seedance.resolve", fromlist=["Resolver"]).Resolver())
+    provider = next(p for p in step.scope if sim_symbols.defines(p, "twice", None))
+    real = F.run_python(global_site, "import g, p; print(p.value)", PYTHON)
+    # the value says which `twice` ld.so bound: 1 from g's global libprov, 2 from p's libown
+    assert real.stdout.decode().strip() == {"libprov.so": "15", "libown.so": "25"}[os.path.basename(provider)]
+
+
+def test_rtld_global_provider_later_is_too_late(global_site):
+    prediction = _agree(global_site, ["p", "g"])
+    assert not prediction.ok and prediction.error.endswith("undefined symbol: provided")
+    assert prediction.working_order == ("g", "p")
+
+
+def test_dlopen_cli_for_a_non_python_host(global_site, tmp_path):
+    from conftest import run_cli
+    host = F.host_program(str(tmp_path / "host"))
+    prov = os.path.join(global_site, "g", "libs", "libprov.so")
+    plugin = F.shared_lib(str(tmp_path / "libplugin.so"), "extern int provided(void);\nint f(void){return provided();}\n")
+    for loads, flags in (([prov + ":GLOBAL", plugin], "GLOBAL"), ([prov, plugin], "")):
+        real = subprocess.run([host, *loads], capture_output=True, text=True)
+        proc = run_cli("check", host, "--dlopen", ",".join(loads))
+        assert (proc.returncode == 0) == (real.returncode == 0), (flags, proc.stdout, real.stdout)
+        expected = "predicted: loads" if real.returncode == 0 else f"predicted: {real.stdout.strip()}"
+        assert expected in proc.stdout
+
+
+def test_pid_then_dlopen_predicts_what_the_process_would_do(libfoo_site, tmp_path):
+    """A live process that imported `a`: a later dlopen of b's extension fails in it; the
+    oracle is the same process doing that dlopen after seedance answered."""
+    from conftest import run_cli
+    b_ext = os.path.join(libfoo_site, "b", "_ext" + F.EXT_SUFFIX)
+    code = ("import a, sys, ctypes\nprint('ready', flush=True)\nsys.stdin.readline()\n"
+            "try:\n    ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_LOCAL)\n    print('ok')\n"
+            "except OSError as exc:\n    print(exc)\n")
+    proc = subprocess.Popen([PYTHON, "-c", code, b_ext], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=_env(libfoo_site), text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        result = run_cli("check", "--pid", str(proc.pid), "--then-dlopen", b_ext)
+        out, _ = proc.communicate("go\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    real = out.strip()
+    assert real.endswith("undefined symbol: foo_b")
+    assert f"then dlopen({b_ext}): fails: {real}" in result.stdout
+    assert "soname-shadowed" in result.stdout and result.returncode == 1
+
+
+def test_why_imports_names_the_chain(libfoo_site):
+    from conftest import run_cli
+    proc = run_cli("why", "libfoo.so.1", "--imports", "a,b", "--python", PYTHON, env=_env(libfoo_site))
+    assert proc.returncode == 0, proc.stderr
+    a_ext = os.path.join(libfoo_site, "a", "_ext" + F.EXT_SUFFIX)
+    b_ext = os.path.join(libfoo_site, "b", "_ext" + F.EXT_SUFFIX)
+    assert f"{a_ext} NEEDED libfoo.so.1 => {os.path.join(libfoo_site, 'a', 'libs', 'libfoo.so.1')} [rpath]" \
+        in proc.stdout
+    assert f"also answers libfoo.so.1 of {b_ext} [already loaded]" in proc.stdout
+    missing = run_cli("why", "libnothere.so.9", "--imports", "a", "--python", PYTHON, env=_env(libfoo_site))
+    assert missing.returncode == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["check", "--imports", "a", "--python", "/nonexistent/python"],
+    ["check", "--imports", ",", "--python", PYTHON],
+    ["check", "--imports", "a;rm", "--python", PYTHON],
+    ["check", "--observe"],
+    ["check", "--then-dlopen", "libz.so.1"],
+    ["check", "--imports", "a", "--graph", "/tmp/x.txt"],
+    ["why", "libz.so.1", "--in", "/nonexistent"],
+    ["check", "/bin/true", "--dlopen", ","],
+])
+def test_bad_input_is_one_line_exit_2(argv):
+    from conftest import run_cli
+    proc = run_cli(*argv)
+    assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+    assert re.fullmatch(r"seedance: error: [^\n]+\n", proc.stderr), proc.stderr
