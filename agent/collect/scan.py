@@ -497,6 +497,13 @@ def _is_seedance_config(path: str) -> bool:
     parts = os.path.abspath(path).split(os.sep)
     if "rules_data" in parts:  # seedance's own rule files, installed as package data
         return False
+    if os.path.basename(path) in ("manifest.yaml", "manifest.yml") and "seedance" not in parts[:-1]:
+        # a plugin manifest declares seedance_version; other projects' manifests are not ours
+        try:
+            with open(path, "rb") as handle:
+                return b"seedance_version" in handle.read(1 << 16)
+        except OSError:
+            return False
     return os.path.basename(path) in SEEDANCE_CONFIG_NAMES or "seedance" in parts[:-1]
 
 

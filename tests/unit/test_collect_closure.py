@@ -287,3 +287,14 @@ def test_facts_without_the_new_keys_still_match_through_rule_defaults():
     miss = Fact("undefined_symbol", {"path": "/x/app", "pid": 1},
                 {"symbol": "f", "version": None, "provided": False, "observed": True})
     assert [f.rule for f in rules.evaluate([miss], strict=True)] == ["symbol-undefined"]
+
+
+def test_plugin_manifests_in_a_directory_are_checked_and_other_manifests_are_not(tmp_path):
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "manifest.yaml").write_text(
+        "name: enc\nversion: 1.0.0\nseedance_version: '>=0.1,<1'\nenv:\n  LD_LIBRARY_PATH: ${HOME}/lib\n")
+    (tmp_path / "k8s").mkdir()
+    (tmp_path / "k8s" / "manifest.yaml").write_text("env:\n  LD_LIBRARY_PATH: $PREFIX/lib\n")
+    report = scan(tmp_path)
+    assert [(f.rule, f.subject["path"]) for f in report.findings] == [
+        ("env-leak", str(tmp_path / "plugin" / "manifest.yaml"))]
