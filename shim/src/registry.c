@@ -656,8 +656,18 @@ static void attach_group(void *base, int pid, uint64_t start, int slotted)
         }
         unlock_header(base);
     }
+    if (g < 0 && !sd_cfg.group_key) {
+        /* no SEEDANCE_GROUP: the quota is this process's own anyway (plain LD_PRELOAD with
+         * SEEDANCE_MEM_LIMIT), so keeping it in process memory changes nothing but who
+         * can see it */
+        sd_note("quota group table full: this process's own quota is kept in its memory");
+        memcpy(sd_local_group.limit, limits, sizeof limits);
+        sd_local_group.key = key;
+        sd_group = &sd_local_group;
+        return;
+    }
     if (g < 0) {
-        /* 64 runs at once: refuse what a quota covers rather than grant a private quota */
+        /* 64 runs at once: refuse what a shared quota covers rather than grant a private one */
         sd_warn("quota group table full (%d groups): allocations under SEEDANCE_MEM_LIMIT are refused",
                 SD_MAX_GROUPS);
         memcpy(sd_local_group.limit, limits, sizeof limits);

@@ -631,3 +631,17 @@ def test_groups_of_finished_runs_are_given_back_when_the_table_is_full(built, en
         assert "table full" not in p.stderr, p.stderr
     assert all(r == [0, 2] for r in results)          # each one: its own 1000 bytes, held to them
     assert ledger.read()["allocs"][0] == len(results)  # the driver saw one allocation from each
+
+
+def test_many_processes_with_their_own_quota_at_once(built, env):
+    """Without SEEDANCE_GROUP each process's quota is its own: more such processes alive at
+    once than the group table holds still get theirs (no refusal)."""
+    from seedance.shim.binding import header_constant
+
+    env.update(LD_PRELOAD=str(built["shim"]), SEEDANCE_MEM_LIMIT="1000")
+    n = header_constant("SD_MAX_GROUPS") + 8
+    procs = [subprocess.Popen([str(built["linked"]), "init", "ctx:0", "alloc:900", "alloc:900", "sleep:8000"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    results = [[r["result"] for r in parse_lines(out)[2:4]] for out, _ in outs]
+    assert results == [[0, 2]] * n, [err for _, err in outs if err][:3]
