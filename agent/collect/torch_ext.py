@@ -414,6 +414,12 @@ def rebuild_command(ext_path: str, torch: TorchInstall | None, name: str | None 
             rel = os.path.relpath(real, os.path.realpath(root)).split(os.sep)
             cached = rel[1] if _TAG.match(rel[0]) and len(rel) > 1 else rel[0]
             return f"seedance fix torch-ext --clean-cache --rebuild {cached}"
+    if os.path.isfile(os.path.join(os.path.dirname(real), "build.ninja")):
+        # a cpp_extension.load() build directory outside the default roots: fix torch-ext
+        # finds it (and cpp_extension rebuilds it in place) with TORCH_EXTENSIONS_DIR at its parent
+        build_dir = os.path.dirname(real)
+        return (f"TORCH_EXTENSIONS_DIR={os.path.dirname(build_dir)} seedance fix torch-ext --clean-cache "
+                f"--rebuild {os.path.basename(build_dir)}")
     project = _project_of(real)
     if project is not None:
         if os.path.isfile(os.path.join(project, "setup.py")):

@@ -175,3 +175,13 @@ def test_rebuild_command_follows_how_the_extension_was_built(tmp_path, monkeypat
     (site / "myext-1.0.dist-info" / "RECORD").write_text("myext/_C.so,,\n")
     assert torch_ext.rebuild_command(str(site / "myext" / "_C.so"), python_torch) == \
         "/venv/bin/python -m pip install --no-build-isolation --no-deps --force-reinstall --no-binary myext myext"
+
+
+def test_rebuild_command_for_a_cache_build_outside_the_default_roots(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    build = tmp_path / "elsewhere" / "py311_cpu" / "kernels"
+    build.mkdir(parents=True)
+    (build / "build.ninja").write_text("cflags = -fPIC\n")
+    assert torch_ext.rebuild_command(str(build / "kernels.so"), None) == \
+        f"TORCH_EXTENSIONS_DIR={build.parent} seedance fix torch-ext --clean-cache --rebuild kernels"
