@@ -61,6 +61,15 @@ static char **orig_argv;
 
 /* ---- the Python implementation, for everything this program does not do ---------- */
 
+/* The interpreter seedance was built with; a wheel installed elsewhere may not have it,
+ * then whatever python3 is on PATH (it must import seedance too). */
+static void exec_python(char **argv)
+{
+    execv(SD_PYTHON, argv);
+    argv[0] = (char *)"python3";
+    execvp("python3", argv);
+}
+
 static void to_python(void)
 {
     int n = 0;
@@ -75,7 +84,7 @@ static void to_python(void)
     argv[3] = (char *)"run";
     for (int i = 1; i < n; i++)
         argv[3 + i] = orig_argv[i];
-    execv(SD_PYTHON, argv);
+    exec_python(argv);
     fprintf(stderr, "seedance: error: run: cannot start %s: %s\n", SD_PYTHON, strerror(errno));
     exit(2);
 }
@@ -733,7 +742,7 @@ int main(int argc, char **argv)
             py[9] = (char *)affinity;
         }
         fflush(stderr);
-        execv(SD_PYTHON, py);
+        exec_python(py);
         fprintf(stderr, "seedance: error: run: cannot start %s for the report: %s\n", SD_PYTHON, strerror(errno));
     }
     return code;
