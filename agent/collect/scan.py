@@ -278,7 +278,12 @@ class Scanner:
                                     package_of=practice.package_of))
         if self.options.strict:
             host, scope = self._host_of(path)
-            undefined = self.resolver.undefined(result, scope) if scope else None
+            undefined = self.resolver.undefined(result, scope) if scope else result.undefined
+            # an object with a NEEDED that resolves nowhere: its symbols are that library's,
+            # and the needed-* finding already names the cause (libsystemd-core would
+            # otherwise add 1012 warnings for the libsystemd-shared that only systemd finds)
+            incomplete = {r.requester for r in result.resolutions if r.path is None}
+            undefined = [u for u in undefined if u[0] not in incomplete]
             add(closure_facts.undefined_facts(result, self.dedup, undefined, host=host or ""))
         runtimes = closure_facts.closure_runtimes(result)
         closure_facts.note_runtime_mix(result, runtimes, self.dedup)
