@@ -298,3 +298,14 @@ def test_plugin_manifests_in_a_directory_are_checked_and_other_manifests_are_not
     report = scan(tmp_path)
     assert [(f.rule, f.subject["path"]) for f in report.findings] == [
         ("env-leak", str(tmp_path / "plugin" / "manifest.yaml"))]
+
+
+def test_strict_leaves_the_symbols_of_a_missing_library_to_its_needed_finding(tmp_path):
+    shared(tmp_path / "libmissing.so", "int m(void){return 1;}\n", "-Wl,-soname,libmissing.so")
+    broken = shared(tmp_path / "libbroken.so", "int m(void);\nint b(void){return m();}\n", f"-L{tmp_path}",
+                    "-Wl,--no-as-needed", "-lmissing")
+    (tmp_path / "libmissing.so").unlink()
+    ok, stderr = load_now(broken)
+    assert not ok and "libmissing.so" in stderr  # ld.so stops at the library, not the symbol
+    report = scan(tmp_path, strict=True)
+    assert found(report) == [("needed-unresolved", "error", str(broken))]
