@@ -67,9 +67,10 @@ MODULES = {
                                 "tests/unit/test_collect_torch_ext.py", "tests/unit/test_mutation_kills_collect.py"]),
 }
 RULE_TESTS = ["tests/unit/test_engine.py", "tests/unit/test_collect_config.py", "tests/unit/test_collect_process.py",
+              "tests/unit/test_collect_closure.py", "tests/unit/test_collect_cuda.py",
               "tests/unit/test_service_gpu.py", "tests/unit/test_plugins_verify.py",
               "tests/unit/test_collect_fatbin.py", "tests/unit/test_collect_torch_ext.py",
-              "tests/contract/test_report_schema.py", "tests/unit/test_mutation_kills_rules.py"]
+              "tests/unit/test_mutation_kills_rules.py"]
 ORDER = ["elf", "resolve", "atomic", "journal", "collect", "rules"]
 KILLED = {"killed", "timeout", "segfault", "suspicious"}
 
@@ -101,10 +102,16 @@ def stage(module: str) -> Path:
     for name, src in (("rules_data", "rules"), ("probes", "probes"), ("shim", "shim")):
         if (where / src).is_dir():
             shutil.copytree(where / src, where / "seedance" / name, dirs_exist_ok=True)
+    # tests that read checkout paths (agent/schemas/...) find them through agent -> seedance;
+    # tests that run ROOT/.venv/bin/seedance get the real venv, whose python imports the
+    # staged package through PYTHONPATH
+    (where / "agent").symlink_to("seedance")
+    if (ROOT / ".venv").is_dir():
+        (where / ".venv").symlink_to(ROOT / ".venv")
     if module != "rules":
         globs, tests = MODULES[module]
         top = sorted({p.parts[0] for p in where.iterdir() for p in [p.relative_to(where)]}
-                     - {"seedance", "setup.py", "setup.cfg", "pyproject.toml"})
+                     - {"seedance", "agent", ".venv", "setup.py", "setup.cfg", "pyproject.toml"})
         lines = ["[mutmut]", "source_paths = seedance",
                  "only_mutate =\n" + "".join(f"    seedance/{g}\n" for g in globs).rstrip("\n"),
                  "also_copy =\n" + "".join(f"    {t}\n" for t in top).rstrip("\n"),
@@ -126,9 +133,10 @@ def _mutmut_env(where: Path) -> dict:
     (where / "mutants").mkdir(exist_ok=True)
     # tests that run ROOT/.venv/bin/seedance get the real venv (whose python then imports
     # the mutants through PYTHONPATH)
-    for base in (where, where / "mutants"):
-        if not (base / ".venv").exists() and (ROOT / ".venv").is_dir():
-            (base / ".venv").symlink_to(ROOT / ".venv")
+    if not (where / "mutants" / ".venv").exists() and (ROOT / ".venv").is_dir():
+        (where / "mutants" / ".venv").symlink_to(ROOT / ".venv")
+    if not (where / "mutants" / "agent").exists():
+        (where / "mutants" / "agent").symlink_to("seedance")
     return {**os.environ, "PYTHONPATH": str(where / "mutants"), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -214,7 +222,7 @@ def cel_mutants(condition: str) -> list[str]:
     return list(dict.fromkeys(m for m in out if m != condition))
 
 
-def run_rules(where: Path, log) -> dict:
+def run_rules(where: Path, log, sample: int | None = None) -> dict:
     tests = [t for t in RULE_TESTS if (where / t).exists()]
     env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
@@ -222,28 +230,38 @@ def run_rules(where: Path, log) -> dict:
     base = subprocess.run(cmd, cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT)
     if base.returncode != 0:
         return summarise("rules", {}, base.returncode, time.time() - started) | {"error": "rule tests fail unmutated"}
-    status = {}
+    mutants = []  # (file, start, end, prefix, rule id, n, mutated condition)
     for path in sorted((where / "rules").glob("*.yaml")):
         text = path.read_text()
         for match in re.finditer(r'^(\s*condition:\s*)"(.*)"\s*$', text, re.M):
             rule = re.findall(r"^\s*-?\s*id:\s*(\S+)", text[:match.start()], re.M)
-            rule_id = rule[-1] if rule else "?"
             for n, mutant in enumerate(cel_mutants(match.group(2))):
-                mutated = text[:match.start()] + f'{match.group(1)}"{mutant}"' + text[match.end():]
-                path.write_text(mutated)
-                shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
-                try:
-                    proc = subprocess.run(cmd, cwd=where, env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, timeout=900)
-                    verdict = "survived" if proc.returncode == 0 else "killed"
-                except subprocess.TimeoutExpired:
-                    verdict = "timeout"
-                name = f"rules/{path.name}:{rule_id}:{n}: {mutant}"
-                status[name] = verdict
-                print(f"{verdict:9} {name}", file=log, flush=True)
+                mutants.append((path, match.start(), match.end(), match.group(1), rule[-1] if rule else "?", n, mutant))
+    everything = len(mutants)
+    if sample and sample < len(mutants):
+        mutants = random.Random(17).sample(mutants, sample)
+    status = {}
+    for path, start, end, prefix, rule_id, n, mutant in mutants:
+        text = path.read_text()
+        path.write_text(text[:start] + f'{prefix}"{mutant}"' + text[end:])
+        shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
+        try:
+            proc = subprocess.run(cmd, cwd=where, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=900)
+            verdict = "survived" if proc.returncode == 0 else "killed"
+        except subprocess.TimeoutExpired:
+            verdict = "timeout"
+        finally:
             path.write_text(text)
             shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
-    return summarise("rules", status, 0, time.time() - started)
+        name = f"rules/{path.name}:{rule_id}:{n}: {mutant}"
+        status[name] = verdict
+        print(f"{verdict:9} {name}", file=log, flush=True)
+    result = summarise("rules", status, 0, time.time() - started)
+    if sample and len(mutants) < everything:
+        result.update({"total": everything, "sample": len(mutants), "sample_killed": result["killed"],
+                       "killed": round(result["killed"] * everything / len(mutants)), "estimated": True})
+    return result
 
 
 def report(results: dict) -> None:
@@ -282,7 +300,7 @@ def main(argv=None) -> int:
             where = stage(module)
             with open(STAGE / f"{module}.log", "w") as log:
                 print(f"== {module}: staged in {where}, log {STAGE / (module + '.log')}", flush=True)
-                result = run_rules(where, log) if module == "rules" else \
+                result = run_rules(where, log, args.sample) if module == "rules" else \
                     run_mutmut(module, where, log, sample=args.sample, prior=prior)
             if args.sample and prior:
                 merged_status = dict(prior)

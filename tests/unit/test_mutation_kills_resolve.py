@@ -1,0 +1,109 @@
+"""Tests written for the mutants of agent/resolve/ that the suite let through
+(bench/run_mutation.py, bench/mutation-survivors.md).
+
+The search order is judged against ld.so itself: LD_DEBUG=libs prints, for each library it
+looks for, every directory list it searched and where the list came from.  The secure-mode
+$ORIGIN check follows glibc's is_trusted_path_normalize (elf/dl-load.c)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from seedance.resolve import Resolver
+from seedance.resolve.tokens import is_trusted
+
+CLEAN = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+# the directory variants ld.so prints in a search path before each directory it was given
+VARIANT = re.compile(r"/(glibc-hwcaps/[^/:]+|tls(/x86_64){0,2}|x86_64(/x86_64)?)$")
+SOURCES = {"RPATH": "rpath", "RUNPATH": "runpath", "LD_LIBRARY_PATH": "ld_library_path",
+           "system search path": "default"}
+
+
+def ld_so_search(program, library: str, env=None) -> list:
+    """[(source, directory)] ld.so searched for ``library``, in order, from LD_DEBUG=libs."""
+    proc = subprocess.run([str(program)], capture_output=True, text=True, errors="replace", timeout=60,
+                          env={**CLEAN, **(env or {}), "LD_DEBUG": "libs"})
+    order, active = [], False
+    for line in proc.stderr.splitlines():
+        text = line.split(":", 1)[1].strip() if ":" in line else line.strip()
+        if text.startswith("find library="):
+            active = text.startswith(f"find library={library} ")
+            continue
+        if not active:
+            continue
+        if text.startswith("search cache="):
+            order.append(("ld.so.cache", text.split("=", 1)[1]))
+        elif text.startswith("search path="):
+            dirs, _, where = text[len("search path="):].partition("\t")
+            where = where.strip().strip("()")
+            source = next((v for k, v in SOURCES.items() if where.startswith(k)), where)
+            order += [(source, d) for d in dirs.split(":") if not VARIANT.search(d)]
+        elif not text.startswith("trying file="):
+            active = False  # the next library's lines, or the program's own
+    return order
+
+
+@pytest.fixture
+def app_with_rpath_and_a_missing_library(tmp_path):
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "g.c").write_text("int g(void){return 1;}\n")
+    (tmp_path / "m.c").write_text("int g(void); int main(void){return g();}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "link" / "libgone.so", tmp_path / "g.c",
+                    "-Wl,-soname,libgone.so"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", tmp_path / "link" / "libgone.so",
+                    "-Wl,--disable-new-dtags", f"-Wl,-rpath,{tmp_path / 'r1'}:{tmp_path / 'r2'}"], check=True)
+    (tmp_path / "link" / "libgone.so").unlink()
+    return tmp_path / "app"
+
+
+def test_search_order_is_ld_sos_for_the_main_programs_own_needed(app_with_rpath_and_a_missing_library):
+    app = app_with_rpath_and_a_missing_library
+    expected = ld_so_search(app, "libgone.so")
+    assert expected and expected[0][0] == "rpath", expected  # the oracle parsed something real
+    closure = Resolver(env={}).closure(str(app))
+    gone = next(r for r in closure.resolutions if r.name == "libgone.so")
+    assert gone.source == "not-found"
+    # the program's own DT_RPATH is searched once, not again as "the main program's" at the end
+    assert [(s, d.rstrip("/") or "/") for s, d in gone.search_order] == \
+        [(s, d.rstrip("/") or "/") for s, d in expected]
+
+
+# glibc elf/dl-load.c is_trusted_path_normalize: '.', '..' and '//' collapse, then the
+# result must start with one of the system directories followed by '/'.
+SYSTEM = ("/lib/x86_64-linux-gnu/", "/usr/lib/x86_64-linux-gnu/")
+
+
+@pytest.mark.parametrize("path, trusted", [
+    ("/usr/lib/x86_64-linux-gnu", True),
+    ("/usr/lib/x86_64-linux-gnu/", True),
+    ("/usr//lib/./x86_64-linux-gnu/.", True),
+    ("/tmp/../usr/lib/x86_64-linux-gnu/sub", True),
+    ("/usr/lib/x86_64-linux-gnu/../../../tmp", False),
+    ("/usr/lib/x86_64-linux-gnu-evil", False),
+    ("usr/lib/x86_64-linux-gnu", False),  # relative: never a system directory
+    ("/tmp/x", False),
+    ("", False),
+])
+def test_secure_origin_trusts_only_normalised_system_dirs(path, trusted):
+    assert is_trusted(path, SYSTEM) is trusted
+
+
+def test_root_itself_normalises_to_slash():
+    assert is_trusted("/..", ("/",)) is True
+    assert is_trusted("/.", ("/usr/",)) is False
+
+
+@pytest.mark.parametrize("name, major", [
+    ("libgfortran.so.5.0.0", "libgfortran.so.5"), ("libcudart.so.12", "libcudart.so.12"),
+    ("libcudart.so.12.8.90", "libcudart.so.12"), ("libfoo.so", "libfoo.so"), ("libz.so.1.2.13", "libz.so.1"),
+])
+def test_major_name(name, major):
+    from seedance.resolve.resolver import _major_name
+
+    assert _major_name(name) == major
