@@ -281,6 +281,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=int, metavar="N",
                         help="run a seeded sample of N of the mutants the stored run did not kill "
                              "(the stored run's kills are kept; the score is then an estimate)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the existing stage (its mutants, coverage and verdicts) instead of copying afresh")
     parser.add_argument("--collect", action="store_true",
                         help="store the verdicts of the staged run as they are now (it may still be running)")
     args = parser.parse_args(argv)
@@ -297,8 +299,9 @@ def main(argv=None) -> int:
             result["partial"] = True
         else:
             prior = (results.get(module) or {}).get("status") if args.sample else None
-            where = stage(module)
-            with open(STAGE / f"{module}.log", "w") as log:
+            reuse = args.reuse and (STAGE / module / "mutants").is_dir()
+            where = STAGE / module if reuse else stage(module)
+            with open(STAGE / f"{module}.log", "a" if reuse else "w") as log:
                 print(f"== {module}: staged in {where}, log {STAGE / (module + '.log')}", flush=True)
                 result = run_rules(where, log, args.sample) if module == "rules" else \
                     run_mutmut(module, where, log, sample=args.sample, prior=prior)
