@@ -67,13 +67,19 @@ def build_parser(prog: str = "seedance") -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str = "seedance") -> int:
+def main(argv: list[str] | None = None, prog: str = "seedance", command: str | None = None) -> int:
     """Parse, run, and turn every failure into one line on stderr (issue 10, defect 8):
-    `seedance: error: ...`, exit 2.  Help goes to stdout, and only on --help."""
+    `seedance: error: ...`, exit 2.  Help goes to stdout, and only on --help.
+    COMMAND: run as an alias of that subcommand (seedance-check is `seedance check`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser(prog)
-        args = parser.parse_args(argv)
+        if command:
+            parser = alias_parser(command, prog)
+            args = parser.parse_args(argv)
+            args.command = command
+        else:
+            parser = build_parser(prog)
+            args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             raise UsageError(f"{prog}: give a command (see {prog} --help)")
         return int(args.execute(args) or 0)
@@ -145,9 +151,40 @@ def _error_line(text: str, code: int) -> None:
         pass  # stderr closed: the exit code still says it
 
 
+def alias_parser(command: str, prog: str) -> argparse.ArgumentParser:
+    """The subcommand's own parser, renamed to the alias: its usage line must be one the
+    user can copy (issue 16: `seedance-check --help` printed `usage: seedance-check check`,
+    and `seedance-check check ...` then failed).  Nested actions are renamed too
+    (`seedance-plugin install`), and the alias answers --version like seedance."""
+    parser = build_parser("seedance")
+    sub = _subparser(parser, command)
+    _rename_prog(sub, f"seedance {command}", prog)
+    if "--version" not in sub._option_string_actions:
+        sub.add_argument("--version", action="version", version=f"seedance {__version__}")
+    return sub
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    raise UsageError(f"seedance: no command {name!r}")
+
+
+def _rename_prog(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    if parser.prog.startswith(old):
+        parser.prog = new + parser.prog[len(old):]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            if action._prog_prefix.startswith(old):
+                action._prog_prefix = new + action._prog_prefix[len(old):]
+            for child in {id(c): c for c in action.choices.values()}.values():
+                _rename_prog(child, old, new)
+
+
 def _alias(command: str, prog: str):
     def entry() -> int:
-        return main([command, *sys.argv[1:]], prog=prog)
+        return main(sys.argv[1:], prog=prog, command=command)
     return entry
 
 

@@ -16,6 +16,7 @@ examples:
   seedance check                                  this host: processes, ld.so.cache, configs, caches
   seedance check ./build --arch sm_90             a tree of binaries, for an H100/H200
   seedance check --pid 4242                       what a running process really loaded
+  seedance check --pid 4242 4243                  several processes, as trace --pid takes them
   seedance check --strict --report-json r.json /opt/app
   seedance check --json ./libkernels.so | jq '.findings[].rule'
   seedance check --explain libcudart.so.12 ./libkernels.so
@@ -34,8 +35,9 @@ def configure_parser(sub):
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="ELF file, directory (scanned recursively) or seedance YAML config")
-    parser.add_argument("--pid", type=_pid, action="append", default=[], metavar="PID",
-                        help="check a running process (repeatable)")
+    # several PIDs after one --pid, as `trace --pid A B` takes them (issue 16); repeatable too
+    parser.add_argument("--pid", type=_pid, nargs="+", action="extend", default=[], metavar="PID",
+                        help="check running processes: --pid A B, or --pid A --pid B")
     parser.add_argument("--arch", metavar="sm_XX", help="GPU architecture to check fatbins against (default: NVML)")
     parser.add_argument("--driver-version", metavar="VERSION",
                         help="the driver to judge against: a driver version (535.104.05), a branch (535) or "
