@@ -10,6 +10,7 @@ attributes that rule conditions read.  Facts never judge; rules do.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -67,7 +68,12 @@ class Finding:
             "message": self.message,
             "evidence": _plain(self.evidence),
             "fix": self.fix,
+            "fingerprint": self.fingerprint,
         }
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.rule, self.subject, self.message)
 
 
 @dataclass
@@ -112,6 +118,27 @@ class Report:
         }
         out.update(_plain(self.extra))
         return out
+
+
+# Numbers in a message that change from run to run without the cause changing: pids, sizes,
+# counts, addresses.  A number that is part of a name or a version (libcudart.so.12, sm_90,
+# 525.60.13, GLIBC_2.34) is kept: it *is* the cause.
+_VOLATILE_NUMBER = re.compile(r"0x[0-9a-fA-F]+|(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+_VOLATILE_SUBJECT = ("pid",)  # a process restarts with another pid; the same cause stays
+
+
+def fingerprint(rule: str, subject: Mapping[str, Any], message: str) -> str:
+    """16 hex digits identifying a finding across runs (issue 16: suppression, --baseline):
+    rule + subject (without pid) + cause, the cause being the message with volatile
+    numbers masked, so `pid 4242 holds 812 MiB` and `pid 77 holds 640 MiB` of the same
+    library are one finding."""
+    import hashlib
+    import json
+
+    stable = {str(k): str(v) for k, v in subject.items() if k not in _VOLATILE_SUBJECT}
+    cause = _VOLATILE_NUMBER.sub("#", message)
+    text = json.dumps([rule, stable, cause], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def _plain(value: Any) -> Any:

@@ -85,6 +85,9 @@ class Scanner:
         self.dir_configs: list = []  # seedance/plugin YAML configs found in target dirs
         self._hosts: dict = {}  # interpreter -> its closure's objects, read with symbols
         self._private: dict = {}  # (requester, name) -> (loader, reason) or None
+        # check --bundle (collect/bundle.py) records each closure and process as it is read
+        self.on_closure = None  # (root, ClosureResult, runtimes) -> None
+        self.on_process = None  # (ProcessView) -> None
 
     # --- entry point ------------------------------------------------------------------
     def run(self) -> Report:
@@ -287,6 +290,8 @@ class Scanner:
             add(closure_facts.undefined_facts(result, self.dedup, undefined, host=host or ""))
         runtimes = closure_facts.closure_runtimes(result)
         closure_facts.note_runtime_mix(result, runtimes, self.dedup)
+        if self.on_closure is not None:
+            self.on_closure(path, result, runtimes)
         add(closure_facts.driver_facts(runtimes, self.gpu, self.dedup))
         add(cuda.static_runtime_facts(result.objects, self.gpu, self.static_runtime_seen))
         if self.gpu.targets:
@@ -329,6 +334,9 @@ class Scanner:
         why = practice.optional_plugin(res.requester)
         if why:
             return {"context": "optional-plugin", "reason": why}
+        why = practice.driver_absent(res.name, self.resolver)
+        if why:
+            return {"context": "no-driver", "reason": why}
         private = self._private_loader(res.requester, res.name)
         if private is not None:
             return {"context": "private", "loader": private[0], "reason": private[1]}
@@ -463,6 +471,8 @@ class Scanner:
             self.stats["unreadable"] += 1
             return
         self.stats["processes"] += 1
+        if self.on_process is not None:
+            self.on_process(view)
         self.facts.extend(process.mapped_lib_facts(view))
         self.facts.extend(process.runtime_facts(view))
         self.facts.extend(process.preload_facts(view))

@@ -71,6 +71,23 @@ def configure_parser(sub):
     parser.add_argument("--rules", metavar="DIR", help="load rules from DIR instead of the built-in rules")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
     parser.add_argument("--plugin", metavar="NAME", help="seven-layer check of an installed plugin (L1 kernel/driver .. L7 manifest)")
+    # issue 16: evidence bundles and CI formats (collect/bundle.py, filters.py, render_sarif.py)
+    parser.add_argument("--bundle", metavar="FILE.tar.zst",
+                        help="also capture the evidence of this check into a bundle (.tar.zst or .tar.gz; "
+                             "secrets redacted); see docs/bundle.md")
+    parser.add_argument("--with-binaries", action="store_true",
+                        help="with --bundle: include the closures' object files themselves")
+    parser.add_argument("--from-bundle", metavar="FILE",
+                        help="rerun the rules on a bundle's captured facts (with --arch/--driver-version: "
+                             "judge that host's software for another GPU or driver)")
+    parser.add_argument("--format", choices=("text", "json", "sarif"), default=None,
+                        help="what goes to stdout: the table (default), the JSON report, or SARIF 2.1.0")
+    parser.add_argument("--select", metavar="RULE,...", help="report only these rules")
+    parser.add_argument("--ignore", metavar="RULE[:GLOB]|FINGERPRINT", action="append", default=[],
+                        help="drop a rule (under paths matching GLOB), or one finding by fingerprint (repeatable)")
+    parser.add_argument("--min-severity", metavar="LEVEL", help="drop findings below info|warning|error|fatal")
+    parser.add_argument("--baseline", metavar="PREVIOUS.json",
+                        help="report only findings whose fingerprint is not in this earlier report (or SARIF)")
     parser.set_defaults(execute=execute)
     return parser
 
@@ -86,7 +103,13 @@ def execute(args) -> int:
 
     # the report path is checked before any work: a directory or an ELF fails in a second,
     # not after the scan
-    json_to = "-" if args.json else args.report_json
+    json_to = "-" if args.json or args.format == "json" else args.report_json
+    if args.format == "sarif" and json_to == "-":
+        raise UsageError("--format sarif: stdout carries the SARIF log; give --report-json FILE for the JSON")
+    if args.with_binaries and args.bundle is None:
+        raise UsageError("--with-binaries: only with --bundle FILE")
+    if args.bundle is not None and args.from_bundle is not None:
+        raise UsageError("--bundle and --from-bundle: capture or replay, not both")
     args.report_target = prepare_output(json_to, force=args.force) if json_to is not None else None
     if args.plugin:
         from ..plugins.layers import main_for_check
@@ -107,7 +130,13 @@ def execute(args) -> int:
                            driver_version=args.driver_version, strict=args.strict,
                            rules_dir=args.rules, python=args.python)
     progress = Progress(enabled=False if args.no_progress else None)
-    report = run_check(options, progress)
+    finding_filter = _finding_filter(args)  # a bad --select/--baseline/.seedance.yaml fails first
+    if args.from_bundle is not None or args.bundle is not None:
+        report = _bundle(args, options, progress)
+    else:
+        report = run_check(options, progress)
+    if finding_filter.active:
+        report.stats["filtered"] = finding_filter.apply(report)
     unreadable = _named_unreadable(args.targets, report.stats.get("errors", ()))
     for problem in report.stats.get("errors", ()):
         text = escape_path(problem["error"])  # a SeedanceError's text is escaped already
@@ -118,13 +147,43 @@ def execute(args) -> int:
         label = "error:" if problem in unreadable else "skipped"
         print(f"seedance: {label} {text}", file=sys.stderr)
     target = args.report_target
-    if target is None or not target.is_stdout:
+    if args.format == "sarif":
+        from ..render_sarif import sarif_text
+        sys.stdout.write(sarif_text(report))
+    elif target is None or not target.is_stdout:
         sys.stdout.write(render.table(report))
     if target is not None:
         render.write_json(report, target)
     if unreadable:
         return 2  # a target named on the command line could not be read: bad input, not clean
     return report.exit_code(args.strict)
+
+
+def _finding_filter(args):
+    """--select/--ignore/--min-severity/--baseline over the project's .seedance.yaml."""
+    from .. import filters
+    from ..engine import load_rules
+
+    known = {rule.id for rule in load_rules(args.rules).rules}
+    return filters.build(select=args.select, ignore=args.ignore, min_severity=args.min_severity,
+                         baseline=args.baseline, targets=list(args.targets), known=known)
+
+
+def _bundle(args, options, progress):
+    """check --bundle (capture with the scan) or --from-bundle (replay the captured facts)."""
+    from ..collect import bundle
+    from ..output import prepare_output
+
+    if args.from_bundle is not None:
+        if args.targets or args.pid:
+            raise UsageError("--from-bundle takes no TARGET or --pid: the bundle holds what was checked")
+        return bundle.replay(args.from_bundle, arch=args.arch, driver_version=args.driver_version,
+                             strict=args.strict, rules_dir=args.rules)
+    bundle.check_name(args.bundle)
+    target = prepare_output(args.bundle, force=args.force, what="bundle")
+    report, summary = bundle.capture(options, target, progress, with_binaries=args.with_binaries)
+    sys.stderr.write(bundle.describe(summary))
+    return report
 
 
 def _named_unreadable(targets, problems) -> list:
