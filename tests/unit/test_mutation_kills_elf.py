@@ -15,7 +15,8 @@ from elftools.elf.elffile import ELFFile
 from seedance.elf import is_elf, read_elf
 from seedance.errors import ELFError
 
-SOURCE = "".join(f"int seedance_fn_{i}(int x) {{ return x + {i}; }}\n" for i in range(12))
+SOURCE = "".join(f"int seedance_fn_{i}(int x) {{ return x + {i}; }}\n" for i in range(12)) + \
+    "#include <stdio.h>\nint seedance_say(const char *s) { return puts(s); }\n"  # a libc version need
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +212,24 @@ def test_ptx_too_new_for_the_driver_names_the_cuda_it_needs():
     assert fatbin.choose_image([future], 90, (8, 5)) == (
         None, "PTX compute_90 is ISA 9.9, which needs a driver for a newer CUDA; the driver JITs up to ISA 8.5 "
               "(cudaErrorUnsupportedPtxVersion)", True)
+
+
+def test_weak_version_needs_read_as_weak(gnu_lib, tmp_path):
+    """VER_FLG_WEAK (0x2) on a version need: ld.so only warns when such a version is missing.
+    No library here carries one, so one is set in a gcc-built library, and pyelftools (the
+    reference) says which needs are weak."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    with open(gnu_lib["path"], "rb") as handle:
+        section = ELFFile(handle).get_section_by_name(".gnu.version_r")
+        assert section is not None
+        offset = section["sh_offset"]
+    vn_aux = struct.unpack_from("<I", data, offset + 8)[0]  # Elf64_Verneed: version, cnt, file, aux, next
+    flags_at = offset + vn_aux + 4  # Elf64_Vernaux: hash, flags, other, name, next
+    struct.pack_into("<H", data, flags_at, struct.unpack_from("<H", data, flags_at)[0] | 0x2)
+    weak = tmp_path / "libweak.so"
+    weak.write_bytes(bytes(data))
+    with open(weak, "rb") as handle:
+        expected = [[(aux.name, bool(aux["vna_flags"] & 0x2)) for aux in auxes]
+                    for _, auxes in ELFFile(handle).get_section_by_name(".gnu.version_r").iter_versions()]
+    assert any(w for need in expected for _, w in need)  # the patch took
+    assert [list(need.versions) for need in read_elf(str(weak)).version_needs] == expected
