@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.seedance-installed
+SHARE_STAMP := $(VENV)/share/seedance/.installed
 # the CPU torch wheel lies on disk on these machines; pip finds it there first
 WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
@@ -11,7 +12,15 @@ APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64
 
 .PHONY: install run test system-deps headers bench bench-churn mutate clean
 
-install: $(STAMP)
+install: $(STAMP) $(SHARE_STAMP)
+
+# Completion scripts and man pages generated from the parsers (shtab, argparse-manpage), and
+# the example plugins built into the default plugin source (issue 16), all under .venv/share:
+#   source .venv/share/bash-completion/completions/seedance ; man -M .venv/share/man seedance
+$(SHARE_STAMP): $(STAMP) $(wildcard agent/*.py agent/commands/*.py examples/plugins/*/* examples/plugins/*/src/*)
+	$(BIN)/python -m seedance.completion install $(VENV) >/dev/null
+	$(BIN)/python examples/plugins/build.py $(VENV)/share/seedance/plugins >/dev/null
+	touch $(SHARE_STAMP)
 
 # As root, install the system packages: bcc (Debian's python3-bpfcc; PyPI's "bcc" is an
 # unrelated package), kernel headers for it, and the peers the tests and benches compare with.

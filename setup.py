@@ -63,6 +63,10 @@ setup(
         # closure pictures (check --graph) and call graphs (profile calls): the Python
         # package writes DOT, Debian's graphviz renders it (Makefile APT_PACKAGES)
         "graphviz>=0.20",
+        # completion scripts and man pages generated from the parsers (`seedance completion`,
+        # make install): static scripts, no import of seedance on every <TAB> (issue 16)
+        "shtab>=1.6",
+        "argparse-manpage>=4",
     ],
     # `seedance agent run --otlp-endpoint`: imported only when an endpoint is configured
     extras_require={"otlp": ["opentelemetry-sdk>=1.20", "opentelemetry-exporter-otlp-proto-http>=1.20"]},

@@ -32,6 +32,7 @@ COMMANDS = {
     "profiler": "profiler",
     "pareto": "pareto",
     "quota": "quota",
+    "completion": "completion",
 }
 
 EPILOG = """\

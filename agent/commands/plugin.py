@@ -15,9 +15,13 @@ examples:
   seedance plugin verify --strict --report-json - | jq '.waste_traps[]'
   seedance plugin verify legacy-audio-encoder --report-json report.json
   seedance plugin uninstall legacy-audio-encoder
+  seedance plugin install legacy-audio-encoder --strict     refuses: it has waste traps
+  seedance plugin uninstall dsp-kernels --force             even though others need it
 
 Plugins are stored under $XDG_DATA_HOME/seedance/plugins/NAME/VERSION (default
-~/.local/share).  Names are looked up in --from DIR, then in SEEDANCE_PLUGIN_PATH.
+~/.local/share).  Names are looked up in --from DIR, then in SEEDANCE_PLUGIN_PATH
+(colon-separated); when that is unset, in the built-in examples `make install` built
+(<venv>/share/seedance/plugins).
 """
 
 AFFINITY_HELP = "record device_affinity in the installed manifest: gpu:N, auto, any or npuN"
@@ -42,6 +46,8 @@ def configure_parser(sub) -> None:
     install.add_argument("--force", action="store_true",
                          help="install despite ERROR/FATAL findings, or reinstall the same version")
     install.add_argument("--from", dest="from_dir", metavar="DIR", help="source directory of plugins to install by name")
+    install.add_argument("--strict", action="store_true",
+                         help="refuse a plugin with waste traps (judged as `plugin verify --strict` does)")
     install.add_argument("--json", action="store_true", help="machine-readable result")
     install.set_defaults(execute=execute_install)
 
@@ -49,6 +55,8 @@ def configure_parser(sub) -> None:
                                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     uninstall.add_argument("name", metavar="NAME", help="plugin name (or NAME-vVERSION)")
     uninstall.add_argument("--version", dest="plugin_version", metavar="V", help="only this version")
+    uninstall.add_argument("--force", action="store_true",
+                           help="uninstall even when installed plugins need it (they stop resolving)")
     uninstall.set_defaults(execute=execute_uninstall)
 
     listing = actions.add_parser("list", help="installed plugins; (fallback) marks fallback picks",
@@ -84,7 +92,8 @@ def execute_install(args) -> int:
     from ..plugins.install import InstallOptions, InstallRefused, install
 
     options = InstallOptions(affinity=args.affinity, batch_policy=args.batch_policy, force_arch=args.force_arch,
-                             no_deps=args.no_deps, force=args.force, from_dir=args.from_dir)
+                             no_deps=args.no_deps, force=args.force, from_dir=args.from_dir,
+                             strict=args.strict)
     _check_affinity(args.affinity)
     try:
         result = install(args.source, options)
@@ -108,6 +117,11 @@ def execute_install(args) -> int:
     for item in result.installed:
         what = "dependency" if item.as_dependency else "plugin"
         print(f"installed {what} {item.name} {item.version} -> {item.path}")
+        for trap in item.waste_traps:
+            print(f"  waste trap {trap}")
+        if item.waste_traps and not args.strict:
+            print(f"  ({len(item.waste_traps)} waste trap(s): `seedance plugin verify {item.name}` explains; "
+                  f"--strict refuses them)")
     return 0
 
 
@@ -125,11 +139,11 @@ def execute_uninstall(args) -> int:
     name, version = args.name, args.plugin_version
     if version is None:
         name, version = split_request(args.name)
-    removed, dependents = uninstall(name, version)
+    removed, dependents = uninstall(name, version, force=args.force)
     for plugin in removed:
         print(f"uninstalled {plugin.name} {plugin.version} ({plugin.path})")
     if dependents:
-        print(f"note: still installed and depending on {name}: {', '.join(dependents)} "
+        print(f"warning: still installed and depending on {name}: {', '.join(dependents)} "
               f"(`seedance plugin verify` reports unresolved ranges)")
     return 0
 

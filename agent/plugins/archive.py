@@ -415,10 +415,17 @@ def _type_name(mode: int) -> str:
 
 
 def source_dirs(extra: str | None = None) -> list:
-    """--from DIR first, then SEEDANCE_PLUGIN_PATH (colon-separated)."""
+    """--from DIR first, then SEEDANCE_PLUGIN_PATH (colon-separated).  When that variable
+    is unset, the built-in examples `make install` built (seedance.plugins.resolve) are the
+    default source, so the README's workflow runs from a fresh clone (issue 16); setting
+    it, even empty, replaces them."""
     dirs = []
     if extra:
         dirs.append(Path(extra))
+    if "SEEDANCE_PLUGIN_PATH" not in os.environ:
+        from .resolve import builtin_source_dir
+        builtin = builtin_source_dir()
+        return dirs + ([builtin] if builtin is not None else [])
     for part in os.environ.get("SEEDANCE_PLUGIN_PATH", "").split(os.pathsep):
         if part:
             dirs.append(Path(part))

@@ -38,6 +38,7 @@ class InstallOptions:
     no_deps: bool = False
     force: bool = False
     from_dir: str | None = None
+    strict: bool = False  # refuse a plugin with waste traps (checked with verify --strict's rules)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Installed:
     path: str
     as_dependency: bool
     lines: list
+    waste_traps: list = field(default_factory=list)  # "rule: message", installed over (issue 16)
 
 
 @dataclass
@@ -67,7 +69,7 @@ def locate(request: str, sources) -> Path:
     if not offered:
         known = sorted({f"{s.name}-v{s.version}" for s in sources})
         where = ("; available: " + ", ".join(known[:12])) if known else \
-            " (no source dirs with plugins: give --from DIR or set SEEDANCE_PLUGIN_PATH)"
+            " (no source dirs with plugins: give --from DIR, set SEEDANCE_PLUGIN_PATH, or run `make install` to build the built-in examples)"
         raise BadInput(f"{request}: no such file, and no plugin by that name in the source dirs{where}")
     return Path(max(offered, key=lambda s: version_key(s.version)).path)
 
@@ -128,7 +130,7 @@ def _install_one(path: Path, manifest: Manifest, text: str, options: InstallOpti
     try:
         root = archive.extract(path, staged)
         (root / MANIFEST_NAME).write_text(text)
-        check = check_root(root, strict=False, force_arch=options.force_arch, store=store,
+        check = check_root(root, strict=options.strict, force_arch=options.force_arch, store=store,
                            sources=sources, check_deps=not options.no_deps)
         # Findings name files in the staging dir; the user knows them by the source path.
         shown = str(path.resolve()) if path.is_dir() else f"{path}!"
@@ -140,6 +142,17 @@ def _install_one(path: Path, manifest: Manifest, text: str, options: InstallOpti
                 f"refusing to install {manifest.ident}: {len(blocking)} error/fatal finding(s), "
                 f"first: {worst.severity.upper()} {worst.layer}: {worst.message.replace(str(root), shown)} "
                 f"(use --force to install anyway)", lines)
+        # the waste traps are printed on every install (issue 16: installing the legacy
+        # plugin used to say nothing of them); --strict refuses them as verify --strict fails
+        traps = [f"{f.rule}: {f.message.replace(str(root), shown)}" for f in check.findings
+                 if f.is_waste_trap]
+        if traps and options.strict and not options.force:
+            raise InstallRefused(
+                f"refusing to install {manifest.ident} (--strict): {len(traps)} waste trap(s): "
+                f"{', '.join(sorted({t.split(':')[0] for t in traps}))} (use --force to install anyway)",
+                [f"waste trap {t}" for t in traps])
+        if traps and options.strict:
+            result.forced.extend(f"waste trap {t}" for t in traps)
         result.forced.extend(f"{f.severity.upper()} {f.layer}: {f.message.replace(str(root), shown)}"
                              for f in blocking)
         write_record(root, {
@@ -154,17 +167,51 @@ def _install_one(path: Path, manifest: Manifest, text: str, options: InstallOpti
             "skipped_dependencies": sorted(manifest.depends) if options.no_deps else [],
         })
         final = store.commit(root, manifest.name, manifest.version, replace=bool(existing))
-        result.installed.append(Installed(manifest.name, manifest.version, str(final), dependency, lines))
+        result.installed.append(Installed(manifest.name, manifest.version, str(final), dependency, lines,
+                                          traps))
     finally:
         shutil.rmtree(staged, ignore_errors=True)
 
 
-def uninstall(name: str, version: str | None = None, store: Store | None = None) -> tuple:
-    """Returns (removed, dependents): installed plugins whose ranges named the removed one."""
+def uninstall(name: str, version: str | None = None, store: Store | None = None,
+              force: bool = False) -> tuple:
+    """Returns (removed, dependents): installed plugins whose ranges named the removed one.
+
+    Refuses (BadInput) when an installed plugin needs what would be removed, i.e. no
+    remaining version of NAME satisfies its range, unless FORCE: issue 16 found an
+    uninstall that removed both versions of a dependency and broke two plugins with a note."""
     store = store or Store()
     if not store.root.is_dir():
         raise BadInput(f"plugin {name} is not installed (the store {store.root} is empty)")
     with store.locked():
+        broken = needed_by(name, version, store)
+        if broken and not force:
+            raise BadInput(f"refusing to uninstall {name}{' ' + version if version else ''}: needed by "
+                           f"{', '.join(broken)} (no other installed version satisfies their range; "
+                           f"uninstall them first, or use --force)")
         removed = store.remove(name, version)
         dependents = sorted({p.manifest.ident for p in store.installed() if name in p.manifest.depends})
     return removed, dependents
+
+
+def needed_by(name: str, version: str | None, store: Store) -> list:
+    """'dependent (range)' for each installed plugin that removing NAME [VERSION] would leave
+    with no installed version in its range."""
+    from .manifest import parse_range
+
+    versions = store.installed(name)
+    if version is None:
+        remaining = []
+    else:
+        if not any(p.version == version for p in versions):
+            return []  # store.remove says it is not installed
+        remaining = [p.version for p in versions if p.version != version]
+    needing = []
+    for plugin in store.installed():
+        if plugin.name == name or name not in plugin.manifest.depends:
+            continue
+        range_text = plugin.manifest.depends[name]
+        spec = parse_range(range_text)
+        if not any(spec.contains(version_key(v), prereleases=True) for v in remaining):
+            needing.append(f"{plugin.manifest.ident} ({name} {range_text})")
+    return sorted(needing)

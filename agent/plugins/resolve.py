@@ -7,7 +7,9 @@ such picks with '(fallback)' and the version-fallback rule reports them.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from .manifest import Manifest, parse_range
 from .store import Store, version_key
@@ -31,6 +33,15 @@ class Pick:
                 "version": self.version, "installed": self.installed, "source": self.source,
                 "matching": list(self.matching), "newest": self.newest,
                 "fallback": self.fallback, "explanation": self.explanation}
+
+
+def builtin_source_dir() -> Path | None:
+    """The example plugins built by `make install` (examples/plugins/build.py) into
+    <prefix>/share/seedance/plugins of the environment seedance runs in: the default
+    source of `plugin install NAME` when SEEDANCE_PLUGIN_PATH is unset.  None when they
+    were not built (an install without make)."""
+    path = Path(sys.prefix) / "share" / "seedance" / "plugins"
+    return path if path.is_dir() else None
 
 
 def pick_version(dependent: str, name: str, range_text: str, installed: dict, available: dict) -> Pick:
