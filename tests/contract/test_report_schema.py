@@ -72,7 +72,7 @@ def test_check_json_on_a_config_validates(tmp_path):
     jsonschema.validate(doc, SCHEMA)
     assert doc["schema"] == "seedance.report/v1"
     finding = doc["findings"][0]
-    assert set(finding) == {"rule", "severity", "trap", "layer", "subject", "message", "evidence", "fix"}
+    assert set(finding) == {"rule", "severity", "trap", "layer", "subject", "message", "evidence", "fix", "fingerprint"}
     assert finding["subject"] == {"path": str(cfg)}
 
 
