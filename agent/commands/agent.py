@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -14,7 +15,13 @@ examples:
   seedance agent run --otlp-endpoint http://127.0.0.1:4318
   seedance agent install --user                        write ~/.config/systemd/user/seedance-agent.service
   seedance agent install --user --print                show the unit instead of writing it
-  kill -HUP $(pidof seedance)                          reload rules and agent.yaml
+  seedance agent status                                running? pid, uptime (exit 3 when not, as systemctl)
+  seedance agent reload                                reload rules and agent.yaml (SIGHUP)
+  seedance agent stop                                  stop it (systemctl --user stop when a user manager runs it)
+  seedance agent uninstall --user                      stop, disable and remove the unit
+
+The agent is a python process: `pidof seedance` finds nothing.  Without this command,
+`pkill -HUP -f 'seedance agent run'` reloads it.
 """
 
 
@@ -40,8 +47,25 @@ def configure_parser(sub):
     _run_flags(install, defaults_for_unit=True)
     install.set_defaults(execute=execute_install)
 
+    for name, help_text, execute in (
+            ("status", "is the agent running: pid, uptime, how it was started (exit 3 when not)", execute_status),
+            ("stop", "stop the agent (systemctl --user stop, or SIGTERM to the process)", execute_stop),
+            ("reload", "reload rules and agent.yaml (SIGHUP)", execute_reload)):
+        action = actions.add_parser(name, help=help_text, epilog=EPILOG,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        action.add_argument("--user", action="store_true", help="the user service (the only mode; accepted "
+                                                                "as systemctl --user takes it)")
+        if name == "status":
+            action.add_argument("--json", action="store_true", help="the state as JSON")
+        action.set_defaults(execute=execute)
+    uninstall = actions.add_parser("uninstall", help="stop and disable the agent, remove its unit",
+                                   epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    uninstall.add_argument("--user", action="store_true", help="the user service (required, as for install)")
+    uninstall.set_defaults(execute=execute_uninstall)
+
     def no_action(args) -> int:
-        raise UsageError("seedance agent: choose an action: run or install (see seedance agent --help)")
+        raise UsageError("seedance agent: choose an action: run, install, status, stop, reload or uninstall "
+                         "(see seedance agent --help)")
 
     parser.set_defaults(execute=no_action)
 
@@ -131,4 +155,113 @@ def execute_install(args) -> int:
             reason = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
             raise UsageError(f"systemctl --user {' '.join(step)}: {reason}")
     print(f"enabled and started {unit.UNIT_NAME} (systemctl --user status {unit.UNIT_NAME})")
+    return 0
+
+
+# -- lifecycle (issue 16): systemctl --user when a user manager runs the unit, else the socket --
+EXIT_NOT_RUNNING = 3  # systemctl status / LSB: "program is not running"
+STOP_TIMEOUT_S = 20.0  # the unit's TimeoutStopSec
+
+
+def _find():
+    from ..service import unit
+    from ..service.config import socket_path
+
+    return unit.find_agent(socket_path())
+
+
+def execute_status(args) -> int:
+    from ..service import unit
+
+    agent = _find()
+    state = unit.unit_state()
+    unit_path = unit.user_unit_dir() / unit.UNIT_NAME
+    doc = {"running": agent is not None, "pid": agent.pid if agent else None,
+           "socket": agent.socket if agent else None,
+           "uptime_s": (agent.status.get("agent") or {}).get("uptime_s") if agent else None,
+           "version": (agent.status.get("agent") or {}).get("version") if agent else None,
+           "unit": str(unit_path) if unit_path.exists() else None, "unit_state": state}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    elif agent is None:
+        print(f"seedance agent: inactive (no agent answers at {_socket()})"
+              + (f"; unit {unit_path} is installed ({state or 'no user manager'})" if doc["unit"] else ""))
+    else:
+        uptime = f", up {doc['uptime_s']:.0f} s" if isinstance(doc["uptime_s"], (int, float)) else ""
+        how = f"unit {unit.UNIT_NAME} {state}" if state else "no user manager: started by hand"
+        print(f"seedance agent: active (running), pid {agent.pid}{uptime}, version {doc['version']}")
+        print(f"  socket {agent.socket}; {how}")
+    return 0 if agent is not None else EXIT_NOT_RUNNING
+
+
+def _socket() -> str:
+    from ..service.config import socket_path
+    return str(socket_path())
+
+
+def execute_stop(args) -> int:
+    import signal
+
+    from ..service import unit
+
+    state = unit.unit_state()
+    if state in ("active", "activating", "reloading"):
+        # the manager must stop it, or Restart= would bring it back
+        proc = unit.systemctl_user("stop", unit.UNIT_NAME)
+        if proc.returncode != 0:
+            raise UsageError(f"systemctl --user stop {unit.UNIT_NAME}: "
+                             f"{(proc.stderr.strip().splitlines() or [f'exit {proc.returncode}'])[-1]}")
+        print(f"stopped {unit.UNIT_NAME} (systemctl --user stop)")
+        return 0
+    agent = _find()
+    if agent is None:
+        # as `systemctl stop` of an inactive unit: nothing to do is success
+        print(f"seedance agent: not running (no agent answers at {_socket()}): nothing to stop")
+        return 0
+    os.kill(agent.pid, signal.SIGTERM)
+    if not unit.wait_gone(agent.pid, STOP_TIMEOUT_S):
+        raise UsageError(f"seedance agent stop: pid {agent.pid} still running {STOP_TIMEOUT_S:.0f} s after "
+                         f"SIGTERM (kill -KILL {agent.pid} ends it)")
+    print(f"stopped the agent (pid {agent.pid}, SIGTERM)")
+    return 0
+
+
+def execute_reload(args) -> int:
+    import signal
+
+    from ..errors import NotAvailable
+
+    agent = _find()
+    if agent is None:
+        raise NotAvailable(f"seedance agent reload: no agent running (no agent answers at {_socket()})")
+    os.kill(agent.pid, signal.SIGHUP)  # what the unit's ExecReload sends
+    print(f"asked the agent (pid {agent.pid}) to reload rules and agent.yaml (SIGHUP)")
+    return 0
+
+
+def execute_uninstall(args) -> int:
+    from ..service import unit
+
+    if not args.user:
+        raise UsageError("seedance agent uninstall: only --user is supported (a systemd user service)")
+    path = unit.user_unit_dir() / unit.UNIT_NAME
+    running, _why = unit.user_manager_running()
+    if running and path.exists():
+        proc = unit.systemctl_user("disable", "--now", unit.UNIT_NAME)
+        if proc.returncode != 0:
+            raise UsageError(f"systemctl --user disable --now {unit.UNIT_NAME}: "
+                             f"{(proc.stderr.strip().splitlines() or [f'exit {proc.returncode}'])[-1]}")
+        print(f"disabled and stopped {unit.UNIT_NAME}")
+    elif _find() is not None:
+        execute_stop(args)
+    removed = [p for p in (path, path.with_name(path.name + ".bak")) if p.exists()]
+    for item in removed:
+        item.unlink()
+        print(f"removed {item}")
+    if running and removed:
+        unit.systemctl_user("daemon-reload")
+    if not removed:
+        print(f"no unit at {path}: nothing to remove")
+    from ..service.config import state_dir
+    print(f"kept the agent's state in {state_dir()} (remove it by hand if you want it gone)")
     return 0

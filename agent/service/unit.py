@@ -178,3 +178,76 @@ def systemctl_user(*args: str, env: Mapping[str, str] = os.environ) -> subproces
 
 def describe_command(words: list[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
+
+
+# -- lifecycle without a user manager (issue 16) -----------------------------------------------
+# `seedance agent stop|status|reload|uninstall --user` go through `systemctl --user` when a
+# user manager runs the unit, and otherwise straight to the agent: its status socket names
+# the process (SO_PEERCRED gives the kernel's word for the listening pid, so a stale or
+# forged pid file cannot point the signal at another process), and signals do the rest,
+# exactly what the unit's ExecReload (kill -HUP $MAINPID) and stop (SIGTERM) send.
+
+@dataclass(frozen=True)
+class AgentProcess:
+    pid: int
+    socket: str
+    status: dict  # the agent's status document (seedance.service.daemon.snapshot)
+
+
+def find_agent(socket_path: Path) -> AgentProcess | None:
+    """The agent listening on SOCKET_PATH, or None when none answers there."""
+    import socket as socketlib
+    import struct
+
+    from .api import _read_line, _send
+
+    sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM | socketlib.SOCK_CLOEXEC)
+    sock.settimeout(5.0)
+    try:
+        try:
+            sock.connect(str(socket_path))
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+            return None
+        creds = sock.getsockopt(socketlib.SOL_SOCKET, socketlib.SO_PEERCRED, struct.calcsize("3i"))
+        pid, _uid, _gid = struct.unpack("3i", creds)
+        try:
+            _send(sock, {"op": "status"})
+            line = _read_line(sock, limit=64 << 20)
+        except (OSError, socketlib.timeout):
+            line = b""
+    finally:
+        sock.close()
+    import json
+    try:
+        status = json.loads(line) if line else {}
+    except ValueError:
+        status = {}
+    return AgentProcess(pid, str(socket_path), status if isinstance(status, dict) else {})
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Poll until PID has exited (or is a zombie); True when it did within TIMEOUT."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                # field 3, after the parenthesised comm (which may hold spaces or ')')
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+            if state in (b"Z", b"X"):
+                return True
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def unit_state(env: Mapping[str, str] = os.environ) -> str | None:
+    """`systemctl --user is-active` of the unit when a user manager runs; None without one."""
+    running, _why = user_manager_running(env)
+    if not running:
+        return None
+    proc = systemctl_user("is-active", UNIT_NAME, env=env)
+    return proc.stdout.strip() or "unknown"
