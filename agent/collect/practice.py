@@ -156,6 +156,40 @@ def preloader_hint(path: str) -> str:
     return ""
 
 
+# Libraries the NVIDIA driver installs (not the CUDA toolkit, not a wheel): a host without
+# the driver has none of them, and CUDA code cannot run there whatever the environment holds.
+DRIVER_LIBS = ("libcuda.so", "libnvidia-ml.so", "libnvcuvid.so", "libnvidia-encode.so",
+               "libnvidia-opticalflow.so", "libnvidia-ptxjitcompiler.so", "libcudadebugger.so")
+
+
+def driver_absent(name: str, resolver=None) -> str | None:
+    """Why ``name`` is missing because this host has no NVIDIA driver, or None (it is not a
+    driver library, or the driver is installed: then the miss is real)."""
+    if not name.startswith(DRIVER_LIBS):
+        return None
+    if _driver_installed(resolver):
+        return None
+    return (f"{name} is installed by the NVIDIA driver, and this host has none (no GPU); "
+            "it loads where the driver is")
+
+
+def _driver_installed(resolver=None) -> bool:
+    known = _DPKG.get("driver")
+    if known is None:
+        known = False
+        for directory in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
+                          "/usr/lib/wsl/lib"):
+            if os.path.exists(os.path.join(directory, "libcuda.so.1")):
+                known = True
+        if not known and resolver is not None:
+            try:
+                known = any(e.name == "libcuda.so.1" for e in resolver.ldcache().entries)
+            except Exception:
+                known = False
+        _DPKG["driver"] = known
+    return known
+
+
 def optional_plugin(path: str) -> str | None:
     """Why ``path`` is an optional plugin that is only loaded on demand, or None."""
     base = os.path.basename(path)

@@ -75,6 +75,13 @@ _CANNOT_OPEN = re.compile(r"(?:^|: )([^:\s]+): cannot open shared object file")
 PRELOADING_PACKAGES = ("nvidia", "torch", "cupy", "cupy_backends", "cupyx")
 
 
+def _driver_on_host() -> bool:
+    """Whether ld.so can find libcuda.so.1 here (ldconfig's cache or a system directory)."""
+    ldconfig = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True, errors="replace")
+    return "libcuda.so.1 " in ldconfig.stdout or any(
+        os.path.exists(os.path.join(d, "libcuda.so.1")) for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"))
+
+
 def load_all(jobs: list) -> list:
     """[{ok, error, mapped}] for [{path, preload}], each in its own forked child."""
     if not jobs:
@@ -124,6 +131,26 @@ def in_practice(objects: list, optional: dict | None = None, programs: dict | No
             results[path] = result
             how[path] = (f"loads after its package preloads {', '.join(preloads[path])}" if result["ok"]
                          else result["error"])
+    # a program cannot be dlopened: ld.so loads its closure when it runs (ldd -r: in trace
+    # mode, every library and every symbol relocated)
+    for path, result in results.items():
+        if not result["ok"] and "cannot dynamically load" in result["error"]:
+            ldd = subprocess.run(["ldd", "-r", path], capture_output=True, text=True, errors="replace",
+                                 env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+            text = ldd.stdout + ldd.stderr
+            if ldd.returncode == 0 and "not found" not in text and "undefined symbol" not in text:
+                result["ok"], how[path] = True, "a program: ldd -r finds every library and symbol"
+            else:
+                how[path] = "a program: " + " ".join(l.strip() for l in text.splitlines()
+                                                      if "not found" in l or "undefined symbol" in l)[:300]
+    # a library of the NVIDIA driver cannot load on a host without the driver, whatever the
+    # environment holds: CUDA code loads it where the driver is (a CPU-only host is healthy)
+    if not _driver_on_host():
+        for path, result in results.items():
+            match = _CANNOT_OPEN.search(result["error"]) if not result["ok"] else None
+            if match and match.group(1).startswith(("libcuda.so", "libnvidia-ml.so")):
+                how[path] = f"needs {match.group(1)}, which only the NVIDIA driver installs; this host has none"
+                result["driver_only"] = True
     # loaded as a dependency of another object of the tree that loads
     mapped = {}
     for path, result in results.items():
@@ -132,7 +159,7 @@ def in_practice(objects: list, optional: dict | None = None, programs: dict | No
     verdicts = {}
     for path, result in results.items():
         real = os.path.realpath(path)
-        if result["ok"]:
+        if result["ok"] or result.get("driver_only"):
             verdicts[path] = (True, how[path])
         elif real in mapped:
             verdicts[path] = (True, f"loaded by {mapped[real]}")
@@ -236,6 +263,11 @@ def wheel_envs() -> tuple:
         lib = cufile / NV / "cufile" / "lib"
         envs.append(Env("nvidia-cufile-cu12 (RDMA library without rdma-core)", "optional-plugin", cufile,
                         optional={str(p): str(lib / "libcufile.so.0") for p in lib.glob("libcufile_rdma.so*")}))
+    # torch 2.4.1 with the nvidia-* wheels it pins, when the torch corpus has installed it
+    torch24 = CORPUS / "torch24" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    if (torch24 / ".seedance-complete").is_file():
+        envs.append(Env("torch 2.4.1 + its nvidia-* wheels (PyPI)", "package-preload", torch24,
+                        objects=[p for p in elf_files(torch24) if "/torch/" in p or "/nvidia/" in p]))
     for name, requirement, marker, label in (
             ("scipy", "scipy", "scipy.libs", "scipy (vendored gfortran/openblas, inherited RPATH)"),
             ("onnxruntime", "onnxruntime", "onnxruntime", "onnxruntime"),
