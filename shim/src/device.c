@@ -169,14 +169,6 @@ int sd_logical_to_physical(int ordinal)
     return (ordinal >= 0 && ordinal < sd_nvisible) ? sd_visible[ordinal] : -1;
 }
 
-int sd_current_device(void)
-{
-    CUresult (*get)(CUdevice *) = (CUresult(*)(CUdevice *))sd_real(SD_HOOK_cuCtxGetDevice);
-    CUdevice dev;
-    if (!get || get(&dev) != CUDA_SUCCESS || dev < 0 || dev >= SD_MAX_DEVICES)
-        return -1;
-    return dev;
-}
 
 #define REAL_OR(name, err)                 \
     __typeof__(&name) real = SD_REAL(name); \

@@ -861,9 +861,8 @@ void sd_audit_event(uint32_t kind, uint32_t obj, uint32_t obj2, uint32_t flag, c
 
 /* ---- calling library --------------------------------------------------------- */
 
-/* return address -> library index.  A direct-mapped cache of packed (address, index)
- * words: one relaxed load on a hit, dladdr only the first time a call site is seen. */
-static uint64_t sd_lib_cache[256];
+/* return address -> library index: the cache (its hit path is inline in shim.h) */
+uint64_t sd_lib_cache[256];
 
 /* a followed child gets a slot of its own, with its own library table */
 void sd_registry_after_fork(void)
@@ -871,13 +870,8 @@ void sd_registry_after_fork(void)
     memset(sd_lib_cache, 0, sizeof sd_lib_cache);
 }
 
-uint32_t sd_lib_index(void *caller)
+uint32_t sd_lib_index_slow(void *caller, unsigned bucket, uint64_t addr)
 {
-    uint64_t addr = (uint64_t)(uintptr_t)caller & 0xFFFFFFFFFFFFull;
-    unsigned bucket = (unsigned)((addr >> 4) ^ (addr >> 12)) & 255u;
-    uint64_t e = __atomic_load_n(&sd_lib_cache[bucket], __ATOMIC_RELAXED);
-    if (SD_LIKELY((e >> 16) == addr && e))
-        return (uint32_t)(e & 0xFFFF);
     struct sd_slot *s = sd_slot;
     if (!s)
         return SD_LIB_UNKNOWN;

@@ -111,7 +111,20 @@ SD_HIDDEN void sd_event(uint32_t kind, int api, int device, int result, uint64_t
                         uint64_t bytes, uint32_t lib, const char *text);
 SD_HIDDEN void sd_audit_event(uint32_t kind, uint32_t obj, uint32_t obj2, uint32_t flag,
                               const char *text);
-SD_HIDDEN uint32_t sd_lib_index(void *caller);
+SD_HIDDEN uint32_t sd_lib_index_slow(void *caller, unsigned bucket, uint64_t addr);
+/* return address -> calling library index: a direct-mapped cache of packed (address,
+ * index) words; a hit is one relaxed load, inline on every allocation (issue 13); dladdr
+ * only the first time a call site is seen (registry.c) */
+SD_HIDDEN extern uint64_t sd_lib_cache[256];
+static inline uint32_t sd_lib_index(void *caller)
+{
+    uint64_t addr = (uint64_t)(uintptr_t)caller & 0xFFFFFFFFFFFFull;
+    unsigned bucket = (unsigned)((addr >> 4) ^ (addr >> 12)) & 255u;
+    uint64_t e = __atomic_load_n(&sd_lib_cache[bucket], __ATOMIC_RELAXED);
+    if (SD_LIKELY((e >> 16) == addr && e))
+        return (uint32_t)(e & 0xFFFF);
+    return sd_lib_index_slow(caller, bucket, addr);
+}
 SD_HIDDEN int sd_record_insert(uint64_t key, uint64_t size, int device, int api, uint32_t lib);
 SD_HIDDEN int sd_record_take(uint64_t key, uint64_t *size, int *device);
 SD_HIDDEN int sd_record_find(uint64_t key);
@@ -124,7 +137,15 @@ SD_HIDDEN void sd_registry_unlock(void);
 SD_HIDDEN void sd_device_resolve(void);
 SD_HIDDEN int sd_device_visible(CUdevice dev);
 SD_HIDDEN int sd_logical_to_physical(int ordinal);
-SD_HIDDEN int sd_current_device(void);
+/* on every allocation: inline (issue 13) */
+static inline int sd_current_device(void)
+{
+    CUresult (*get)(CUdevice *) = (CUresult(*)(CUdevice *))sd_real(SD_HOOK_cuCtxGetDevice);
+    CUdevice dev;
+    if (!get || get(&dev) != CUDA_SUCCESS || dev < 0 || dev >= SD_MAX_DEVICES)
+        return -1;
+    return dev;
+}
 
 /* accounting helpers shared by memory.c and device.c */
 static inline void sd_count_call(int api)
