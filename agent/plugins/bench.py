@@ -6,11 +6,21 @@ shows up as latency, as it does for real clients) at a low and a high request ra
 warm-up rounds, then 5 measured rounds at each.  Pass criteria (notes, chapter 3):
 P99 std/mean over the measured rounds < 8%, and throughput drift, round 5 against
 round 1, < 2.5%.
+
+Noise (issue 16: the compliant example failed with P99 cv 50% on a loaded 2-core host):
+the bench pins itself and the batcher's worker to the idlest CPU (os.sched_setaffinity;
+threads inherit it), repeats a failing phase up to twice more and keeps its steadiest
+attempt, and records what the machine did meanwhile: the load average and how long the
+bench's own threads waited on a run queue (/proc/<tid>/schedstat, field 2: run-queue wait
+in ns, kernel Documentation/scheduler/sched-stats.rst).  A phase that still fails while
+the machine was too busy to judge (load per CPU >= 1, or our threads queued for more than
+2% of a round) gets the verdict "inconclusive: machine too noisy", never a bare FAIL.
 """
 from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import statistics
 import sys
 import threading
@@ -28,6 +38,11 @@ PROFILE = "latency-throughput"
 # batches form, not so close to saturation that the open-loop queue grows without bound
 # (Python submission and the GIL take their share of the two cores too).
 HIGH_RATE_SHARE = 0.25
+# too noisy to judge: more runnable tasks than CPUs, or our threads kept off a CPU this long
+NOISY_LOAD_PER_CPU = 1.0
+NOISY_RUNQUEUE_SHARE = 0.02
+EXTRA_ATTEMPTS = 2  # a failing phase is measured up to this many more times
+VERDICT_PASS, VERDICT_FAIL, VERDICT_NOISY = "pass", "fail", "inconclusive: machine too noisy"
 
 
 @dataclass
@@ -41,6 +56,8 @@ class BenchConfig:
     policy: str | None = None  # None: the manifest's (missing -> static, as the trap says)
     max_batch_size: int | None = None
     max_wait_ms: float | None = None
+    pin: bool = True  # pin to the idlest CPU
+    extra_attempts: int = EXTRA_ATTEMPTS
 
 
 def load_bench_callable(manifest: Manifest):
@@ -89,8 +106,47 @@ def _ctx_switches(tid) -> int:
     return 0
 
 
+def _runqueue_wait_ns(tid) -> int:
+    """Nanoseconds thread TID spent runnable but waiting for a CPU (0 when unknown)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as handle:
+            return int(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def load_per_cpu() -> float:
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def idlest_cpu(interval: float = 0.2) -> int | None:
+    """The allowed CPU with the most idle time over INTERVAL (/proc/stat), or None."""
+    def sample() -> dict:
+        idle = {}
+        try:
+            with open("/proc/stat") as handle:
+                for line in handle:
+                    head, *fields = line.split()
+                    if head.startswith("cpu") and head != "cpu":
+                        idle[int(head[3:])] = int(fields[3]) + int(fields[4])  # idle + iowait
+        except (OSError, ValueError, IndexError):
+            pass
+        return idle
+    allowed = os.sched_getaffinity(0)
+    first = sample()
+    time.sleep(interval)
+    second = sample()
+    scores = {cpu: second[cpu] - first.get(cpu, 0) for cpu in second if cpu in allowed}
+    return max(scores, key=lambda cpu: (scores[cpu], -cpu)) if scores else None
+
+
 def _one_round(batcher, rate: float, count: int, seed: int) -> dict:
     batcher.reset_stats()
+    own_tid = threading.get_native_id()
+    queued_before = _runqueue_wait_ns(batcher.worker_tid) + _runqueue_wait_ns(own_tid)
     done_times: list = []
     lock = threading.Lock()
 
@@ -116,6 +172,7 @@ def _one_round(batcher, rate: float, count: int, seed: int) -> dict:
         if exc is not None:
             raise BadInput(f"bench callable failed: {exc.__class__.__name__}: {exc}")
     ctx_after = _ctx_switches(batcher.worker_tid)
+    queued_ns = _runqueue_wait_ns(batcher.worker_tid) + _runqueue_wait_ns(own_tid) - queued_before
     with lock:
         end = max(done_times) if done_times else time.perf_counter()
     latencies = batcher.latencies_ms()
@@ -124,7 +181,9 @@ def _one_round(batcher, rate: float, count: int, seed: int) -> dict:
     return {"p50_ms": percentile(latencies, 0.50), "p99_ms": percentile(latencies, 0.99),
             "throughput_rps": count / elapsed, "requests": count,
             "mean_batch_size": stats["mean_batch_size"], "idle_waits": stats["idle_waits"],
-            "reasons": stats["reasons"], "ctx_switches_voluntary": ctx_after - ctx_before}
+            "reasons": stats["reasons"], "ctx_switches_voluntary": ctx_after - ctx_before,
+            "runqueue_wait_ms": queued_ns / 1e6, "runqueue_share": queued_ns / 1e9 / elapsed,
+            "load_per_cpu": load_per_cpu()}
 
 
 def measure_capacity(handler, batch_size: int, repeats: int = 5) -> float:
@@ -163,7 +222,34 @@ def run_phase(handler, policy: str, max_batch: int, max_wait_ms: float, rate: fl
         "ctx_switches_voluntary": sum(r["ctx_switches_voluntary"] for r in measured),
         "p99_cv": p99_cv, "throughput_drift": drift,
         "pass": p99_cv < P99_CV_MAX and drift < THROUGHPUT_DRIFT_MAX,
+        "max_runqueue_share": max(r["runqueue_share"] for r in measured),
+        "max_load_per_cpu": max(r["load_per_cpu"] for r in measured),
     }
+
+
+def is_noisy(phase: dict) -> bool:
+    return (phase["max_load_per_cpu"] >= NOISY_LOAD_PER_CPU
+            or phase["max_runqueue_share"] > NOISY_RUNQUEUE_SHARE)
+
+
+def judged_phase(handler, policy, max_batch, max_wait, rate, count, config) -> dict:
+    """run_phase, repeated while it fails (up to config.extra_attempts more times); the
+    steadiest attempt (lowest P99 cv) is kept, with a verdict."""
+    attempts = []
+    for _ in range(1 + max(0, config.extra_attempts)):
+        phase = run_phase(handler, policy, max_batch, max_wait, rate, count, config.warmup, config.rounds)
+        attempts.append(phase)
+        if phase["pass"]:
+            break
+    best = phase if phase["pass"] else min(attempts, key=lambda p: (p["p99_cv"], p["throughput_drift"]))
+    best["attempts"] = len(attempts)
+    if best["pass"]:
+        best["verdict"] = VERDICT_PASS
+    elif any(is_noisy(p) for p in attempts):
+        best["verdict"] = VERDICT_NOISY
+    else:
+        best["verdict"] = VERDICT_FAIL
+    return best
 
 
 def run_bench(manifest: Manifest, config: BenchConfig, handler=None) -> dict:
@@ -181,9 +267,22 @@ def run_bench(manifest: Manifest, config: BenchConfig, handler=None) -> dict:
         raise BadInput(f"{manifest.ident}: bench callable failed: {exc.__class__.__name__}: {exc}") from None
     high_rate = config.high_rate or max(config.low_rate * 2, capacity * HIGH_RATE_SHARE)
     rates = {}
-    for label, rate, count in (("low", config.low_rate, config.low_requests),
-                               ("high", high_rate, config.high_requests)):
-        rates[label] = run_phase(handler, policy, max_batch, max_wait, rate, count, config.warmup, config.rounds)
+    load_before = load_per_cpu()
+    previous_affinity = os.sched_getaffinity(0)
+    pinned = idlest_cpu() if config.pin else None
+    try:
+        if pinned is not None:
+            # this thread's mask: the batcher's worker, started after, inherits it
+            os.sched_setaffinity(0, {pinned})
+        for label, rate, count in (("low", config.low_rate, config.low_requests),
+                                   ("high", high_rate, config.high_requests)):
+            rates[label] = judged_phase(handler, policy, max_batch, max_wait, rate, count, config)
+    finally:
+        if pinned is not None:
+            os.sched_setaffinity(0, previous_affinity)
+    verdicts = {phase["verdict"] for phase in rates.values()}
+    verdict = (VERDICT_FAIL if VERDICT_FAIL in verdicts else VERDICT_NOISY if VERDICT_NOISY in verdicts
+               else VERDICT_PASS)
     return {
         "schema": "seedance.bench/v1", "profile": PROFILE,
         "plugin": manifest.name, "version": manifest.version, "path": str(manifest.root),
@@ -195,6 +294,11 @@ def run_bench(manifest: Manifest, config: BenchConfig, handler=None) -> dict:
         "rates": rates,
         "criteria": {"p99_cv_max": P99_CV_MAX, "throughput_drift_max": THROUGHPUT_DRIFT_MAX},
         "pass": all(r["pass"] for r in rates.values()),
+        "verdict": verdict,
+        "machine": {"cpus": os.cpu_count(), "pinned_cpu": pinned, "load_per_cpu_before": load_before,
+                    "load_per_cpu_after": load_per_cpu(),
+                    "noisy_when": {"load_per_cpu_at_least": NOISY_LOAD_PER_CPU,
+                                   "runqueue_share_above": NOISY_RUNQUEUE_SHARE}},
     }
 
 

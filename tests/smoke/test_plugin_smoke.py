@@ -47,7 +47,8 @@ def test_bench_json_and_plot(cli, tmp_path):
     proc = cli("bench", "--plugin", plugin, "--profile", "latency-throughput", "--warmup", "1", "--rounds", "3",
                "--low-rate", "400", "--low-requests", "8", "--high-rate", "2000", "--high-requests", "40",
                "--batch-policy", "adaptive", "--json", "--plot", plot, env=env)
-    assert proc.returncode in (0, 1), proc.stderr  # 1: the criteria failed on this busy host
+    # 1: the criteria failed; 3: they failed while this busy host was too noisy to judge
+    assert proc.returncode in (0, 1, 3), proc.stderr
     result = json.loads(proc.stdout)
     assert result["policy"] == "adaptive" and result["policy_source"] == "--batch-policy"
     for label in ("low", "high"):
@@ -57,6 +58,7 @@ def test_bench_json_and_plot(cli, tmp_path):
         assert all(r["p50_ms"] <= r["p99_ms"] for r in phase["rounds"])
         assert phase["pass"] == (phase["p99_cv"] < 0.08 and phase["throughput_drift"] < 0.025)
     assert (proc.returncode == 0) == result["pass"]
+    assert (proc.returncode == 3) == (result["verdict"] == "inconclusive: machine too noisy")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -69,7 +71,7 @@ def test_bench_of_installed_plugin_feeds_verify(cli, tmp_path):
     cli("plugin", "install", plugin, env=env, check=True)
     proc = cli("bench", "--plugin", "legacy-audio-encoder", "--warmup", "0", "--rounds", "2", "--low-rate", "400",
                "--low-requests", "4", "--high-rate", "1000", "--high-requests", "10", env=env)
-    assert proc.returncode in (0, 1) and "low load" in proc.stdout
+    assert proc.returncode in (0, 1, 3) and "low load" in proc.stdout
     report = json.loads(cli("plugin", "verify", "--report-json", "-", env=env).stdout)
     evidence = next(f["evidence"] for f in report["waste_traps"] if f["rule"] == "batch-static")
     assert evidence["metric_observed"] is True and "measured by seedance bench (static)" in evidence["metric_value"]
