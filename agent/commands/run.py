@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import BadInput, NotAvailable, UsageError
+from ..errors import BadInput, NotAvailable, SeedanceError, UsageError
 from ..preload import unsafe_reason
 
 EXAMPLES = """\
@@ -69,6 +69,9 @@ def configure_parser(sub):
                         help="per-instance: the process gets a CUDA context of its own instead of the "
                              "device's shared primary context (default: what `seedance fix handle-leak` "
                              "set in ~/.config/seedance/shim.yaml, else shared)")
+    parser.add_argument("--label", action="append", metavar="KEY=VALUE",
+                        help="label the workload (repeat or comma-separate); a matching `seedance quota` "
+                             "policy limits it from its first instruction")
     # the end of a run started by seedance-run, the C launcher (shim/src/launcher.c)
     parser.add_argument("--finish-group", metavar="KEY", help=argparse.SUPPRESS)
     parser.add_argument("--exit-code", type=int, help=argparse.SUPPRESS)
@@ -312,6 +315,21 @@ def prepare_outputs(args):
     return report, events
 
 
+def _join_quota(labels: dict):
+    """Place this process in the cgroup of the first stored quota policy selecting the
+    labels, before the program starts: it inherits the cgroup at fork, so the quota holds
+    from its first instruction.  None when no policy matches; a policy that cannot be
+    enforced here is said on stderr, never silently dropped."""
+    from ..quota.controller import QuotaController, QuotaStore
+
+    controller = QuotaController(QuotaStore())
+    try:
+        return controller.join(labels)
+    except SeedanceError as exc:
+        print(f"seedance: note: quota not applied: {exc}", file=sys.stderr)
+        return None
+
+
 def execute(args) -> int:
     from .. import shim
     from ..runreport import RunResult
@@ -373,6 +391,13 @@ def execute(args) -> int:
                               follow_children=args.follow_children, affinity=affinity_value,
                               mem_limit=mem_value, handles=args.handles)
 
+    quota = None
+    if args.label:
+        from ..quota.policy import format_labels, parse_labels
+        labels = parse_labels(args.label)
+        env["SEEDANCE_LABELS"] = format_labels(labels)
+        quota = _join_quota(labels)
+
     registry = None
     try:
         registry = shim.Registry.open()
@@ -396,7 +421,12 @@ def execute(args) -> int:
         try:
             child = subprocess.Popen(cmd, env=env, stdout=2 if stream_on_stdout else None)
         except OSError as exc:
+            if quota is not None:
+                quota.release()
             raise BadInput(f"seedance run: {cmd[0]}: {exc.strerror or exc}") from None
+        if quota is not None:
+            stack.callback(quota.release)
+            quota.record(child.pid)
         # Ctrl-C reaches the program from the terminal (same process group): seedance only
         # waits for it to finish and report; SIGTERM/SIGHUP sent to seedance are passed on.
         forwarded = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}

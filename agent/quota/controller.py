@@ -201,6 +201,20 @@ class QuotaController:
         return {"event": name, "policy": policy.name, "workload": wid, "pressure_key": policy.pressure_key,
                 "pressure": pressure, "threshold": threshold, "cpu_millicores": cpu, "limits": limits}
 
+    def join(self, labels: dict) -> "Joined | None":
+        """`seedance run --label`: put the calling process in the cgroup of the first policy
+        (by name) selecting ``labels``; the program it then starts inherits it at fork."""
+        policies = self.store.policies() if self.store.config_dir.is_dir() else {}
+        policy = next((p for _, p in sorted(policies.items()) if p.matches(labels)), None)
+        if policy is None:
+            return None
+        pid = os.getpid()
+        with self.store.locked():
+            placement = self.backend.place(pid, _group_name(policy, f"run{pid}"))
+            self.backend.set_limits(placement, policy.cpu_millicores, policy.memory_bytes)
+            self.backend.move([pid], placement)
+        return Joined(self, policy, placement, labels)
+
     def remove(self, name: str) -> list[dict]:
         """Undo one policy: members go back to their cgroups, ours are removed, the policy file goes."""
         with self.store.locked():
@@ -239,3 +253,40 @@ class QuotaController:
                                 "limits": limits})
             out.append({**policy.to_dict(), "workloads": members})
         return out
+
+
+class Joined:
+    """A `seedance run --label` workload placed before its program started."""
+
+    def __init__(self, controller: QuotaController, policy: Policy, placement: cgroups.Placement, labels: dict):
+        self.controller, self.policy, self.placement, self.labels = controller, policy, placement, labels
+        self.workload_id: str | None = None
+
+    def record(self, child_pid: int) -> None:
+        """Enter the program as the workload (its id is what find_workloads will compute)."""
+        from .workloads import _stat
+
+        stat = _stat(child_pid, self.controller.proc)
+        if stat is None:
+            return  # it has already exited
+        self.workload_id = f"{child_pid}-{stat[1]}"
+        store = self.controller.store
+        with store.locked():
+            state = store.state()
+            state["workloads"][self.workload_id] = {
+                "policy": self.policy.name, "placement": self.placement.to_dict(), "bursting": False,
+                "cpu_millicores": self.policy.cpu_millicores, "labels": self.labels, "since": time.time()}
+            store.save_state(state)
+
+    def release(self) -> None:
+        """The program ended: leave the cgroup and remove it (an agent may have done so)."""
+        store = self.controller.store
+        with store.locked():
+            state = store.state()
+            entry = state["workloads"].pop(self.workload_id, None) if self.workload_id else None
+            placement = cgroups.Placement.from_dict(entry["placement"]) if entry else self.placement
+            try:
+                self.controller.backend.remove(placement)
+            except BadInput:
+                pass  # removed behind our back, or still busy: the next tick releases it
+            store.save_state(state)

@@ -214,3 +214,30 @@ def test_hysteresis_with_a_scripted_pressure(env, burners, tmp_path):
     assert seen == [[], ["burst"], [], [], ["unburst"], [], ["burst"]]
     controller.remove("encoders")
     assert os.path.exists(f"/proc/{pids[0]}")
+
+
+def test_seedance_run_label_is_limited_from_the_start(env, tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text(_policy("encoders", "500m"))
+    assert _seedance(env, "quota", "apply", str(policy)).returncode == 0
+    # the program reports its own cgroup and then burns CPU for 3 s, measuring itself
+    program = ("import os, time\n"
+               "print(open('/proc/self/cgroup').read(), flush=True)\n"
+               "start = time.monotonic(); cpu = time.process_time()\n"
+               "while time.monotonic() - start < 3: pass\n"
+               "print('share', (time.process_time() - cpu) / (time.monotonic() - start))\n")
+    done = subprocess.run([sys.executable, "-m", "seedance", "run", "--label", "app=encoder", "--",
+                           sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    cpu_line = next(line for line in done.stdout.splitlines() if ":cpu:" in line or ":cpu," in line)
+    assert "seedance-encoders-run" in cpu_line
+    share = float(done.stdout.rsplit("share", 1)[1])
+    assert share <= 0.6, f"a 500m workload used {share:.2f} of a core"
+    # the run left no cgroup and no workload behind
+    state = json.loads((tmp_path / "state" / "seedance" / "quota" / "state.json").read_text())
+    assert state["workloads"] == {}
+    from seedance.quota.cgroups import _mounts
+    v1, v2 = _mounts()
+    relative = cpu_line.split(":", 2)[2].lstrip("/")
+    mount = v1.get("cpu") if ":cpu" in cpu_line else v2
+    assert not os.path.exists(os.path.join(mount, relative)), "the run's cgroup was left behind"
