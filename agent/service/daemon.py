@@ -35,6 +35,8 @@ from .state import StateStore
 
 STATUS_SCHEMA = "seedance.agent-status/v1"
 WRAPPER_GRACE_S = 30.0
+QUOTA_POLL_S = 2.0      # quota pass: new labelled workloads are placed within this
+QUOTA_IDLE_S = 30.0     # no quota policy stored: look again this far apart
 IDLE_SCAN_MAX_S = 60.0   # an empty registry is re-read at most this far apart (busy: every gc-interval)
 PROBE_POLL_S = 5.0       # probe findings and counts are collected this often
 
@@ -53,7 +55,8 @@ class Agent:
         self.counters = {name: 0 for name in (
             "gc_passes", "slots_reclaimed", "leaks_reported", "leaked_bytes", "instances_ended",
             "scans", "scan_errors", "nvml_samples", "reloads", "status_refused", "probe_events",
-            "probe_events_lost")}
+            "probe_events_lost", "quota_placed", "quota_burst", "quota_unburst", "quota_released")}
+        self._quota = None  # seedance.quota controller, made on the first pass that has policies
         self._lock = threading.RLock()
         self._instances: list[dict] = []
         self._devices: list[dict] = []
@@ -193,6 +196,7 @@ class Agent:
             self._due["scan"] = now + min(self.config.scan_interval, 30.0)
         if self.probes is not None:
             self._due["probes"] = now
+        self._due["quota"] = now
 
     def _run_due(self) -> None:
         now = time.monotonic()
@@ -213,7 +217,7 @@ class Agent:
     def _interval(self, task: str) -> float:
         return {"gc": self.config.gc_interval, "sample": self.config.sample_interval,
                 "scan": self.config.scan_interval, "status": 30.0, "probes": PROBE_POLL_S,
-                "watchdog": self.notifier.watchdog_interval() or 10.0}[task]
+                "watchdog": self.notifier.watchdog_interval() or 10.0, "quota": QUOTA_POLL_S}[task]
 
     # -- tasks ---------------------------------------------------------------------------
     def _task_watchdog(self):
@@ -221,6 +225,23 @@ class Agent:
 
     def _task_status(self):
         self.notifier.status(self._status_line())
+
+    def _task_quota(self):
+        """Keep WorkloadQuotaPolicies applied to labelled workloads as they come and go, and
+        burst them on pressure (seedance.quota; `seedance quota watch` is the same loop)."""
+        from ..quota.controller import QuotaController, QuotaStore
+
+        if self._quota is None:
+            store = QuotaStore(config_mod.config_dir(self.env) / "quota", config_mod.state_dir(self.env) / "quota")
+            if not store.config_dir.is_dir() and not (store.state_dir / "state.json").exists():
+                return QUOTA_IDLE_S  # no policy was ever applied here
+            self._quota = QuotaController(store)
+        for event in self._quota.tick():
+            name = event["event"]
+            if f"quota_{name}" in self.counters:
+                self.counters[f"quota_{name}"] += 1
+            self.log(f"quota-{name}", "info", **{k: v for k, v in event.items() if k != "event"})
+        return QUOTA_POLL_S
 
     def _task_gc(self):
         if self.registry is None:

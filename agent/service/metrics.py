@@ -90,7 +90,11 @@ class SnapshotCollector:
                 ("reloads", "SIGHUP reloads of rules and config"),
                 ("status_refused", "Status socket connections refused for a foreign uid"),
                 ("probe_events", "Events received from the trace probes"),
-                ("probe_events_lost", "Events the probes dropped (ring buffer full)")):
+                ("probe_events_lost", "Events the probes dropped (ring buffer full)"),
+                ("quota_placed", "Labelled workloads placed under a quota policy's cgroup"),
+                ("quota_burst", "Burstable workloads raised to their burst CPU (pressure low)"),
+                ("quota_unburst", "Burstable workloads lowered to their quota (pressure reached)"),
+                ("quota_released", "Quota workloads released (ended, or their policy removed)")):
             yield CounterMetricFamily(f"seedance_{name}", help_text, value=float(counters.get(name, 0)))
 
         instances = snap.get("instances", [])

@@ -241,3 +241,36 @@ def test_seedance_run_label_is_limited_from_the_start(env, tmp_path):
     relative = cpu_line.split(":", 2)[2].lstrip("/")
     mount = v1.get("cpu") if ":cpu" in cpu_line else v2
     assert not os.path.exists(os.path.join(mount, relative)), "the run's cgroup was left behind"
+
+
+def test_the_agent_places_workloads_as_they_come_and_go(tmp_path, burners):
+    import urllib.request
+
+    from tests.integration.test_agent_lifecycle import RunningAgent
+
+    agent_root = tmp_path / "a"
+    agent_root.mkdir()
+    agent = RunningAgent(agent_root).start()
+    try:
+        policy = tmp_path / "p.yaml"
+        policy.write_text(_policy("encoders", "500m"))
+        done = _seedance(agent.env, "quota", "apply", str(policy))
+        assert done.returncode == 0, done.stderr
+        pids = burners(1)  # started after the policy: only the agent's loop can place it
+        deadline = time.monotonic() + 30
+        while "seedance-encoders-" not in _cgroups(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "seedance-encoders-" in _cgroups(pids[0]), agent.log_text()
+        assert any(e.get("event") == "quota-placed" for e in agent.events()), agent.log_text()
+        status = agent.status()
+        body = urllib.request.urlopen(f"http://{status['agent']['metrics']}/metrics", timeout=5).read().decode()
+        assert "seedance_quota_placed_total 1.0" in body
+        shell = int(open(f"/proc/{pids[0]}/stat").read().rsplit(")", 1)[1].split()[1])
+        os.killpg(shell, 9)
+        deadline = time.monotonic() + 30
+        while not any(e.get("event") == "quota-released" for e in agent.events()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any(e.get("event") == "quota-released" for e in agent.events()), agent.log_text()
+    finally:
+        agent.close()
+        _seedance(agent.env, "quota", "remove", "encoders")
