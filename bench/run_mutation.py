@@ -119,8 +119,10 @@ def stage(module: str) -> Path:
                  + "".join(f"    {t}\n" for t in tests if (where / t).exists()).rstrip("\n"),
                  "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -p\n    no:randomly",
                  "use_git_change_detection = false",
-                 "timeout_multiplier = 5.0",
-                 "timeout_constant = 10.0",
+                 # mutmut limits a mutant to (tests' time + constant) * multiplier * 2 seconds of CPU;
+                 # under load the measured wall time already exceeds the CPU time a test needs
+                 "timeout_multiplier = 1.5",
+                 "timeout_constant = 5.0",
                  "debug = " + ("true" if os.environ.get("MUTMUT_DEBUG") else "false")]
         (where / "setup.cfg").write_text("\n".join(lines) + "\n")
     return where
