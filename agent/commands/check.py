@@ -70,6 +70,8 @@ def configure_parser(sub):
                         help="with --imports/--dlopen/--pid: draw the closure (graphviz); red edges carry findings")
     parser.add_argument("--rules", metavar="DIR", help="load rules from DIR instead of the built-in rules")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
+    parser.add_argument("--progress", action="store_true", default=None,
+                        help="progress on stderr even when it is not a terminal")
     parser.add_argument("--plugin", metavar="NAME", help="seven-layer check of an installed plugin (L1 kernel/driver .. L7 manifest)")
     # issue 16: evidence bundles and CI formats (collect/bundle.py, filters.py, render_sarif.py)
     parser.add_argument("--bundle", metavar="FILE.tar.zst",
@@ -124,12 +126,12 @@ def execute(args) -> int:
 
     from .. import render
     from ..collect.scan import CheckOptions, run_check
-    from ..progress import Progress
+    from ..progress import Progress, wanted
 
     options = CheckOptions(targets=list(args.targets), pids=list(args.pid), arch=args.arch,
                            driver_version=args.driver_version, strict=args.strict,
                            rules_dir=args.rules, python=args.python)
-    progress = Progress(enabled=False if args.no_progress else None)
+    progress = Progress(enabled=wanted(args))
     finding_filter = _finding_filter(args)  # a bad --select/--baseline/.seedance.yaml fails first
     if args.from_bundle is not None or args.bundle is not None:
         report = _bundle(args, options, progress)

@@ -53,6 +53,8 @@ def configure_parser(sub):
     relink.add_argument("--pid", type=int, metavar="PID",
                         help="with --runtime auto: align with the runtime this running process maps")
     relink.add_argument("--dry-run", action="store_true", help="print the dynamic-entry diff, write nothing")
+    from ..progress import add_progress_flags
+    add_progress_flags(relink)
     relink.add_argument("--verbose", "-v", action="store_true", help="show findings, strategy and verification")
     relink.set_defaults(execute=_cuda_mismatch)
 
@@ -167,7 +169,9 @@ def _cuda_mismatch(args) -> int:
         print(f"pid {args.pid} uses the CUDA {runtime} runtime: aligning with it")
     journal = None if args.dry_run else _journal()
     relinker = relink.Relinker(roots, runtime=runtime)
-    report = relinker.check()
+    # the default roots take ~10 s here: say so on a terminal (issue 16), never on stdout
+    from ..progress import Progress, wanted
+    report = relinker.check(Progress(enabled=wanted(args), label="scanning"))
     plan = relinker.plan(report)
     if not plan.findings:
         print(f"no cuda-mismatch findings in {', '.join(roots)}: nothing to relink")

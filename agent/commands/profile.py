@@ -71,6 +71,8 @@ def execute(args) -> int:
 def add_memory_arguments(parser) -> None:
     """The memory profiler's flags; `seedance-profiler` (notes 2.2) shares them."""
     parser.add_argument("--gpu-id", type=int, default=0, metavar="N", help="device to profile (default 0)")
+    from ..progress import add_progress_flags
+    add_progress_flags(parser)
     parser.add_argument("--page-size", default="4K", metavar="SIZE", help="page size: allocations round up to it (default 4K)")
     parser.add_argument("--sample-interval", default="10ms", metavar="T", help="sample every T (10ms, 0.5s; default 10ms)")
     parser.add_argument("--output", metavar="FRAG.bin", help="write every sample's page map (docs/profile.md)")
@@ -141,8 +143,10 @@ def execute_memory(args) -> int:
             snapshot = load_snapshot(handle.read(), source)
         records = snapshot_records(snapshot, args.gpu_id, source)
         subject = {"snapshot": args.from_torch_snapshot}
-    profile = memory.profile_events(records, device=args.gpu_id, page_size=page, interval=interval,
-                                    capacity=capacity, source=source)
+    from ..progress import Step, wanted
+    with Step(f"profiling {source}", enabled=wanted(args)):
+        profile = memory.profile_events(records, device=args.gpu_id, page_size=page, interval=interval,
+                                        capacity=capacity, source=source)
     return _finish_memory(profile, subject, targets, args)
 
 

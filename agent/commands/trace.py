@@ -51,6 +51,8 @@ def configure_parser(sub):
                         help="write the stream to FILE instead of stdout (then the traced command "
                              "keeps its stdout)")
     parser.add_argument("--duration", type=_seconds, metavar="S", help="stop tracing after S seconds")
+    from ..progress import add_progress_flags
+    add_progress_flags(parser)
     parser.add_argument("--report-json", metavar="FILE",
                         help="write the seedance.report/v1 JSON to FILE ('-': stdout, after the stream)")
     parser.add_argument("--force", action="store_true",
@@ -223,6 +225,8 @@ def _trace_into(args, command: list, backend: str, rules, out) -> int:
                                on_notice=out.notice, files=live.files, cuda_events=not args.quiet,
                                buffer_pages=args.buffer_pages, child_stdout=child_stdout,
                                on_tick=lambda: judge(mapped_lib_facts(live.live_pids())))
+        from ..progress import wanted
+        session.progress = wanted(args)
         for pid in args.pid:
             judge(live.seed(pid))
         judge(mapped_lib_facts(args.pid))

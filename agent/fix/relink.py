@@ -106,9 +106,9 @@ class Relinker:
         self._edits: dict = {}  # (path, renames, version renames) -> dynedit.FileEdit
 
     # --- check ---------------------------------------------------------------------------------
-    def check(self):
+    def check(self, progress=None):
         from ..collect.scan import CheckOptions, run_check
-        return run_check(CheckOptions(targets=list(self.roots), env=self.env))
+        return run_check(CheckOptions(targets=list(self.roots), env=self.env), progress)
 
     @staticmethod
     def relevant(findings) -> list:

@@ -80,6 +80,7 @@ class TraceSession:
         self.files = files or FileInfoCache()
         self.cuda_events = cuda_events  # stream each allocation, or only account for them
         self.buffer_pages = buffer_pages  # ring buffer size in pages (a power of two)
+        self.progress = None  # seedance.progress.wanted(): the 3-5 s compile shows on a terminal
         self.summary = TraceSummary()
         self._bpf = None
         self._stop_reason = ""
@@ -108,11 +109,14 @@ class TraceSession:
         from ..probes import layout, loader
 
         self._loader, self._layout = loader, layout
+        from ..progress import Step
+
         started = time.monotonic()
         try:
             host = loader.find_host_loader()
-            self._bpf = loader.compile_program(host, filter_pids=bool(self.pids or self.command),
-                                              cuda_events=self.cuda_events, ringbuf_pages=self.buffer_pages)
+            with Step("compiling the eBPF probes (bcc)", enabled=self.progress):
+                self._bpf = loader.compile_program(host, filter_pids=bool(self.pids or self.command),
+                                                  cuda_events=self.cuda_events, ringbuf_pages=self.buffer_pages)
         except loader.ProbeError as exc:
             raise EbpfUnavailable(str(exc)) from None
         self.summary.compile_s = time.monotonic() - started
