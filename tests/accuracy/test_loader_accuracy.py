@@ -105,10 +105,20 @@ def _preloading(path: str) -> bool:
     return site_dir is not None and os.path.relpath(path, site_dir).split(os.sep)[0] in PRELOADING_PACKAGES
 
 
-def in_practice(objects: list, optional: dict | None = None, programs: dict | None = None) -> dict:
-    """path -> (loads, how) for every object, as it is loaded in practice (module docstring)."""
+def in_practice(objects: list, optional: dict | None = None, programs: dict | None = None,
+                launcher: list | None = None) -> dict:
+    """path -> (loads, how) for every object, as it is loaded in practice (module docstring).
+    ``launcher``: lists of what the tree's launcher loads RTLD_GLOBAL before a library, tried
+    in order (the java launcher's lib/server/libjvm.so; then AWT's toolkit library, which
+    libawt's AWT_OnLoad loads RTLD_GLOBAL before the font and 2D libraries)."""
     results = dict(zip(objects, load_all([{"path": p, "preload": []} for p in objects])))
     how = {p: ("loads on its own" if r["ok"] else r["error"]) for p, r in results.items()}
+    for first in launcher or ():
+        retry = [p for p, r in results.items() if not r["ok"]]
+        for path, result in zip(retry, load_all([{"path": p, "preload": first} for p in retry])):
+            if result["ok"]:
+                results[path] = result
+                how[path] = f"loads after its launcher loads {', '.join(first)}"
     # a package that preloads the NVIDIA wheels: load the sibling ld.so could not open, again
     preloads = {p: [] for p in objects}
     for _round in range(6):
@@ -190,6 +200,7 @@ class Env:
     target: Path
     optional: dict = field(default_factory=dict)  # plugin -> host
     programs: dict = field(default_factory=dict)  # private library -> the program outside that loads it
+    launcher: list = field(default_factory=list)  # [[paths]]: loaded RTLD_GLOBAL first, in practice
     objects: list | None = None  # default: every ELF file under target
     check_args: list = field(default_factory=list)
 
@@ -279,13 +290,24 @@ def wheel_envs() -> tuple:
 
 
 def host_envs() -> list:
-    """This host's own private library: systemd's libsystemd-core, loaded only by systemd."""
+    """This host's own: systemd's private libsystemd-core (loaded only by systemd), and the
+    installed JDKs' libraries (loaded after the java launcher's libjvm)."""
+    envs = []
     core = sorted(Path("/usr/lib/x86_64-linux-gnu/systemd").glob("libsystemd-core-*.so"))
     program = Path("/lib/systemd/systemd")
-    if not core or not program.exists() or shutil.which("ldd") is None:
-        return []
-    return [Env("Debian host: systemd's private libraries", "private-library", core[0].parent,
-                programs={str(core[0]): str(program)})]
+    if core and program.exists() and shutil.which("ldd") is not None:
+        envs.append(Env("Debian host: systemd's private libraries", "private-library", core[0].parent,
+                        programs={str(core[0]): str(program)}))
+    # the JDKs' own libraries: bin/java's libjli loads lib/server/libjvm.so RTLD_GLOBAL first
+    for jvm in sorted(Path("/usr/lib/jvm").glob("*/lib/server/libjvm.so")):
+        home = jvm.parent.parent.parent
+        if home.is_symlink():
+            continue
+        awt = [str(home / "lib" / name) for name in ("libawt.so", "libawt_headless.so")]
+        envs.append(Env(f"JDK {home.name}", "package-preload", home / "lib",
+                        launcher=[[str(jvm)], [str(jvm), *awt]],
+                        objects=[p for p in elf_files(home / "lib") if p.endswith(".so")]))
+    return envs
 
 
 def _cc(*args):
@@ -420,7 +442,7 @@ def truth_for(env: Env, subject: Path) -> tuple:
     key = str(env.target)
     if key not in _TRUTHS:
         objects = env.objects if env.objects is not None else elf_files(env.target)
-        _TRUTHS[key] = in_practice(list(objects), env.optional, env.programs)
+        _TRUTHS[key] = in_practice(list(objects), env.optional, env.programs, env.launcher)
     return _TRUTHS[key][str(subject)]
 
 
