@@ -1,0 +1,50 @@
+"""Tests written for rule-condition mutants the suite let through (bench/run_mutation.py
+"rules", bench/mutation-survivors.md): each rule judged through the real engine on facts
+from the real fact builders, on both sides of its condition."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from seedance.engine import load_rules
+from seedance.plugins import host, layers
+from seedance.plugins.manifest import load_manifest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
+NO_GPU = host.GpuHost(False, "NVML Shared Library Not Found", 0, None, None, None, "no module")
+DRIVER_12 = host.GpuHost(True, "", 1, "550.54.15", 12, "550.54.15", "/proc/driver/nvidia/version",
+                         ({"index": 0, "name": "H100", "cc": "9.0", "arch": 90, "utilisation": 40},))
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules()
+
+
+def fired(rules, facts, rule_id) -> bool:
+    return rule_id in {f.rule for f in rules.evaluate(facts, strict=True)}
+
+
+@pytest.mark.parametrize("runtime, gpu, too_old", [
+    (13, DRIVER_12, True),    # a CUDA 13 runtime on a driver that supports CUDA 12 at most
+    (12, DRIVER_12, False),   # the driver supports it
+    (11, DRIVER_12, False),   # older runtimes run on newer drivers
+    (13, NO_GPU, False),      # no driver observed: nothing to judge, no guess
+])
+def test_plugin_cuda_driver_too_old(rules, runtime, gpu, too_old):
+    manifest = replace(load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml"), cuda_runtime=runtime)
+    facts, _ = layers.cuda_runtime_facts(manifest, {}, gpu)
+    assert fired(rules, facts, "plugin-cuda-driver-too-old") is too_old
+
+
+@pytest.mark.parametrize("info, missing", [
+    (None, True),          # the entry library is not there
+    ("not-elf", True),     # there, but not an ELF object
+    (object(), False),     # an ELF object (any parsed ElfInfo)
+])
+def test_plugin_entry_missing(rules, info, missing):
+    manifest = load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml")
+    fact = layers.entry_fact(manifest, str(manifest.root / "lib" / "libentry.so"), info)
+    assert fired(rules, [fact], "plugin-entry-missing") is missing
