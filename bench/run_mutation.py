@@ -266,6 +266,31 @@ def run_rules(where: Path, log, sample: int | None = None) -> dict:
     return result
 
 
+def collect(module: str, prior: dict, sample_file: Path | None) -> dict:
+    """The verdicts of a staged run as they are now (it may still be running), merged over the
+    stored ones; with the names a --sample run was given, the estimate from those checked."""
+    now = mutmut_status(STAGE / module)
+    merged = dict(prior)
+    for name, verdict in now.items():
+        if verdict != "not checked" or name not in merged:
+            merged[name] = verdict
+    result = summarise(module, merged, 0, 0.0)
+    result["partial"] = True
+    if sample_file:
+        chosen = [n for n in sample_file.read_text().split() if n]
+        checked = [n for n in chosen if now.get(n, "not checked") != "not checked"]
+        killed = sum(1 for n in checked if now[n] in KILLED)
+        carried = sum(1 for n in now if prior.get(n) in KILLED)
+        pool = len(now) - carried
+        rate = killed / len(checked) if checked else 0.0
+        estimate = carried + rate * pool
+        result.update({"total": len(now), "killed_by_prior_run": carried, "pool": pool, "sample": len(chosen),
+                       "sample_checked": len(checked), "sample_killed": killed, "killed": round(estimate),
+                       "score": round(100.0 * estimate / len(now), 1) if now else None, "estimated": True,
+                       "sample_survivors": {n: now[n] for n in checked if now[n] not in KILLED}})
+    return result
+
+
 def report(results: dict) -> None:
     print(f"{'module':10} {'mutants':>8} {'killed':>7} {'score':>7} {'time':>7}  survivors")
     for module in ORDER:
@@ -285,6 +310,8 @@ def main(argv=None) -> int:
                              "(the stored run's kills are kept; the score is then an estimate)")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the existing stage (its mutants, coverage and verdicts) instead of copying afresh")
+    parser.add_argument("--sample-names", type=Path, metavar="FILE",
+                        help="with --collect: the mutants (one a line) a --sample run was given, for its estimate")
     parser.add_argument("--collect", action="store_true",
                         help="store the verdicts of the staged run as they are now (it may still be running)")
     args = parser.parse_args(argv)
@@ -297,8 +324,7 @@ def main(argv=None) -> int:
         return 0
     for module in args.modules or ORDER:
         if args.collect:
-            result = summarise(module, mutmut_status(STAGE / module), 0, 0.0)
-            result["partial"] = True
+            result = collect(module, (results.get(module) or {}).get("status") or {}, args.sample_names)
         else:
             prior = (results.get(module) or {}).get("status") if args.sample else None
             reuse = args.reuse and (STAGE / module / "mutants").is_dir()
