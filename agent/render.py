@@ -5,12 +5,57 @@ Only commands call these; the core never prints.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 
 from .errors import escape_path
 from .model import Report
 
 SEVERITY_LABEL = {"info": "INFO", "warning": "WARN", "error": "ERROR", "fatal": "FATAL"}
+# SGR colours per severity (ECMA-48): fatal bold red, error red, warning yellow, info cyan
+SEVERITY_COLOR = {"fatal": "1;31", "error": "31", "warning": "33", "info": "36"}
+COLOR_CHOICES = ("auto", "always", "never")
+# a rule with more rows than this, for one cause, is folded to its first FOLD_SHOWN rows and a
+# count (issue 16: --strict on a big tree reads like a summary; --verbose shows every one)
+FOLD_AFTER = 5
+FOLD_SHOWN = 3
+
+
+def use_color(choice: str = "auto", stream=None) -> bool:
+    """--color=always|never decide; auto: a terminal (not TERM=dumb) and no NO_COLOR.
+    A command-line choice overrides NO_COLOR, as https://no-color.org asks."""
+    import sys
+
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR", ""):
+        return False
+    stream = stream if stream is not None else sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return tty and os.environ.get("TERM") != "dumb"
+
+
+def human_size(count: int) -> str:
+    """1536 -> '1.5 KiB' (binary units, as nvidia-smi and free -h print them)."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+# "123456789 bytes", "123456789 free bytes" in a finding's message: JSON keeps the exact
+# count (and the evidence has it as a number); the table shows a size a person reads
+_BYTES = re.compile(r"\b(\d{4,}) (free )?bytes\b")
+
+
+def humanize_sizes(text: str) -> str:
+    return _BYTES.sub(lambda m: f"{human_size(int(m.group(1)))}{' free' if m.group(2) else ''}", text)
 
 
 def report_json(report: Report) -> str:
@@ -37,24 +82,30 @@ def _subject(subject) -> str:
     return " ".join(parts) or "-"
 
 
-def table(report: Report, width: int | None = None) -> str:
-    """Severity, rule, subject and message per finding, the fix under it, then a summary."""
+def table(report: Report, width: int | None = None, color: bool = False, verbose: bool = False) -> str:
+    """Severity, rule, subject and message per finding, the fix under it, then a summary.
+    Repeated causes are grouped and counted unless VERBOSE; COLOR paints the severity."""
     width = width or shutil.get_terminal_size((120, 24)).columns
     findings = report.sorted_findings()
     lines = []
     if findings:
+        shown = findings if verbose else _folded(_grouped(findings))
         # paths and messages come from files on disk: control characters are escaped so a
         # crafted name cannot forge a row or an error line (issue 10, defect 8)
-        rows = [(f"{SEVERITY_LABEL[f.severity]} {f.layer}", f.rule, _subject(f.subject), escape_path(f.message),
-                 escape_path(f.fix) if f.fix else f.fix) for f in _grouped(findings)]
+        rows = [(f"{SEVERITY_LABEL[f.severity]} {f.layer}", f.rule, _subject(f.subject),
+                 humanize_sizes(escape_path(f.message)), escape_path(f.fix) if f.fix else f.fix, f.severity)
+                for f in shown]
         sev_w = max(len("SEVERITY"), *(len(r[0]) for r in rows))
         rule_w = max(len("RULE"), *(len(r[1]) for r in rows))
         subj_w = min(max(len("SUBJECT"), *(len(r[2]) for r in rows)), max(20, width // 3))
         lines.append(f"{'SEVERITY':<{sev_w}}  {'RULE':<{rule_w}}  {'SUBJECT':<{subj_w}}  MESSAGE")
-        for sev, rule, subject, message, fix in rows:
+        for sev, rule, subject, message, fix, severity in rows:
             if len(subject) > subj_w:
                 subject = "..." + subject[-(subj_w - 3):]
-            lines.append(f"{sev:<{sev_w}}  {rule:<{rule_w}}  {subject:<{subj_w}}  {message}")
+            cell = f"{sev:<{sev_w}}"  # padded first: escape codes have no width
+            if color:
+                cell = f"\033[{SEVERITY_COLOR[severity]}m{cell}\033[0m"
+            lines.append(f"{cell}  {rule:<{rule_w}}  {subject:<{subj_w}}  {message}")
             if fix:
                 lines.append(f"{'':<{sev_w}}  {'':<{rule_w}}  fix: {fix}")
     lines.append(summary(report))
@@ -98,6 +149,30 @@ def _grouped(findings: list) -> list:
         host = members[0].evidence.get("host")
         where = f" (with {host} in scope)" if host and item[2] == "no-definition" else ""
         out.append(replace(members[0], message=f"{len(members)} symbols {cause}{where}: {shown}"))
+    return out
+
+
+def _folded(findings: list) -> list:
+    """Fold a rule's rows for one cause beyond FOLD_AFTER into the first FOLD_SHOWN and one
+    counted row, in place of the rest."""
+    from dataclasses import replace
+
+    keys = [(f.rule, f.severity, str(f.evidence.get("cause", ""))) for f in findings]
+    totals: dict = {}
+    for key in keys:
+        totals[key] = totals.get(key, 0) + 1
+    seen: dict = {}
+    out = []
+    for finding, key in zip(findings, keys):
+        seen[key] = seen.get(key, 0) + 1
+        if totals[key] <= FOLD_AFTER or seen[key] <= FOLD_SHOWN:
+            out.append(finding)
+        elif seen[key] == FOLD_SHOWN + 1:
+            rest = totals[key] - FOLD_SHOWN
+            out.append(replace(finding, subject={"path": f"({rest} more)"},
+                               message=f"{rest} more {finding.rule} finding(s) like the ones above "
+                                       f"(--verbose shows every one; the JSON report has them all)",
+                               fix=None))
     return out
 
 

@@ -72,6 +72,10 @@ def configure_parser(sub):
     parser.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
     parser.add_argument("--progress", action="store_true", default=None,
                         help="progress on stderr even when it is not a terminal")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="one row per finding (default: repeated causes grouped and counted)")
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                        help="colour severities: auto (a terminal, unless NO_COLOR is set), always, never")
     parser.add_argument("--plugin", metavar="NAME", help="seven-layer check of an installed plugin (L1 kernel/driver .. L7 manifest)")
     # issue 16: evidence bundles and CI formats (collect/bundle.py, filters.py, render_sarif.py)
     parser.add_argument("--bundle", metavar="FILE.tar.zst",
@@ -153,7 +157,7 @@ def execute(args) -> int:
         from ..render_sarif import sarif_text
         sys.stdout.write(sarif_text(report))
     elif target is None or not target.is_stdout:
-        sys.stdout.write(render.table(report))
+        sys.stdout.write(render.table(report, color=render.use_color(args.color), verbose=args.verbose))
     if target is not None:
         render.write_json(report, target)
     if unreadable:
