@@ -31,7 +31,9 @@ named by mistake is never destroyed.  A file counts as a seedance output (see is
   - text whose first line starts with "# seedance" (trace -o FILE writes that header);
   - a PNG carrying a tEXt "Software" chunk that names seedance (bench --plot sets it);
   - an SVG carrying a `<!-- seedance ... -->` comment before its <svg> element;
-  - a frag.bin memory profile (magic SEEDFRAG).
+  - a frag.bin memory profile (magic SEEDFRAG);
+  - an evidence bundle: a zstd skippable frame holding seedance.bundle/v1, or a gzip
+    member named seedance-bundle.tar (check --bundle).
 
 Streams (open_stream) to a regular file are written in place, like strace -o, so a reader
 can follow them with tail -f; they go through the same checks first.
@@ -202,6 +204,10 @@ def is_ours(path: str) -> bool:
         return bool(re.search(rb"tEXtSoftware\x00[^\x00]*seedance", head))
     if head.startswith(b"# seedance") or head.startswith(b"SEEDFRAG"):
         return True  # a text log of ours, or a frag.bin (seedance.profile.fragbin)
+    if head.startswith(b"\x5e\x2a\x4d\x18") and head[8:8 + 18] == b"seedance.bundle/v1":
+        return True  # check --bundle .tar.zst: a zstd skippable frame names it (collect/bundle.py)
+    if head.startswith(b"\x1f\x8b\x08\x08") and head[10:30] == b"seedance-bundle.tar\x00":
+        return True  # check --bundle .tar.gz: the gzip FNAME field names it
     if b"<svg" in head and re.search(rb"<!-- seedance[ a-z-]*-->", head):
         return True  # an SVG that seedance drew (profile calls --svg, check --graph)
     text = head.lstrip()

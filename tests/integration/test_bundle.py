@@ -88,7 +88,7 @@ def finding_set(report) -> set:
 
 def members(bundle: Path) -> dict:
     raw = bundle.read_bytes()
-    if raw[:4] == b"\x28\xb5\x2f\xfd":
+    if raw[:4] in (b"\x28\xb5\x2f\xfd", b"\x5e\x2a\x4d\x18"):
         import zstandard
 
         raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)).read()
@@ -100,7 +100,7 @@ def members(bundle: Path) -> dict:
 
 def decompressed(bundle: Path) -> bytes:
     raw = bundle.read_bytes()
-    if raw[:4] == b"\x28\xb5\x2f\xfd":
+    if raw[:4] in (b"\x28\xb5\x2f\xfd", b"\x5e\x2a\x4d\x18"):
         import zstandard
 
         return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)).read()
@@ -276,3 +276,22 @@ def test_bad_bundle_names_fail_before_the_scan(tmp_path):
         proc = run_cli("check", "--no-progress", "/nonexistent-target", *args)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert "nonexistent-target" not in proc.stderr, proc.stderr  # refused before the target is read
+
+
+@needs_gcc
+@pytest.mark.parametrize("suffix", [".tar.zst", ".tar.gz"])
+def test_a_bundle_is_replaced_on_rerun_and_other_files_are_not(tmp_path, suffix):
+    tree = plant_traps(tmp_path)
+    bundle = tmp_path / f"b{suffix}"
+    check_json(tree, "--bundle", bundle)
+    first = tmp_path / f"first{suffix}"
+    first.write_bytes(bundle.read_bytes())
+    os.utime(bundle, (0, 0))
+    check_json(tree, "--bundle", bundle)  # seedance.output knows it as ours: replaced, no --force
+    assert bundle.stat().st_mtime > 0
+    assert json.loads(members(bundle)["facts.json"]) == json.loads(members(first)["facts.json"])
+    other = tmp_path / f"notes{suffix}"
+    other.write_bytes(b"someone else's archive")
+    proc = run_cli("check", "--no-progress", tree, "--bundle", other)
+    assert proc.returncode == 2 and "--force" in proc.stderr
+    assert other.read_bytes() == b"someone else's archive"
