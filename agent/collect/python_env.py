@@ -33,7 +33,7 @@ for name, mod in list(sys.modules.items()):
 print(repr({'executable': sys.executable, 'path': list(sys.path),
  'builtins': list(sys.builtin_module_names), 'suffixes': list(m.EXTENSION_SUFFIXES),
  'dlopenflags': sys.getdlopenflags(), 'modules': list(sys.modules), 'extensions': mods,
- 'platform': sys.platform, 'version': tuple(sys.version_info[:3]), 'exe': __import__('os').readlink('/proc/self/exe')}))
+ 'platform': sys.platform, 'version': tuple(sys.version_info[:3]), 'impl': sys.implementation.name, 'exe': __import__('os').readlink('/proc/self/exe')}))
 """
 
 
@@ -49,6 +49,7 @@ class Interpreter:
     startup_extensions: tuple  # ((module, path), ...) dlopened at start-up, in order
     platform: str
     version: tuple
+    implementation: str = "cpython"
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ def ask_interpreter(python: str = "python3", env: dict | None = None, timeout: f
                        builtins=frozenset(facts["builtins"]), suffixes=tuple(facts["suffixes"]),
                        dlopenflags=int(facts["dlopenflags"]), modules=frozenset(facts["modules"]),
                        startup_extensions=tuple(tuple(x) for x in facts["extensions"]),
-                       platform=facts["platform"], version=tuple(facts["version"]))
+                       platform=facts["platform"], version=tuple(facts["version"]),
+                       implementation=str(facts.get("impl", "cpython")))
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,9 @@ class _Planner:
         self.importer = ""
         self._trees: dict = {}
         self.flags: int | None = None  # after a static sys.setdlopenflags(...)
+        self._functions: dict = {}  # module origin -> {name: FunctionDef}
+        self._called: set = set()  # (origin, function) already walked
+        self._known: dict = {}  # module origin -> {name: value known before running}
 
     def import_name(self, fullname: str) -> bool:
         """Import ``fullname`` and its parents; False when it is not found."""
@@ -211,6 +216,11 @@ class _Planner:
         if tree is None:
             return
         package = spec.name if spec.kind == "package" else spec.name.rpartition(".")[0]
+        # functions defined at module level: a top-level call to one runs its body at import
+        # time (matplotlib's _check_versions() does `from . import ft2font`)
+        self._functions[spec.origin] = {node.name: node for node in tree.body
+                                        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self._known[spec.origin] = {}
         self._walk(tree.body, spec, package)
 
     def _parse(self, path: str):
@@ -249,7 +259,7 @@ class _Planner:
                     if search and self.finder.find(sub, search) is not None:
                         self.import_name(sub)
             elif isinstance(stmt, ast.If):
-                verdict = _static_test(stmt.test, self.interp)
+                verdict = _static_test(stmt.test, self.interp, self._known.get(spec.origin))
                 if verdict is not False:
                     ok = self._walk(stmt.body, spec, package) and ok
                 if verdict is not True:
@@ -266,15 +276,68 @@ class _Planner:
                 ok = self._walk(stmt.body, spec, package) and ok
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
+            elif isinstance(stmt, ast.For) and isinstance(stmt.target, (ast.Name, ast.Tuple)):
+                # `for name, minver in [("cycler", "0.10"), ...]: import_module(name)`: a loop
+                # over a literal runs its body once per item, in order
+                items = _literal(stmt.iter)
+                if items is None:
+                    self._note_dynamic(stmt.iter, spec, package)
+                    ok = self._walk(stmt.body, spec, package) and ok
+                    continue
+                known = self._known.setdefault(spec.origin, {})
+                for item in items:
+                    _bind(stmt.target, item, known)
+                    ok = self._walk(stmt.body, spec, package) and ok
+            elif isinstance(stmt, ast.While):
+                ok = self._walk(stmt.body, spec, package) and ok
             else:
-                self._note_dynamic(stmt, spec)
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                    value = _known_value(stmt.value, self._known.get(spec.origin, {}))
+                    if value is not _UNKNOWN:
+                        self._known.setdefault(spec.origin, {})[stmt.targets[0].id] = value
+                    functions = self._functions.get(spec.origin, {})
+                    if isinstance(stmt.value, ast.Name) and stmt.value.id in functions:
+                        # `__get_hash = __get_openssl_constructor` (hashlib): calls through
+                        # the alias run that function
+                        functions.setdefault(stmt.targets[0].id, functions[stmt.value.id])
+                self._note_dynamic(stmt, spec, package)
         return ok
 
-    def _note_dynamic(self, stmt, spec: _Spec) -> None:
+    def _imports_inside(self, func, origin: str, skip: set, depth: int = 0) -> bool:
+        """Whether ``func`` (or a module function it calls, a few levels down) imports
+        anything besides the statements in ``skip``."""
+        functions = self._functions.get(origin, {})
+        for node in ast.walk(func):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
+                return True
+            if depth < 3 and isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                callee = functions.get(node.func.id)
+                if callee is not None and callee is not func and self._imports_inside(callee, origin, skip, depth + 1):
+                    return True
+        return False
+
+    def _note_dynamic(self, stmt, spec: _Spec, package: str = "") -> None:
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                local = self._functions.get(spec.origin, {}).get(name) if isinstance(func, ast.Name) else None
+                if local is not None and (spec.origin, name) not in self._called:
+                    # only the function's unconditional imports: its branches depend on
+                    # arguments and state (following them over-predicted readline,
+                    # subprocess, ... in numpy's and the stdlib's start-up checks)
+                    self._called.add((spec.origin, name))
+                    direct = [st for st in local.body if isinstance(st, (ast.Import, ast.ImportFrom))]
+                    self._walk(direct, spec, package)
+                    if self._imports_inside(local, spec.origin, set(map(id, direct))):
+                        self.plan.notes.append(f"{spec.origin}:{local.lineno}: {name}() runs at import time "
+                                               "and imports under conditions not followed statically")
+                    continue
+                if name == "import_module" and node.args and isinstance(node.args[0], ast.Name):
+                    value = self._known.get(spec.origin, {}).get(node.args[0].id)
+                    if isinstance(value, str) and not value.startswith("."):
+                        self.import_name(value)
+                        continue
                 if name == "setdlopenflags" and node.args:
                     value = _dl_flags(node.args[0])
                     if value is not None:
@@ -313,14 +376,76 @@ def _absolute(module: str | None, level: int, package: str) -> str | None:
     return f"{base}.{module}" if module else base
 
 
-def _static_test(test, interp: Interpreter):
+_UNKNOWN = object()
+
+
+def _literal(node):
+    """The items of a literal list/tuple of constants (or of tuples of them), else None."""
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return list(value) if isinstance(value, (list, tuple)) else None
+
+
+def _bind(target, item, known: dict) -> None:
+    if isinstance(target, ast.Name):
+        known[target.id] = item
+    elif isinstance(target, ast.Tuple) and isinstance(item, (list, tuple)) and len(item) == len(target.elts):
+        for sub, value in zip(target.elts, item):
+            _bind(sub, value, known)
+
+
+def _known_value(node, known: dict):
+    """A module-level value known before running: a constant, or os.environ.get(NAME,
+    default) / os.getenv read from this environment (the interpreter inherits it)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args \
+            and node.func.attr in ("strip", "lower", "upper"):
+        inner = _known_value(node.func.value, known)
+        return getattr(inner, node.func.attr)() if isinstance(inner, str) else _UNKNOWN
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv", "environ.get") \
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        default = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+        return os.environ.get(node.args[0].value, default)
+    return _UNKNOWN
+
+
+def _static_test(test, interp: Interpreter, known: dict | None = None):
     """True/False for the few tests known before running (TYPE_CHECKING, sys.platform,
-    os.name, sys.version_info comparisons); None otherwise (both branches are followed)."""
+    os.name, sys.version_info, platform.python_implementation(), module constants);
+    None otherwise (both branches are followed)."""
     text = ast.unparse(test)
-    if text in ("TYPE_CHECKING", "typing.TYPE_CHECKING", "_TYPE_CHECKING"):
+    if text in ("TYPE_CHECKING", "_TYPE_CHECKING") or text.endswith(".TYPE_CHECKING"):
         return False
-    if text in ("not TYPE_CHECKING", "not typing.TYPE_CHECKING"):
+    if text.startswith("not ") and (text[4:] == "TYPE_CHECKING" or text.endswith(".TYPE_CHECKING")):
         return True
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left = ast.unparse(test.left)
+        facts = {"platform.python_implementation()": {"cpython": "CPython", "pypy": "PyPy"}.get(
+                     interp.implementation, interp.implementation),
+                 "sys.implementation.name": interp.implementation, "sys.platform": interp.platform,
+                 "os.name": "nt" if interp.platform == "win32" else "posix",
+                 "__name__": "<an imported module>"}  # never '__main__' for an import
+        value = facts.get(left, _UNKNOWN)
+        if value is _UNKNOWN and isinstance(test.left, ast.Name) and known and test.left.id in known:
+            value = known[test.left.id]
+        if value is not _UNKNOWN:
+            try:
+                right = ast.literal_eval(test.comparators[0])
+            except (ValueError, SyntaxError, TypeError):
+                right = _UNKNOWN
+            op = type(test.ops[0])
+            if right is not _UNKNOWN:
+                if op is ast.Eq:
+                    return value == right
+                if op is ast.NotEq:
+                    return value != right
+                if op is ast.In and isinstance(right, (tuple, list, set, str)):
+                    return value in right
+                if op is ast.NotIn and isinstance(right, (tuple, list, set, str)):
+                    return value not in right
     env = {"sys.platform": interp.platform, "os.name": "posix" if interp.platform != "win32" else "nt"}
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         left = ast.unparse(test.left)
@@ -341,7 +466,7 @@ def _static_test(test, interp: Interpreter):
             and isinstance(test.args[0], ast.Constant):
         return interp.platform.startswith(test.args[0].value)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _static_test(test.operand, interp)
+        inner = _static_test(test.operand, interp, known)
         return None if inner is None else not inner
     return None
 
@@ -471,6 +596,10 @@ def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Pr
         for load in plan.per_name.get(name, ()):
             step = sim.dlopen(Load(load.path, "import", flags if load.flags is None else load.flags,
                                    load.module, name))
+            if any(sym.startswith("PyImport_Import") for sym, _v in sim.symbols.undefined(load.path)):
+                # numpy's _multiarray_umath imports datetime, contextvars, ... from its C init
+                plan.notes.append(f"{load.path}: imports modules from C when initialised "
+                                  "(PyImport_Import*); which ones is not known statically (use --observe)")
             if not step.ok:
                 ok, error, failed = False, step.python_error, load.module
                 break
