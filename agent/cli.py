@@ -56,16 +56,28 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def build_parser(prog: str = "seedance") -> argparse.ArgumentParser:
+def build_parser(prog: str = "seedance", only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ONLY (a name in COMMANDS) just that command's subparser:
+    importing and configuring every command cost about 47 ms of each run's start-up
+    (issue 13), and a run of `seedance ldd` needs only ldd's.  --help, a bad command name
+    and the completion scripts still get every command."""
     parser = _Parser(prog=prog,
                      description="Find and fix the hidden traps that waste GPU compute and break GPU plugins.",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"seedance {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, module in COMMANDS.items():
-        mod = importlib.import_module(f"seedance.commands.{module}")
+    names = [only] if only in COMMANDS else list(COMMANDS)
+    for name in names:
+        mod = importlib.import_module(f"seedance.commands.{COMMANDS[name]}")
         mod.configure_parser(sub)
     return parser
+
+
+def _command_named(argv: list[str]) -> str | None:
+    """The command argv runs, when its first word names one.  The top-level parser has no
+    option that takes a value, so the first word is either an option (--help, --version)
+    or the command."""
+    return argv[0] if argv and argv[0] in COMMANDS else None
 
 
 def main(argv: list[str] | None = None, prog: str = "seedance", command: str | None = None) -> int:
@@ -79,7 +91,7 @@ def main(argv: list[str] | None = None, prog: str = "seedance", command: str | N
             args = parser.parse_args(argv)
             args.command = command
         else:
-            parser = build_parser(prog)
+            parser = build_parser(prog, only=_command_named(argv))
             args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             raise UsageError(f"{prog}: give a command (see {prog} --help)")
@@ -157,7 +169,7 @@ def alias_parser(command: str, prog: str) -> argparse.ArgumentParser:
     user can copy (issue 16: `seedance-check --help` printed `usage: seedance-check check`,
     and `seedance-check check ...` then failed).  Nested actions are renamed too
     (`seedance-plugin install`), and the alias answers --version like seedance."""
-    parser = build_parser("seedance")
+    parser = build_parser("seedance", only=command)
     sub = _subparser(parser, command)
     _rename_prog(sub, f"seedance {command}", prog)
     if "--version" not in sub._option_string_actions:
