@@ -78,3 +78,25 @@ def test_report_exit_codes_and_waste_traps(tmp_path):
     assert report.exit_code() == 0
     assert report.exit_code(strict=True) == 1
     assert report.to_dict()["waste_traps"] == []
+
+
+def test_loaded_rules_are_reread_when_a_file_changes(tmp_path):
+    # load_rules keeps the last directory's rules (fix checks twice); a rule file rewritten
+    # in place, replaced by a new inode, or added must be read again.
+    directory = write(tmp_path, RULE)
+    first = load_rules(directory)
+    assert load_rules(directory) is first
+    fact = Fact("needed", {"path": "/x.so"}, {"name": "libcudart.so.12", "resolved": False})
+    assert [f.severity for f in first.evaluate([fact])] == ["error"]
+    path = directory / "r.yaml"
+    with open(path, "r+") as handle:  # in place: same inode
+        handle.write(RULE.replace("severity: error", "severity: info "))
+    in_place = load_rules(directory)
+    assert [f.severity for f in in_place.evaluate([fact])] == ["info"]
+    replacement = directory / "new.tmp"
+    replacement.write_text(RULE.replace("severity: error", "severity: warning"))
+    replacement.rename(path)  # a new inode at the same name
+    assert [f.severity for f in load_rules(directory).evaluate([fact])] == ["warning"]
+    (directory / "z.yaml").write_text("rules: [{id: x}]\n")
+    with pytest.raises(RuleError):
+        load_rules(directory)
