@@ -24,6 +24,10 @@ examples:
   seedance check --python ~/venv/bin/python ./build/lib.linux-x86_64-cpython-311
   seedance check --python ~/venv/bin/python --imports torch,tensorflow --graph closure.svg
   seedance check --pid 4242 --then-dlopen libcudart.so.11.0
+  seedance check --bundle evidence.tar.zst        capture this check (secrets redacted), docs/bundle.md
+  seedance check --from-bundle evidence.tar.zst --arch sm_90 --driver-version 580
+  seedance check --format sarif --baseline previous.json ./build > new.sarif
+  seedance check --select cuda-arch-missing --ignore 'needed-unresolved:/opt/vendor/*' ./build
 """
 
 
