@@ -72,6 +72,8 @@ def configure_parser(sub):
     parser.add_argument("--label", action="append", metavar="KEY=VALUE",
                         help="label the workload (repeat or comma-separate); a matching `seedance quota` "
                              "policy limits it from its first instruction")
+    parser.add_argument("--plugin", metavar="NAME",
+                        help="the program hosts this installed plugin: its manifest's labels label the workload")
     # the end of a run started by seedance-run, the C launcher (shim/src/launcher.c)
     parser.add_argument("--finish-group", metavar="KEY", help=argparse.SUPPRESS)
     parser.add_argument("--exit-code", type=int, help=argparse.SUPPRESS)
@@ -392,11 +394,16 @@ def execute(args) -> int:
                               mem_limit=mem_value, handles=args.handles)
 
     quota = None
-    if args.label:
+    if args.label or args.plugin:
         from ..quota.policy import format_labels, parse_labels
-        labels = parse_labels(args.label)
-        env["SEEDANCE_LABELS"] = format_labels(labels)
-        quota = _join_quota(labels)
+        labels = {}
+        if args.plugin:
+            from ..profile.calls_report import load_plugin_manifest
+            labels.update(load_plugin_manifest(args.plugin).labels)
+        labels.update(parse_labels(args.label))
+        if labels:
+            env["SEEDANCE_LABELS"] = format_labels(labels)
+            quota = _join_quota(labels)
 
     registry = None
     try:

@@ -47,6 +47,7 @@ class Manifest:
     torch_range: str | None
     bench: str | None
     path: str  # the manifest file
+    labels: dict = field(default_factory=dict)  # workload labels for quota policies
     lines: dict = field(default_factory=dict, compare=False)  # "a.b" -> line (1-based)
     raw: dict = field(default_factory=dict, compare=False)
 
@@ -291,6 +292,7 @@ def from_document(doc, where: str) -> Manifest:
         cuda_runtime=cuda.get("runtime"), cuda_archs=tuple(cuda.get("archs", ())),
         torch_range=(str(data["framework"]["torch"]) if "torch" in data.get("framework", {}) else None),
         bench=data.get("bench"), path=where, lines=lines, raw=data,
+        labels={str(k): str(v) for k, v in (data.get("labels") or {}).items()},
     )
 
 

@@ -274,3 +274,14 @@ def test_the_agent_places_workloads_as_they_come_and_go(tmp_path, burners):
     finally:
         agent.close()
         _seedance(agent.env, "quota", "remove", "encoders")
+
+
+def test_plugin_manifest_labels_label_the_workload(env):
+    from tests.conftest import ROOT
+    plugin = ROOT / "examples" / "plugins" / "feature-extractor-v1.1.0"
+    done = subprocess.run([sys.executable, "-m", "seedance", "run", "--plugin", str(plugin), "--label", "tier=gold",
+                           "--", sys.executable, "-c", "import os; print(os.environ['SEEDANCE_LABELS'])"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # the manifest says labels: {app: feature-extractor}; --label adds tier=gold
+    assert done.stdout.strip() == "app=feature-extractor,tier=gold"
