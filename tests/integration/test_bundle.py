@@ -295,3 +295,36 @@ def test_a_bundle_is_replaced_on_rerun_and_other_files_are_not(tmp_path, suffix)
     proc = run_cli("check", "--no-progress", tree, "--bundle", other)
     assert proc.returncode == 2 and "--force" in proc.stderr
     assert other.read_bytes() == b"someone else's archive"
+
+
+def test_secrets_in_a_scanned_config_are_redacted_everywhere(tmp_path):
+    token, password = "hf_" + os.urandom(8).hex(), "pw" + os.urandom(8).hex()
+    config = tmp_path / "seedance" / "agent.yaml"
+    config.parent.mkdir()
+    config.write_text(f"env:\n  LD_PRELOAD: ${{HOME}}/lib/libx.so\n  HF_TOKEN: {token}\n"
+                      f"otlp_endpoint: https://bob:{password}@otel.example/v1\n")
+    bundle = tmp_path / "cfg.tar.gz"
+    proc = run_cli("check", "--no-progress", tmp_path, "--bundle", bundle)
+    assert proc.returncode in (0, 1), proc.stderr
+    raw = decompressed(bundle)
+    assert token.encode() not in raw and password.encode() not in raw
+    held = members(bundle)
+    text = held["configs" + str(config)].decode()
+    assert "HF_TOKEN: <redacted>" in text and "https://bob:<redacted>@otel.example/v1" in text
+    assert "LD_PRELOAD: ${HOME}/lib/libx.so" in text  # evidence that is no secret stays
+    names = {r["name"] for r in json.loads(held["manifest.json"])["redacted"]}
+    assert {"HF_TOKEN", "otlp_endpoint"} <= names
+
+
+def test_fact_structures_redact_secret_pairs_but_not_our_field_names():
+    from seedance.collect.bundle import Redactor
+
+    redactor = Redactor()
+    fact = {"kind": "config_env", "subject": {"path": "/x"},
+            "data": {"key": "AWS_SECRET_ACCESS_KEY", "value": "abcdEFGH1234", "build_id": "deadbeef",
+                     "url": "https://u:p4ssw0rd@h/x"}}
+    out = redactor.structure("facts.json", fact)
+    assert out["data"]["value"] == "<redacted>" and out["data"]["key"] == "AWS_SECRET_ACCESS_KEY"
+    assert out["data"]["build_id"] == "deadbeef" and out["data"]["url"] == "https://u:<redacted>@h/x"
+    assert redactor.maybe_structure("facts.json", {"data": {"key": "PATH", "value": "/bin"}}) == \
+        {"data": {"key": "PATH", "value": "/bin"}}
