@@ -121,6 +121,7 @@ def execute(args) -> int:
     if args.bundle is not None and args.from_bundle is not None:
         raise UsageError("--bundle and --from-bundle: capture or replay, not both")
     args.report_target = prepare_output(json_to, force=args.force) if json_to is not None else None
+    _only_for_the_scan(args)
     if args.plugin:
         from ..plugins.layers import main_for_check
         return main_for_check(args)
@@ -167,6 +168,21 @@ def execute(args) -> int:
     if unreadable:
         return 2  # a target named on the command line could not be read: bad input, not clean
     return report.exit_code(args.strict)
+
+
+def _only_for_the_scan(args) -> None:
+    """Bundles, SARIF and the filters work on the file/process/host check's report; the
+    other modes (--plugin, --explain, the process model) would silently ignore them."""
+    other = "--plugin" if args.plugin else "--explain" if args.explain else \
+        "--imports/--dlopen/--then-dlopen/--graph/--observe" if (
+            args.imports is not None or args.dlopen is not None or args.then_dlopen or args.graph or args.observe) \
+        else None
+    given = [flag for flag, value in (("--bundle", args.bundle), ("--from-bundle", args.from_bundle),
+                                      ("--format sarif", args.format == "sarif" or None), ("--select", args.select),
+                                      ("--ignore", args.ignore or None), ("--min-severity", args.min_severity),
+                                      ("--baseline", args.baseline)) if value is not None]
+    if other and given:
+        raise UsageError(f"{given[0]} does not apply to {other}")
 
 
 def _finding_filter(args):
