@@ -173,12 +173,23 @@ def _lib_and_flags(item: str) -> tuple:
     return ":".join(parts), flags
 
 
+def live_findings(pid: int, rules, strict: bool = False) -> list:
+    """Plain `check --pid`: NEEDED entries already answered by another copy in the running
+    process (soname-shadowed); nothing when the process is gone or not ours to read."""
+    from ..collect.process import ProcessGone, read_process
+    try:
+        view = read_process(pid)
+    except (ProcessGone, PermissionError, OSError):
+        return []
+    if view.root not in ("", "/") or view.exe is None:
+        return []  # a container's files are judged by the scan through /proc/PID/root
+    _model, facts = _live(pid, view, [], [])
+    return rules.evaluate(facts, strict=strict)
+
+
 def _pid(args, lines: list):
     from ..collect.process import ProcessGone, read_process
     from ..errors import BadInput
-    from ..model import Fact
-    from ..resolve import Resolver
-    from ..resolve.process import Load, live
 
     if len(args.pid) != 1:
         raise UsageError("seedance check: --then-dlopen and --graph take one --pid")
@@ -191,6 +202,14 @@ def _pid(args, lines: list):
         raise BadInput(f"process {pid}: permission denied") from None
     if view.root not in ("", "/") or view.exe is None:
         raise BadInput(f"process {pid}: no executable on this root to model")
+    return _live(pid, view, args.then_dlopen, lines)
+
+
+def _live(pid: int, view, then_dlopen, lines: list):
+    from ..model import Fact
+    from ..resolve import Resolver
+    from ..resolve.process import Load, live
+
     env = {k: v for k, v in view.environ.items() if k in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
     resolver = Resolver(env=env)
     sim, shadowed = live(resolver, view.exe, [m.path for m in view.mappings if not m.deleted])
@@ -206,7 +225,7 @@ def _pid(args, lines: list):
             "loaded_for": shadow.loaded_for, "missing": "", "other_copy": "",
             "order_hint": "the copy mapped first serves it",
             "consequence": "already mapped in the running process", "error": ""}, source="process"))
-    for lib in args.then_dlopen:
+    for lib in then_dlopen:
         step = sim.dlopen(Load(lib, "dlopen", 0x2, None, lib))
         verdict = "already loaded" if step.already_loaded else ("loads" if step.ok else f"fails: {step.error}")
         lines.append(f"then dlopen({lib}): {verdict}")

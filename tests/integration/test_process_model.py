@@ -334,3 +334,48 @@ def test_predictions_agree_with_real_imports():
     assert all(verdict for _t, verdict, _o, _n in rows), [r for r in rows if not r[1]]
     # where static analysis met nothing it cannot follow, the prediction must be exact
     assert [t for t, _v, order, notes in rows if not notes and not order] == []
+
+
+def test_plain_pid_reports_a_copy_already_shadowed(libfoo_site):
+    """`import b, a` in a live process: a's extension got b's libfoo.so.1 (loads, foo_a
+    binds to b's copy); check --pid sees it from /proc/PID/maps, the oracle is the maps file
+    itself (one libfoo mapped, b's)."""
+    from conftest import run_cli
+    proc = subprocess.Popen([PYTHON, "-c", "import b, a, sys\nprint('ready', flush=True)\nsys.stdin.readline()\n"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(libfoo_site), text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        with open(f"/proc/{proc.pid}/maps") as handle:
+            mapped = {line.split()[-1] for line in handle if line.rstrip().endswith("libfoo.so.1")}
+        result = run_cli("check", "--pid", str(proc.pid), "--json")
+    finally:
+        proc.communicate("go\n", timeout=60)
+    assert mapped == {os.path.join(libfoo_site, "b", "libs", "libfoo.so.1")}
+    import json
+    shadowed = [f for f in json.loads(result.stdout)["findings"] if f["rule"] == "soname-shadowed"]
+    assert [(f["severity"], f["evidence"]["used"], f["evidence"]["alone"]) for f in shadowed] == [
+        ("warning", os.path.join(libfoo_site, "b", "libs", "libfoo.so.1"),
+         os.path.join(libfoo_site, "a", "libs", "libfoo.so.1"))]
+
+
+def test_graph_png_is_marked_and_text_tree_without_dot(libfoo_site, tmp_path):
+    from conftest import run_cli
+    if shutil.which("dot"):
+        png = tmp_path / "closure.png"
+        proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--graph", str(png), env=_env(libfoo_site))
+        assert proc.returncode == 1, proc.stderr
+        from seedance.output import is_ours
+        data = png.read_bytes()
+        assert data.startswith(b"\x89PNG") and is_ours(str(png))
+        # graphviz itself must accept the file we wrote (the inserted chunk's CRC is right)
+        check = subprocess.run(["python3", "-c", "import sys,zlib\nd=open(sys.argv[1],'rb').read()[8:]\n"
+                                "while d:\n n=int.from_bytes(d[:4],'big'); t=d[4:8]; body=d[8:8+n]\n"
+                                " assert zlib.crc32(t+body)==int.from_bytes(d[8+n:12+n],'big'), t\n d=d[12+n:]\n",
+                                str(png)])
+        assert check.returncode == 0
+    svg = tmp_path / "none.svg"
+    env = dict(_env(libfoo_site), PATH="/nonexistent")
+    proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--graph", str(svg), env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "graphviz's `dot` is not installed: showing the closure as a text tree" in proc.stdout
+    assert "<- soname-shadowed" in proc.stdout and not svg.exists()
