@@ -146,6 +146,13 @@ def execute(args) -> int:
         report = _bundle(args, options, progress)
     else:
         report = run_check(options, progress)
+    if args.pid:
+        # issue 12: the process model on each live link map (copies already shadowed)
+        from ..engine import load_rules
+        from .process_check import live_findings
+        rules = load_rules(args.rules)
+        for pid in args.pid:
+            report.add(live_findings(pid, rules, args.strict))
     if finding_filter.active:
         report.stats["filtered"] = finding_filter.apply(report)
     unreadable = _named_unreadable(args.targets, report.stats.get("errors", ()))
