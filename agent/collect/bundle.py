@@ -447,9 +447,10 @@ def _pack(members: list, name: str) -> bytes:
     if _codec(name) == "zstd":
         import zstandard
 
+        # with a content checksum, so a flipped bit is "damaged", as gzip's CRC makes it;
         # a skippable frame first (RFC 8878, 3.1.2: decoders skip it) names the file as a
         # seedance bundle, so seedance.output may replace it on the next --bundle
-        return ZSTD_TAG + zstandard.ZstdCompressor(level=10).compress(raw)
+        return ZSTD_TAG + zstandard.ZstdCompressor(level=10, write_checksum=True).compress(raw)
     import gzip
 
     out = io.BytesIO()
@@ -567,17 +568,22 @@ def replay(path: str, arch: str | None = None, driver_version: str | None = None
     bundle = read_bundle(path)
     shown = escape_path(path)
     facts = [_fact(item, shown) for item in bundle.facts]
-    gpu = _gpu_for(bundle.runtime.get("gpu") or {}, arch, driver_version)
     rederived = arch is not None or driver_version is not None
-    if rederived:
-        facts = [f for f in facts if f.kind not in ARCH_DRIVER_KINDS]
-        facts.extend(_arch_driver_facts(bundle.runtime, gpu))
+    try:
+        gpu = _gpu_for(bundle.runtime.get("gpu") or {}, arch, driver_version)
+        if rederived:
+            facts = [f for f in facts if f.kind not in ARCH_DRIVER_KINDS]
+            facts.extend(_arch_driver_facts(bundle.runtime, gpu))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # runtime.json of the wrong shape (a bundle edited or damaged after it was written)
+        raise BadInput(f"{shown}: damaged bundle: runtime.json: {exc.__class__.__name__}: {exc}") from None
     findings = rules.evaluate(facts, strict=strict)
     findings = [_mark_live(f, bundle, rederived) for f in findings]
     captured = bundle.report if isinstance(bundle.report, dict) else {}
-    host = dict(captured.get("host") or {})
+    host = dict(captured.get("host") if isinstance(captured.get("host"), dict) else {})
     host["gpu"] = gpu.to_dict()
-    stats = {k: v for k, v in (captured.get("stats") or {}).items() if k != "duration_s"}
+    captured_stats = captured.get("stats") if isinstance(captured.get("stats"), dict) else {}
+    stats = {k: v for k, v in captured_stats.items() if k != "duration_s"}
     stats.update(facts=len(facts), facts_by_kind=_count(f.kind for f in facts), errors=[])
     report = Report(command="check", host=host, stats=stats,
                     extra={"scope": captured.get("scope", {}),

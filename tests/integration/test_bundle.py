@@ -328,3 +328,33 @@ def test_fact_structures_redact_secret_pairs_but_not_our_field_names():
     assert out["data"]["build_id"] == "deadbeef" and out["data"]["url"] == "https://u:<redacted>@h/x"
     assert redactor.maybe_structure("facts.json", {"data": {"key": "PATH", "value": "/bin"}}) == \
         {"data": {"key": "PATH", "value": "/bin"}}
+
+
+@needs_gcc
+def test_any_flipped_byte_is_bad_input_or_a_readable_bundle(tmp_path):
+    """In process, so hundreds of damaged copies are cheap: a replay (re-deriving for another
+    GPU and driver) either works or raises BadInput (one line), never anything else."""
+    import random
+
+    from seedance.collect.bundle import replay
+    from seedance.errors import BadInput
+
+    tree = plant_traps(tmp_path)
+    outcomes = {"read": 0, "refused": 0}
+    for suffix in (".tar.zst", ".tar.gz"):
+        good = tmp_path / f"good{suffix}"
+        check_json(tree, "--bundle", good)
+        data = good.read_bytes()
+        rng = random.Random(16)
+        for _ in range(150):
+            damaged = bytearray(data)
+            damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+            path = tmp_path / f"d{suffix}"
+            path.write_bytes(bytes(damaged))
+            try:
+                replay(str(path), arch="sm_90", driver_version="470")
+                outcomes["read"] += 1
+            except BadInput as exc:
+                assert "\n" not in str(exc)
+                outcomes["refused"] += 1
+    assert outcomes["refused"] > 0
