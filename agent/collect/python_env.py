@@ -468,6 +468,13 @@ def _static_test(test, interp: Interpreter, known: dict | None = None):
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         inner = _static_test(test.operand, interp, known)
         return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        # three-valued: `A or B` is True when one is True, False when all are False
+        values = [_static_test(v, interp, known) for v in test.values]
+        decisive = isinstance(test.op, ast.Or)
+        if decisive in values:
+            return decisive
+        return (not decisive) if all(v is not None for v in values) else None
     return None
 
 

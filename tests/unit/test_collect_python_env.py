@@ -1,0 +1,111 @@
+"""seedance.collect.python_env: the static import planner against the real interpreter.
+
+A synthetic package exercises each construct the planner reads (relative and absolute
+imports, try/except ImportError, TYPE_CHECKING, `if __name__ == "__main__"`, platform and
+environment tests, a literal loop over import_module, a module function called at import
+time, sys.setdlopenflags); each of its modules that matters is a real extension module, so
+the oracle is which extension modules the real `import` dlopens, in order (LD_DEBUG=files)."""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+import process_fixtures as F  # noqa: E402
+
+from seedance.collect.python_env import ask_interpreter, observe, plan_imports  # noqa: E402
+
+PYTHON = sys.executable
+
+
+def _write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(textwrap.dedent(text))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("planner-site"))
+    pkg = os.path.join(root, "pkg")
+    for name in ("e_first", "e_try", "e_fallback", "e_never", "e_main", "e_posix", "e_nt", "e_loop1", "e_loop2",
+                 "e_called", "e_env_default", "e_env_other", "e_sub", "e_class", "e_global"):
+        F.extension(pkg if name != "e_sub" else os.path.join(pkg, "sub"), name, [], rpath=None)
+    _write(os.path.join(pkg, "sub", "__init__.py"), "from .e_sub import value\n")
+    _write(os.path.join(pkg, "__init__.py"), """
+        import os, sys
+        from typing import TYPE_CHECKING
+        from . import e_first
+        try:
+            from . import e_try
+        except ImportError:
+            from . import e_never
+        try:
+            import pkg_missing_module
+        except ImportError:
+            from . import e_fallback
+        if TYPE_CHECKING:
+            from . import e_never
+        if sys.platform == "win32" or os.name == "nt":
+            from . import e_nt
+        elif sys.platform.startswith("linux"):
+            from . import e_posix
+        import importlib
+        for name in ["pkg.e_loop1", "pkg.e_loop2"]:
+            importlib.import_module(name)
+        def _later():
+            from . import e_called
+        _later()
+        _policy = os.environ.get("PKG_TEST_POLICY", "default").strip()
+        if _policy == "default":
+            from . import e_env_default
+        else:
+            from . import e_env_other
+        class Holder:
+            from .sub import value
+            from . import e_class
+        sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)
+        from . import e_global
+        sys.setdlopenflags(os.RTLD_NOW)
+        if __name__ == "__main__":
+            from . import e_main
+        """)
+    return root
+
+
+def test_planned_extension_order_is_what_python_loads(site):
+    env = dict(os.environ, PYTHONPATH=site)
+    env.pop("PKG_TEST_POLICY", None)
+    interp = ask_interpreter(PYTHON, env=env)
+    plan = plan_imports(interp, ["pkg"])
+    predicted = [load.path for load in plan.loads if load.path.startswith(site)]
+    seen = observe(PYTHON, "import pkg", env=env)
+    assert seen.returncode == 0, seen.error_line
+    real = [name for name, _who in seen.loaded if name.startswith(site)]
+    assert predicted == real
+    flags = {os.path.basename(load.path).split(".")[0]: load.flags for load in plan.loads}
+    assert flags["e_global"] == os.RTLD_NOW | os.RTLD_GLOBAL and flags["e_first"] is None
+
+
+def test_missing_top_level_module_is_reported(site):
+    interp = ask_interpreter(PYTHON, env=dict(os.environ, PYTHONPATH=site))
+    plan = plan_imports(interp, ["pkg_that_is_not_installed"])
+    assert plan.missing == [("pkg_that_is_not_installed", "pkg_that_is_not_installed")]
+
+
+def test_dynamic_loads_are_named_not_guessed(tmp_path):
+    _write(str(tmp_path / "dyn" / "__init__.py"), "import ctypes\nctypes.CDLL('libz.so.1')\n")
+    interp = ask_interpreter(PYTHON, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    plan = plan_imports(interp, ["dyn"])
+    assert any(note.startswith(str(tmp_path / "dyn" / "__init__.py") + ":2: CDLL()") for note in plan.notes)
+
+
+def test_interpreter_that_is_not_python_is_bad_input(tmp_path):
+    from seedance.errors import BadInput
+    with pytest.raises(BadInput):
+        ask_interpreter("/bin/true")
+    with pytest.raises(BadInput):
+        ask_interpreter(str(tmp_path / "nope"))
