@@ -50,6 +50,7 @@ class Interpreter:
     platform: str
     version: tuple
     implementation: str = "cpython"
+    env: dict | None = field(default=None, compare=False, repr=False)  # the environment it was asked in
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def ask_interpreter(python: str = "python3", env: dict | None = None, timeout: f
                        dlopenflags=int(facts["dlopenflags"]), modules=frozenset(facts["modules"]),
                        startup_extensions=tuple(tuple(x) for x in facts["extensions"]),
                        platform=facts["platform"], version=tuple(facts["version"]),
-                       implementation=str(facts.get("impl", "cpython")))
+                       implementation=str(facts.get("impl", "cpython")), env=env)
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,34 @@ class _Finder:
                                  os.path.join(directory, tail + suffix), ())
         if portions:
             return _Spec(fullname, "namespace", None, tuple(portions))
+        if "." not in fullname:
+            return self._meta_path(fullname)
         return None
+
+    def _meta_path(self, name: str) -> _Spec | None:
+        """A top-level name no sys.path directory holds may still come from a meta-path
+        finder installed at start-up (pip's editable installs, setuptools' distutils shim):
+        ask the interpreter's own importlib.util.find_spec, which runs the finders but no
+        code of the package."""
+        script = ("import sys, importlib.util as u\ns = u.find_spec(sys.argv[1])\n"
+                  "print(repr(None if s is None else (s.origin, None if s.submodule_search_locations is None "
+                  "else list(s.submodule_search_locations))))")
+        try:
+            proc = subprocess.run([self.interp.python, "-c", script, name], capture_output=True, timeout=30,
+                                  env=self.interp.env, stdin=subprocess.DEVNULL)
+            found = ast.literal_eval(proc.stdout.decode("utf-8", "surrogateescape").strip().splitlines()[-1])
+        except (OSError, subprocess.TimeoutExpired, ValueError, SyntaxError, IndexError):
+            return None
+        if not isinstance(found, tuple):
+            return None
+        origin, locations = found
+        search = tuple(locations) if locations is not None else ()
+        if not isinstance(origin, str) or origin in ("built-in", "frozen"):
+            return _Spec(name, "namespace" if locations is not None else "builtin", None, search)
+        if origin.endswith(tuple(self.interp.suffixes)):
+            return _Spec(name, "extension", origin, search)
+        kind = "package" if locations is not None else ("source" if origin.endswith(".py") else "bytecode")
+        return _Spec(name, kind, origin, search)
 
 
 _DYNAMIC_CALLS = {"CDLL", "LoadLibrary", "PyDLL", "setdlopenflags", "dlopen", "load_library",

@@ -109,3 +109,13 @@ def test_interpreter_that_is_not_python_is_bad_input(tmp_path):
         ask_interpreter("/bin/true")
     with pytest.raises(BadInput):
         ask_interpreter(str(tmp_path / "nope"))
+
+
+def test_a_package_from_a_meta_path_finder_is_found():
+    """seedance itself is installed in this venv (editable installs are served by a
+    meta-path finder, not a sys.path directory): the planner finds what Python finds."""
+    import subprocess
+    interp = ask_interpreter(PYTHON)
+    plan = plan_imports(interp, ["seedance"])
+    real = subprocess.run([PYTHON, "-c", "import seedance"], capture_output=True).returncode == 0
+    assert real and plan.missing == []
