@@ -139,7 +139,7 @@ class TorchAbiCache:
     def abi(self, path: str) -> str | None:
         if path not in self._abi:
             try:
-                info = read_elf(path, symbols=True)
+                info = read_elf(path, symbols=TORCH_PREFIXES)  # only these names are judged
                 names = (s.name for s in info.symbols if s.defined and s.binding != "LOCAL")
                 self._abi[path] = torch_abi_of(names)[0]
             except Exception:  # an unreadable torch is reported by the loader rules, not here
@@ -157,7 +157,8 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
       fails the import with "undefined symbol: _ZN3c10..." (issue 11, item 5).
 
     ``closure_objects``: path -> ElfInfo of everything loaded with it (torch's libraries
-    included); ``read_symbols(path)`` -> ElfInfo with symbols (the resolver's cached reader).
+    included); ``read_symbols(path)`` -> ElfInfo with symbols (the resolver's cached reader;
+    reading only the TORCH_PREFIXES names is enough: nothing else is looked at).
     """
     if _same_directory(ext_path, torch_paths):
         return []  # torch's own libraries (libtorch_cuda beside libc10) are torch itself

@@ -183,15 +183,42 @@ class Scanner:
         raise BadInput(f"{target}: not an ELF file or a seedance YAML config")
 
     def _walk(self, directory: str) -> list:
-        """ELF files under a directory; symlinked directories are not followed (no loops)."""
+        """ELF files under a directory; symlinked directories are not followed (no loops).
+
+        os.walk's order and choices (top-down, sorted, a symlink to a directory neither
+        entered nor counted as a file), over scandir's entries: the entry type saves a stat
+        for directories, and a file reached again through a link (libfoo.so.1 ->
+        libfoo.so.1.2) is sniffed once (issue 13: the walk was most of a site-packages check)."""
         found = []
+        sniffed: dict = {}  # (dev, inode) -> 'elf' | 'other'
 
         def onerror(exc: OSError):
             self.stats["unreadable"] += 1
             self.errors.append({"path": exc.filename or directory, "error": describe_os_error(exc)})
 
-        for base, dirs, files in os.walk(directory, onerror=onerror, followlinks=False):
-            dirs.sort()
+        stack = [directory]
+        while stack:
+            base = stack.pop()
+            try:
+                with os.scandir(base) as listing:
+                    entries = list(listing)
+            except OSError as exc:
+                onerror(exc)
+                continue
+            subdirs, files = [], []
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    try:
+                        if not entry.is_symlink():
+                            subdirs.append(entry.name)
+                    except OSError:
+                        pass
+                else:
+                    files.append(entry.name)
             for name in sorted(files):
                 path = os.path.join(base, name)
                 self.stats["files"] += 1
@@ -210,7 +237,12 @@ class Scanner:
                 if name.endswith(config_collect.CONFIG_SUFFIXES) and _is_seedance_config(path):
                     self.dir_configs.append(path)
                     continue
-                kind = _sniff(path)
+                file_id = (st.st_dev, st.st_ino)
+                kind = sniffed.get(file_id)
+                if kind is None:
+                    kind = _sniff(path)
+                    if isinstance(kind, str):
+                        sniffed[file_id] = kind
                 if kind == "elf":
                     found.append((path, st))
                 elif isinstance(kind, OSError):
@@ -218,6 +250,8 @@ class Scanner:
                     self.errors.append({"path": path, "error": describe_os_error(kind)})
                 else:
                     self.stats["skipped"] += 1
+            # pushed in reverse so the sorted first is walked next: os.walk's top-down order
+            stack.extend(os.path.join(base, name) for name in sorted(subdirs, reverse=True))
         return found
 
     def _host_targets(self) -> tuple:
@@ -455,7 +489,13 @@ class Scanner:
         source = torch.source if torch_lib and any(os.path.dirname(p) == torch_lib for p in torch_paths) \
             else "found through its own library search path"
         self.facts.extend(cxxabi.extension_facts(path, result.objects, torch_paths, self.torch_abi,
-                                                 lambda p: self.resolver.read(p, symbols=True), source))
+                                                 self._torch_symbols, source))
+
+    def _torch_symbols(self, path: str):
+        """``path`` read with only its c10/at/torch/caffe2 symbols: building a Symbol for each
+        of libtorch_cpu's and torch's test programs' other symbols was most of a
+        site-packages check (issue 13)."""
+        return self.resolver.read(path, symbols=cxxabi.TORCH_PREFIXES)
 
     def _process(self, pid: int, explicit: bool) -> None:
         try:
@@ -494,11 +534,18 @@ class Scanner:
 
 def _sniff(path: str):
     """'elf', 'other', or the OSError that stopped us reading it."""
+    # os.open + os.read of 4 bytes: a buffered open() reads a whole buffer and builds a file
+    # object per file.  O_NONBLOCK: a FIFO reached through a link must not block the walk.
     try:
-        with open(path, "rb") as handle:
-            return "elf" if handle.read(4) == ELF_MAGIC else "other"
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         return exc
+    try:
+        return "elf" if os.read(fd, 4) == ELF_MAGIC else "other"
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
 
 
 # YAML files in a scanned directory that are seedance's or a plugin's own configs (issue 11,

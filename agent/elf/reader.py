@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass, field
@@ -119,8 +120,13 @@ def is_elf(path: str) -> bool:
         return False
 
 
-def read_elf(path: str, symbols: bool = False, fatbin: bool = False) -> ElfInfo:
-    """Parse ``path``; ELFError for anything that is not a well-formed ELF object."""
+def read_elf(path: str, symbols: bool | tuple = False, fatbin: bool = False) -> ElfInfo:
+    """Parse ``path``; ELFError for anything that is not a well-formed ELF object.
+
+    ``symbols``: True reads every dynamic symbol; a tuple of name prefixes reads only the
+    symbols whose names start with one of them (the C++ ABI check wants torch's c10/at
+    names out of libtorch_cpu's ~100,000: a Symbol object each was half of a check of
+    site-packages, issue 13)."""
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer (a hang, not an answer).
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -347,7 +353,8 @@ class _Parser:
             out["version_defs"] = self._verdef(self.vaddr_to_offset(tags[DT_VERDEF]),
                                                tags.get(DT_VERDEFNUM, 0), string, version_names)
         if want_symbols and DT_SYMTAB in tags:
-            out["symbols"] = self._symbols(tags, sections, string, version_names)
+            prefixes = want_symbols if isinstance(want_symbols, tuple) else None
+            out["symbols"] = self._symbols(tags, sections, string, version_names, prefixes)
         return out
 
     def _verneed(self, offset: int, count: int, string, version_names: dict) -> tuple:
@@ -425,7 +432,8 @@ class _Parser:
             if index - last > self.size // 4:
                 self.fail("DT_GNU_HASH chain does not terminate")
 
-    def _symbols(self, tags: dict, sections: dict, string, version_names: dict) -> tuple:
+    def _symbols(self, tags: dict, sections: dict, string, version_names: dict,
+                 prefixes: tuple | None = None) -> tuple:
         count = self._symbol_count(tags, sections)
         if count <= 0:
             return ()
@@ -442,8 +450,20 @@ class _Parser:
         data = self.data
         find = data.find
         strtab, strend = self.strtab, self.strend
+        wanted = None
+        if prefixes is not None:
+            # Every string-table offset where a prefix starts: a symbol's name offset must be
+            # one of them (a name may begin inside a longer string, so any position counts).
+            # (a zero-width lookahead, so overlapping occurrences are all found).
+            pattern = re.compile(b"(?=" + b"|".join(re.escape(p.encode("utf-8", "surrogateescape"))
+                                                    for p in prefixes) + b")")
+            wanted = {m.start() - strtab for m in pattern.finditer(data, strtab, strend)}
         out = []
         for index in range(1, count):
+            if wanted is not None:  # st_name is the first field of Elf32_Sym and Elf64_Sym
+                (name_off,) = self.u32.unpack_from(data, symtab + index * entsize)
+                if name_off not in wanted:
+                    continue
             fields = unpack_sym(data, symtab + index * entsize)
             if self.is64:
                 name_off, info, _other, shndx, _value, _size = fields
