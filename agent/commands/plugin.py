@@ -79,6 +79,8 @@ def configure_parser(sub) -> None:
                         help="let --report-json replace a file that is not a seedance output")
     verify.add_argument("--force-arch", metavar="SM_XX", help="check fatbins against this architecture")
     verify.add_argument("--from", dest="from_dir", metavar="DIR", help="also count versions available here")
+    verify.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                        help="colour severities: auto (a terminal, unless NO_COLOR is set), always, never")
     verify.set_defaults(execute=execute_verify)
 
     def no_action(args) -> int:
@@ -210,6 +212,17 @@ def execute_list(args) -> int:
     return 0
 
 
+def _paint(line: str, color: bool) -> str:
+    """Colour the leading severity of a layer line ("ERROR L2: ...") as check's table does."""
+    from ..render import SEVERITY_COLOR
+    head, _, rest = line.partition(" ")
+    severity = {"FATAL": "fatal", "ERROR": "error", "WARNING": "warning", "WARN": "warning",
+                "INFO": "info"}.get(head)
+    if not color or severity is None:
+        return line
+    return f"\033[{SEVERITY_COLOR[severity]}m{head}\033[0m {rest}"
+
+
 def execute_verify(args) -> int:
     from ..model import Report
     from ..plugins import archive
@@ -248,13 +261,15 @@ def execute_verify(args) -> int:
         target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         if target.is_stdout:
             return report.exit_code(args.strict)
+    from ..render import use_color
+    color = use_color(args.color)
     if not results:
         print("no plugins installed")
     for result in results:
         manifest = result.manifest
         print(f"{manifest.name} {manifest.version} ({manifest.root})" if manifest else "invalid plugin")
         for line in result.lines:
-            print(f"  {line}")
+            print(f"  {_paint(line, color)}")
     traps = [f for f in report.sorted_findings() if f.is_waste_trap]
     print(f"{len(results)} plugin(s), {len(report.findings)} finding(s), {len(traps)} waste trap(s)"
           + (f": {', '.join(sorted({f.rule for f in traps}))}" if traps else ""))
