@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.seedance-installed
-SHARE_STAMP := $(VENV)/share/seedance/.installed
+SHARE_STAMP := $(VENV)/share/seedance/.completion-installed $(VENV)/share/seedance/.examples-installed
 # the CPU torch wheel lies on disk on these machines; pip finds it there first
 WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
@@ -17,10 +17,13 @@ install: $(STAMP) $(SHARE_STAMP)
 # Completion scripts and man pages generated from the parsers (shtab, argparse-manpage), and
 # the example plugins built into the default plugin source (issue 16), all under .venv/share:
 #   source .venv/share/bash-completion/completions/seedance ; man -M .venv/share/man seedance
-$(SHARE_STAMP): $(STAMP) $(wildcard agent/*.py agent/commands/*.py examples/plugins/*/* examples/plugins/*/src/*)
+$(VENV)/share/seedance/.completion-installed: $(STAMP) $(wildcard agent/cli.py agent/completion.py agent/commands/*.py)
 	$(BIN)/python -m seedance.completion install $(VENV) >/dev/null
+	mkdir -p $(@D) && touch $@
+
+$(VENV)/share/seedance/.examples-installed: $(STAMP) $(wildcard examples/plugins/*.py examples/plugins/*/* examples/plugins/*/src/*)
 	$(BIN)/python examples/plugins/build.py $(VENV)/share/seedance/plugins >/dev/null
-	touch $(SHARE_STAMP)
+	touch $@
 
 # As root, install the system packages: bcc (Debian's python3-bpfcc; PyPI's "bcc" is an
 # unrelated package), kernel headers for it, and the peers the tests and benches compare with.
