@@ -54,16 +54,6 @@ def tree_text(closure, show_loaded: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tree_objects(text: str) -> set:
-    """The objects (basenames) a tree lists: for comparing with libtree's output."""
-    names = set()
-    for line in text.splitlines()[1:]:
-        body = line.lstrip("│├└─ ")
-        if " => " in body:
-            names.add(os.path.basename(body.split(" => ", 1)[1].split(" [", 1)[0]))
-    return names
-
-
 def _edges(model):
     for step in model.steps:
         for edge in step.edges:

@@ -7,7 +7,6 @@ renders.  Imports, dlopens and the live process are read, never executed, except
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -248,9 +247,3 @@ def _live(pid: int, view, then_dlopen, lines: list):
                 "order_hint": ""}, source="process"))
     return sim.model, facts
 
-
-def prediction_json(prediction) -> str:
-    """A plain JSON view of a prediction (for tests and --report-json consumers)."""
-    from ..model import _plain
-    return json.dumps({"ok": prediction.ok, "error": prediction.error,
-                       "steps": _plain(prediction.model.steps)}, indent=2)
