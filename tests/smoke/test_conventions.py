@@ -288,3 +288,18 @@ def test_builtin_examples_are_the_default_source(tmp_path):
     empty = subprocess.run([str(BIN / "seedance"), "plugin", "install", "dsp-kernels"], capture_output=True,
                            text=True, env={**full, "SEEDANCE_PLUGIN_PATH": ""})
     assert empty.returncode == 2 and "no plugin by that name" in empty.stderr
+
+
+def test_fix_scan_and_profiler_show_progress_when_asked(undefined_tree, tmp_path):
+    relink = run_cli("fix", "cuda-mismatch", "--auto-relink", "--dry-run", "--progress", undefined_tree)
+    assert relink.returncode == 0, relink.stderr
+    assert re.search(r"^checking: 7/7$", relink.stderr, re.M), relink.stderr
+    assert "checking" not in run_cli("fix", "cuda-mismatch", "--auto-relink", "--dry-run", undefined_tree).stderr
+    events = tmp_path / "ev.jsonl"
+    events.write_text('{"ev":"device","dev":0,"base":0,"capacity":1048576}\n'
+                      '{"t":0.001,"ev":"alloc","dev":0,"addr":0,"size":4096,"library":"libfoo.so"}\n'
+                      '{"t":0.002,"ev":"free","dev":0,"addr":0}\n')
+    profiled = run_cli("profile", "memory", "--from-trace", events, "--progress", "--json")
+    assert profiled.returncode in (0, 1), profiled.stderr
+    assert re.search(r"^profiling .*ev\.jsonl: done in [0-9.]+ s$", profiled.stderr, re.M), profiled.stderr
+    json.loads(profiled.stdout)
