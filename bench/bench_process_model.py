@@ -75,7 +75,7 @@ def bench_imports(python: str, sets: list) -> int:
     return 0
 
 
-def bench_tree(count: int) -> int:
+def bench_tree(count: int, rounds: int = 3) -> int:
     libtree = shutil.which("libtree")
     if libtree is None:
         print("libtree is not installed (apt-get install libtree)")
@@ -90,28 +90,39 @@ def bench_tree(count: int) -> int:
                 files.append(path)
     step = max(1, len(files) // count)
     files = files[::step][:count]
-    resolver = Resolver()
     same = 0
-    t_ours = t_libtree = 0.0
-    for path in files:
-        t0 = time.perf_counter()
-        try:
-            ours = tree_objects_real(tree_text(resolver.closure(path)))
-        except Exception as exc:  # noqa: BLE001
-            print(f"skip {path}: {exc}")
-            continue
-        t1 = time.perf_counter()
-        proc = subprocess.run([libtree, "-p", "-vv", path], capture_output=True, timeout=60)
-        t2 = time.perf_counter()
-        t_ours += t1 - t0
-        t_libtree += t2 - t1
-        theirs = libtree_objects(proc.stdout.decode("utf-8", "surrogateescape"))
-        if ours == theirs:
-            same += 1
-        else:
-            print(f"DIFF {path}: only seedance {sorted(ours - theirs)[:4]}, only libtree {sorted(theirs - ours)[:4]}")
-    print(f"\nldd --tree vs libtree -p -vv on {len(files)} libraries: same objects for {same}/{len(files)}; "
-          f"seedance {t_ours:.2f} s (in process, one Resolver), libtree {t_libtree:.2f} s (a process each)")
+    rounds_ours, rounds_libtree = [], []
+    for round_index in range(rounds):
+        # one fresh Resolver per round (its caches are part of what is measured), and the
+        # peer interleaved file by file in the same round
+        resolver = Resolver()
+        t_ours = t_libtree = 0.0
+        for path in files:
+            t0 = time.perf_counter()
+            try:
+                ours = tree_objects_real(tree_text(resolver.closure(path)))
+            except Exception as exc:  # noqa: BLE001
+                print(f"skip {path}: {exc}")
+                continue
+            t1 = time.perf_counter()
+            proc = subprocess.run([libtree, "-p", "-vv", path], capture_output=True, timeout=60)
+            t2 = time.perf_counter()
+            t_ours += t1 - t0
+            t_libtree += t2 - t1
+            if round_index == 0:
+                theirs = libtree_objects(proc.stdout.decode("utf-8", "surrogateescape"))
+                if ours == theirs:
+                    same += 1
+                else:
+                    print(f"DIFF {path}: only seedance {sorted(ours - theirs)[:4]}, "
+                          f"only libtree {sorted(theirs - ours)[:4]}")
+        rounds_ours.append(t_ours)
+        rounds_libtree.append(t_libtree)
+    import statistics
+    print(f"\nldd --tree vs libtree -p -vv on {len(files)} libraries: same objects for {same}/{len(files)}")
+    print(f"time over {rounds} interleaved rounds: seedance best {min(rounds_ours):.2f} s, median "
+          f"{statistics.median(rounds_ours):.2f} s (in process, a fresh Resolver per round); libtree best "
+          f"{min(rounds_libtree):.2f} s, median {statistics.median(rounds_libtree):.2f} s (a process per file)")
     return 0
 
 
@@ -146,10 +157,11 @@ def main() -> int:
     parser.add_argument("what", choices=("imports", "tree"))
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.what == "imports":
         return bench_imports(args.python, IMPORT_SETS)
-    return bench_tree(args.count)
+    return bench_tree(args.count, args.rounds)
 
 
 if __name__ == "__main__":
