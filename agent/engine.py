@@ -308,10 +308,20 @@ def _cel_context(fact: Fact, names: tuple | None = None) -> dict:
     return context
 
 
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
 def _memo_key(context: dict):
-    if all(isinstance(v, _SCALARS) for v in context.values()):
-        return tuple(sorted((k, type(v).__name__, v) for k, v in context.items()))
-    return None
+    """A verdict's key: the scalar inputs, with their types (True is not 1), in the
+    context's order (a rule's names, sorted, then its defaults), so no sort per fact: this
+    ran for every fact of a scan (issue 13).  None when a value is not a scalar."""
+    key = []
+    for name, value in context.items():
+        kind = value.__class__
+        if kind not in _SCALAR_TYPES:
+            return None
+        key.append((name, kind, value))
+    return tuple(key)
 
 
 def _cel_value(value: Any) -> Any:

@@ -22,7 +22,6 @@ import struct
 from dataclasses import dataclass, field
 
 from ..errors import ELFError
-from . import fatbin as _fatbin
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -239,6 +238,8 @@ class _Parser:
         if dynamic is not None:
             info.update(self._dynamic(*dynamic, sections, want_symbols))
         if want_fatbin and sections:
+            from . import fatbin as _fatbin  # only fatbin reads pay for its import (seedance ldd)
+
             info["fatbin"] = tuple(_fatbin.inventory(self.path, self.data, sections, self.fail))
         return ElfInfo(**info)
 
