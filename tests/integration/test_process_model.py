@@ -379,3 +379,20 @@ def test_graph_png_is_marked_and_text_tree_without_dot(libfoo_site, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "graphviz's `dot` is not installed: showing the closure as a text tree" in proc.stdout
     assert "<- soname-shadowed" in proc.stdout and not svg.exists()
+
+
+def test_no_import_order_works_when_each_copy_lacks_the_others_symbol(tmp_path):
+    """c's libbar.so.1 has only bar_c, d's only bar_d: whichever is imported first, the other
+    fails; both orders really fail, and the finding says no order works."""
+    from conftest import run_cli
+    site = str(tmp_path)
+    for name in ("c", "d"):
+        pkg = F.package(site, name, "from ._ext import value\n")
+        F.shared_lib(os.path.join(pkg, "libs", "libbar.so.1"), f"int bar_{name}(void){{return 1;}}\n",
+                     soname="libbar.so.1")
+        F.extension(pkg, "_ext", [f"bar_{name}"], links=(f"-L{pkg}/libs", "-l:libbar.so.1"))
+    for order in (["c", "d"], ["d", "c"]):
+        prediction = _agree(site, order)
+        assert not prediction.ok and prediction.working_order is None and prediction.searched_orders
+    proc = run_cli("check", "--python", PYTHON, "--imports", "c,d", env=_env(site))
+    assert proc.returncode == 1 and "no import order works" in proc.stdout
