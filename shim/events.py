@@ -7,7 +7,7 @@ import struct
 EVENT_STRUCT = struct.Struct("<QQIIiiQQIIII192s")
 
 EVENT_KINDS = {1: "init", 2: "alloc", 3: "free", 4: "quota_refused", 5: "remap", 6: "note",
-               7: "context", 16: "objsearch", 17: "objopen", 18: "symbind", 19: "exit"}
+               7: "context", 8: "launch", 16: "objsearch", 17: "objopen", 18: "symbind", 19: "exit"}
 
 # <link.h> LA_SER_*: where ld.so found the name it is trying (la_objsearch's flag)
 SEARCH_SOURCES = {0x01: "LA_SER_ORIG", 0x02: "LA_SER_LIBPATH", 0x04: "LA_SER_RUNPATH",
@@ -15,6 +15,8 @@ SEARCH_SOURCES = {0x01: "LA_SER_ORIG", 0x02: "LA_SER_LIBPATH", 0x04: "LA_SER_RUN
 
 
 def event_to_dict(raw: bytes, pid: int, api_names: list[str], libs: list[str]) -> dict:
+    """One ring event as a dict.  Alloc, free and launch events also carry the profiler's
+    keys (docs/profile.md): t (seconds, CLOCK_MONOTONIC), ev, dev, addr, size."""
     (seq, t_ns, kind, api, device, result, ptr, nbytes, lib, obj, obj2, flag,
      text) = EVENT_STRUCT.unpack(raw)
     text = text.split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -26,6 +28,13 @@ def event_to_dict(raw: bytes, pid: int, api_names: list[str], libs: list[str]) -
             out.update(ptr=ptr, bytes=nbytes)
         if name == "alloc":
             out["library"] = libs[lib] if lib < len(libs) else None
+        if name in ("alloc", "free"):
+            out.update(t=t_ns / 1e9, ev=name, dev=device, addr=ptr)
+            if name == "alloc":
+                out["size"] = nbytes
+    elif name == "launch":
+        out.update(t=t_ns / 1e9, ev="launch", api=api_names[api] if api < len(api_names) else api,
+                   result=result, library=libs[lib] if lib < len(libs) else None)
     elif name == "objsearch":
         out.update(name=text, source=SEARCH_SOURCES.get(flag, hex(flag)), requester=obj)
     elif name == "objopen":

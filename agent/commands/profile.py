@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 EPILOG = """\
 examples:
@@ -129,8 +130,7 @@ def execute_memory(args) -> int:
                for name, path, what in (("report", json_to, "report"), ("bin", args.output, "frag.bin"),
                                         ("png", args.heatmap, "heat map"))}
     if args.pid or cmd:
-        raise NotAvailable("profile memory: live profiling (-- CMD, --pid) is not yet available; "
-                           "record with `seedance run --events ev.jsonl -- CMD` and use --from-trace")
+        return _memory_live(args, cmd, page, interval, capacity, targets)
     if args.from_trace:
         source = escape_path(args.from_trace)
         with open(args.from_trace, "rb") as handle:
@@ -150,12 +150,45 @@ def execute_memory(args) -> int:
     return _finish_memory(profile, subject, targets, args)
 
 
-def _finish_memory(profile, subject, targets, args) -> int:
+def _memory_live(args, cmd, page, interval, capacity, targets) -> int:
+    """-- CMD under the shim, or --pid PID already under it: the registry's allocation
+    records of the device, sampled every interval (profile.live)."""
+    from ..errors import BadInput
+    from ..profile import live, memory
+    from ..progress import Step, wanted
+
+    label = f"profiling pid {args.pid}" if args.pid else f"profiling {' '.join(cmd)[:60]}"
+    with Step(label, enabled=wanted(args)):
+        if args.pid:
+            sampled = live.sample_pid(args.pid, device=args.gpu_id, interval=interval)
+            subject = {"pid": args.pid}
+        else:
+            sampled = live.sample_command(cmd, device=args.gpu_id, interval=interval)
+            subject = {"argv": cmd}
+    records = sampled.records
+    if not records:   # nothing allocated on that device: the empty map still has a size
+        from ..profile.devices import DriverDevices
+        records = [DriverDevices().record(args.gpu_id)]
+        records[0].setdefault("base", 0)
+        if "capacity" not in records[0] and capacity is None:
+            raise BadInput(f"profile memory: the program allocated nothing on device {args.gpu_id} and "
+                           "the driver does not say its capacity (pass --capacity)")
+    profile = memory.profile_events(records, device=args.gpu_id, page_size=page, interval=interval,
+                                    capacity=capacity, source="live")
+    code = _finish_memory(profile, subject, targets, args, stats={"live_samples": sampled.samples,
+                                                                  "wall_s": round(sampled.wall_s, 6)})
+    if sampled.exit_code and not args.pid:
+        print(f"seedance: note: the program exited with {sampled.exit_code}", file=sys.stderr)
+    return code
+
+
+def _finish_memory(profile, subject, targets, args, stats=None) -> int:
     from ..engine import load_rules
     from ..model import Report
     from ..profile import fragbin, heatmap, memory
 
-    report = Report(command="profile memory", stats={"events": profile.events, "samples": len(profile.samples)},
+    report = Report(command="profile memory", stats={"events": profile.events, "samples": len(profile.samples),
+                                                     **(stats or {})},
                     extra={"profile": {"memory": profile.to_dict()}})
     report.add(load_rules().evaluate(memory.memory_facts(profile, subject)))
     encoded = fragbin.encode(profile)

@@ -290,9 +290,21 @@ class EventDrain:
     def drain(self):
         for slot in self.slots():
             for event in self.registry.drain_events(slot):
+                if event.get("ev") in ("alloc", "free"):
+                    self.device_record(event)
                 self.out.write(json.dumps(event) + "\n")
                 self.written += 1
         self.out.flush()
+
+    def device_record(self, event: dict) -> None:
+        """Before a device's first alloc/free: its {"ev":"device"} record (docs/profile.md)."""
+        devices = self.__dict__.setdefault("devices", None)
+        if devices is None:
+            from ..profile.devices import DriverDevices
+            devices = self.devices = DriverDevices()
+        if event["dev"] >= 0 and event["dev"] not in devices.known:
+            self.out.write(json.dumps(devices.record(event["dev"], event.get("addr"))) + "\n")
+            self.written += 1
 
     def loop(self):
         while not self.stop.wait(self.interval):
@@ -415,8 +427,10 @@ def execute(args) -> int:
         if events_out is not None:
             stream = stack.enter_context(events_out.open_stream())
             # the first line names the stream, so a later --events to the same file knows it
+            # t (CLOCK_MONOTONIC, the events' clock) beside wall (epoch): the anchor that
+            # aligns power logs (nvidia-smi, DCGM; wall clock) with the launches (issue 14)
             stream.write(json.dumps({"schema": "seedance.run-events/v1", "kind": "start", "pid": os.getpid(),
-                                     "argv": cmd}) + "\n")
+                                     "argv": cmd, "t": time.monotonic(), "wall": time.time()}) + "\n")
             if registry is None:
                 # the first wrapped process creates the registry: wait for it in the drain loop
                 drain = _LateDrain(group_key, stream)

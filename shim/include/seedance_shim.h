@@ -19,7 +19,7 @@
 #include <stddef.h>
 
 /* cdef-begin */
-#define SD_ABI_VERSION 2
+#define SD_ABI_VERSION 3
 #define SD_MAGIC 0x3147455244454553   /* "SEEDREG1" little-endian */
 #define SD_MAX_SLOTS 256
 #define SD_MAX_GROUPS 64
@@ -53,6 +53,7 @@
 #define SD_EV_REMAP 5
 #define SD_EV_NOTE 6
 #define SD_EV_CONTEXT 7
+#define SD_EV_LAUNCH 8     /* a kernel or graph launch: api, lib, result (issue 14) */
 #define SD_EV_OBJSEARCH 16
 #define SD_EV_OBJOPEN 17
 #define SD_EV_SYMBIND 18

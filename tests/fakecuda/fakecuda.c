@@ -5,7 +5,12 @@
  *
  * The ONE allowed stand-in: it is compiled against NVIDIA's own cuda.h when that is
  * present (so every signature here is checked by the compiler against the real one)
- * and returns the driver's documented error codes.  Devices live in host memory:
+ * and returns the driver's documented error codes.  Each physical device has a fixed
+ * virtual address range [FAKE_VA_BASE + i * FAKE_VA_STRIDE, + its memory) and device
+ * pointers come from a first-fit allocator over it (aligned to FAKE_ALIGN), so a program
+ * that allocates and frees in a fragmenting pattern fragments the fake device as it would
+ * a real one (issue 14); the pointers are not backed by host memory.
+ * fakecuda_va_range() (not a CUDA entry point) tells the profiler the range.  Devices:
  *   FAKECUDA_DEVICES=N            number of physical devices (default 2)
  *   FAKECUDA_MEM=16G | 8G,4G      memory per device (default 16G)
  *   CUDA_VISIBLE_DEVICES          ordinals, GPU-<uuid> prefixes (MIG- names no fake device)
@@ -34,6 +39,12 @@ typedef unsigned int CUdeviceptr_v1; /* cuda.h declares it only for __CUDA_API_V
 #include "../../shim/src/cuda_abi.h"
 typedef unsigned int CUdeviceptr_v1;
 typedef int CUdevice_attribute;
+struct CUlaunchConfig_st {            /* cuda.h's layout */
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned int numAttrs;
+};
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_DEINITIALIZED 4
@@ -68,11 +79,22 @@ struct fake_ctx {
     int primary;
 };
 
-struct fake_block {   /* lives in the HDR bytes before every device pointer */
-    uint64_t magic;
-    uint64_t size;
-    int physical;
+/* Live allocations of one physical device, sorted by address: first fit walks the gaps. */
+struct fake_block {
+    uint64_t addr;
+    uint64_t size;     /* rounded up to FAKE_ALIGN */
+    uint64_t asked;    /* the size the caller asked for (cuMemGetAddressRange reports it) */
 };
+
+struct fake_space {
+    pthread_mutex_t lock;
+    struct fake_block *blocks;
+    size_t n, cap;
+};
+
+#define FAKE_VA_BASE 0x700000000000ull   /* user space, bit 63 clear (the shim tags handles with it) */
+#define FAKE_VA_STRIDE (1ull << 40)      /* 1 TiB of address space per device */
+#define FAKE_ALIGN 4096ull
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int initialized;
@@ -88,6 +110,7 @@ static uint64_t bump_next = 0x7e0000000000ull;
 #define BUMP_BASE 0x7e0000000000ull
 static struct fake_ledger *ledger = &local_ledger;
 static __thread struct fake_ctx *current;
+static struct fake_space space[FAKE_MAX];
 
 static uint64_t parse_size(const char *s)
 {
@@ -131,8 +154,10 @@ static void setup(void)
     if (nphys > FAKE_MAX)
         nphys = FAKE_MAX;
     uint64_t dflt = 16ull << 30;
-    for (int i = 0; i < FAKE_MAX; i++)
+    for (int i = 0; i < FAKE_MAX; i++) {
         mem[i] = dflt;
+        pthread_mutex_init(&space[i].lock, NULL);
+    }
     const char *m = getenv("FAKECUDA_MEM");
     if (m && *m) {
         char buf[256];
@@ -145,6 +170,9 @@ static void setup(void)
         for (; i < FAKE_MAX; i++)
             mem[i] = last;
     }
+    for (int i = 0; i < FAKE_MAX; i++)
+        if (mem[i] > FAKE_VA_STRIDE)
+            mem[i] = FAKE_VA_STRIDE;
     bump_mode = getenv("FAKECUDA_BUMP") && strcmp(getenv("FAKECUDA_BUMP"), "1") == 0;
     const char *path = getenv("FAKECUDA_LEDGER");
     if (path && *path) {
@@ -468,6 +496,66 @@ static void unreserve(int phys, uint64_t size)
     __atomic_fetch_add(&ledger->frees[phys], 1, __ATOMIC_RELAXED);
 }
 
+/* First fit over [base, base + mem): the lowest gap between live blocks that holds the
+ * request.  The ledger's reservation stays the accounting of record (tests read it); the
+ * address space can still refuse a request that the free total would hold: fragmentation. */
+static int space_place(int phys, uint64_t size, uint64_t *addr)
+{
+    struct fake_space *sp = &space[phys];
+    uint64_t base = FAKE_VA_BASE + (uint64_t)phys * FAKE_VA_STRIDE, end = base + mem[phys];
+    uint64_t cursor = base;
+    size_t i = 0;
+    for (; i < sp->n; i++) {
+        if (sp->blocks[i].addr - cursor >= size)
+            break;
+        cursor = sp->blocks[i].addr + sp->blocks[i].size;
+    }
+    if (i == sp->n && (cursor > end || end - cursor < size))
+        return -1;
+    if (sp->n == sp->cap) {
+        size_t cap = sp->cap ? sp->cap * 2 : 64;
+        struct fake_block *grown = realloc(sp->blocks, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        sp->blocks = grown;
+        sp->cap = cap;
+    }
+    memmove(&sp->blocks[i + 1], &sp->blocks[i], (sp->n - i) * sizeof *sp->blocks);
+    sp->blocks[i].addr = cursor;
+    sp->blocks[i].size = size;
+    sp->n++;
+    *addr = cursor;
+    return (int)i;
+}
+
+/* index of the block that contains d (exact start when exact), -1 none; lock held */
+static long space_find(int phys, CUdeviceptr d, int exact)
+{
+    struct fake_space *sp = &space[phys];
+    size_t lo = 0, hi = sp->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (sp->blocks[mid].addr <= d)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return -1;
+    struct fake_block *b = &sp->blocks[lo - 1];
+    if (exact ? b->addr != d : d - b->addr >= b->size)
+        return -1;
+    return (long)(lo - 1);
+}
+
+static int phys_of(CUdeviceptr d)
+{
+    if (d < FAKE_VA_BASE)
+        return -1;
+    uint64_t phys = (d - FAKE_VA_BASE) / FAKE_VA_STRIDE;
+    return phys < (uint64_t)nphys ? (int)phys : -1;
+}
+
 static CUresult alloc_on(int phys, CUdeviceptr *dptr, size_t size)
 {
     if (!dptr)
@@ -480,26 +568,30 @@ static CUresult alloc_on(int phys, CUdeviceptr *dptr, size_t size)
     }
     if (!reserve(phys, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    /* host memory stands in for device memory; untouched pages cost nothing */
-    void *p = NULL;
-    if (posix_memalign(&p, HDR, HDR + ((size + HDR - 1) & ~(size_t)(HDR - 1))) != 0) {
+    uint64_t rounded = (size + FAKE_ALIGN - 1) & ~(FAKE_ALIGN - 1), addr = 0;
+    pthread_mutex_lock(&space[phys].lock);
+    int at = space_place(phys, rounded, &addr);
+    if (at >= 0)
+        space[phys].blocks[at].asked = size;
+    pthread_mutex_unlock(&space[phys].lock);
+    if (at < 0) {
         unreserve(phys, size);
+        __atomic_fetch_add(&ledger->oom[phys], 1, __ATOMIC_RELAXED);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    struct fake_block *b = p;
-    b->magic = FAKE_MAGIC;
-    b->size = size;
-    b->physical = phys;
-    *dptr = (CUdeviceptr)(uintptr_t)((char *)p + HDR);
+    *dptr = (CUdeviceptr)addr;
     return CUDA_SUCCESS;
 }
 
-static struct fake_block *block_of(CUdeviceptr d)
+/* Not a CUDA entry point: the device's address range, for seedance's memory profiler. */
+EXPORT int fakecuda_va_range(int physical, unsigned long long *base, unsigned long long *size)
 {
-    if (!d || (d & (HDR - 1)))
-        return NULL;
-    struct fake_block *b = (struct fake_block *)((char *)(uintptr_t)d - HDR);
-    return b->magic == FAKE_MAGIC ? b : NULL;
+    pthread_once(&once, setup);
+    if (physical < 0 || physical >= nphys || !base || !size)
+        return -1;
+    *base = FAKE_VA_BASE + (uint64_t)physical * FAKE_VA_STRIDE;
+    *size = mem[physical];
+    return 0;
 }
 
 static CUresult alloc_current(CUdeviceptr *dptr, size_t size)
@@ -566,12 +658,22 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     NEED_INIT();
     if (bump_mode && dptr >= BUMP_BASE)
         return CUDA_SUCCESS;
-    struct fake_block *b = block_of(dptr);
-    if (!b)
+    int phys = phys_of(dptr);
+    if (phys < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    b->magic = 0;
-    unreserve(b->physical, b->size);
-    free(b);
+    struct fake_space *sp = &space[phys];
+    pthread_mutex_lock(&sp->lock);
+    long at = space_find(phys, dptr, 1);
+    uint64_t asked = 0;
+    if (at >= 0) {
+        asked = sp->blocks[at].asked;
+        memmove(&sp->blocks[at], &sp->blocks[at + 1], (sp->n - (size_t)at - 1) * sizeof *sp->blocks);
+        sp->n--;
+    }
+    pthread_mutex_unlock(&sp->lock);
+    if (at < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    unreserve(phys, asked);
     return CUDA_SUCCESS;
 }
 
@@ -589,13 +691,19 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
     NEED_INIT();
-    struct fake_block *b = block_of(dptr);
-    if (!b)
+    int phys = phys_of(dptr);
+    if (phys < 0)
+        return CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&space[phys].lock);
+    long at = space_find(phys, dptr, 0);
+    struct fake_block b = at >= 0 ? space[phys].blocks[at] : (struct fake_block){0, 0, 0};
+    pthread_mutex_unlock(&space[phys].lock);
+    if (at < 0)
         return CUDA_ERROR_NOT_FOUND;
     if (pbase)
-        *pbase = dptr;
+        *pbase = b.addr;
     if (psize)
-        *psize = b->size;
+        *psize = b.asked;
     return CUDA_SUCCESS;
 }
 
@@ -653,6 +761,57 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     if (h->physical >= 0)
         unreserve(h->physical, h->size);
     free(h);
+    return CUDA_SUCCESS;
+}
+
+/* ---- launches ------------------------------------------------------------ */
+/* Nothing runs: a launch checks its arguments as the driver documents and counts.  Any
+ * non-NULL function/graph handle is accepted (the fake has no modules). */
+static uint64_t launches;
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                               unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                               unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+    (void)sharedMemBytes, (void)hStream, (void)kernelParams, (void)extra;
+    NEED_INIT();
+    if (!current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!gridDimX || !gridDimY || !gridDimZ || !blockDimX || !blockDimY || !blockDimZ)
+        return CUDA_ERROR_INVALID_VALUE;
+    __atomic_fetch_add(&launches, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+    if (!config)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuLaunchKernel(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                          config->blockDimY, config->blockDimZ, config->sharedMemBytes, config->hStream,
+                          kernelParams, extra);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                          unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                          unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                          void **kernelParams)
+{
+    return cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                          hStream, kernelParams, NULL);
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    (void)hStream;
+    NEED_INIT();
+    if (!current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!hGraphExec)
+        return CUDA_ERROR_INVALID_VALUE;
+    __atomic_fetch_add(&launches, 1, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 
@@ -745,6 +904,10 @@ static const struct proc_entry procs[] = {
     {"cuMemGetInfo", 3020, 0, (void *)cuMemGetInfo_v2},
     {"cuMemCreate", 10020, 0, (void *)cuMemCreate},
     {"cuMemRelease", 10020, 0, (void *)cuMemRelease},
+    {"cuLaunchKernel", 4000, 0, (void *)cuLaunchKernel},
+    {"cuLaunchKernelEx", 11060, 0, (void *)cuLaunchKernelEx},
+    {"cuLaunchCooperativeKernel", 9000, 0, (void *)cuLaunchCooperativeKernel},
+    {"cuGraphLaunch", 10000, 0, (void *)cuGraphLaunch},
     {"cuGetErrorString", 6000, 0, (void *)cuGetErrorString},
     {"cuGetErrorName", 6000, 0, (void *)cuGetErrorName},
     {"cuGetProcAddress", 11030, 0, (void *)cuGetProcAddress},

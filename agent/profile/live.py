@@ -1,0 +1,164 @@
+"""Live profiling: a program under the shim, its allocations sampled from the registry.
+
+`seedance run`'s machinery starts the program (shim.wrap_env, the registry group, the
+event drain, report_and_release); the profiler reads each instance's allocation records
+(struct sd_record in seedance_shim.h) from the shared registry every sample interval.
+Reading shared memory costs the program nothing: its hot path is unchanged, and the
+sampler runs in this process (bench/bench_profiler.py measures the whole cost).
+
+Each sample's difference from the last becomes alloc/free records stamped with the
+sample's time, so the live map and an offline trace go through the same replay
+(profile.memory.profile_events).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..errors import BadInput, NotAvailable
+
+
+@dataclass
+class Sampled:
+    records: list = field(default_factory=list)   # device/alloc/free records (docs/profile.md)
+    samples: int = 0
+    exit_code: int = 0
+    wall_s: float = 0.0
+    events_written: int = 0
+
+
+class MapSampler:
+    """Turns successive snapshots of the live allocations of one device into records."""
+
+    def __init__(self, device: int):
+        from .devices import DriverDevices
+
+        self.device = device
+        self.devices = DriverDevices()
+        self.live: dict[int, tuple[int, str | None]] = {}
+        self.out = Sampled()
+
+    def take(self, registry, slots, t: float) -> None:
+        now = {}
+        for slot in slots:
+            for a in registry.allocations(slot):
+                if a.device == self.device and not a.handle:
+                    now[a.ptr] = (a.size, a.library)
+        if now and not self.out.records:
+            self.out.records.append(self.devices.record(self.device, min(now)))
+        for addr in [a for a in self.live if a not in now or now[a][0] != self.live[a][0]]:
+            self.out.records.append({"t": t, "ev": "free", "dev": self.device, "addr": addr})
+            del self.live[addr]
+        for addr, (size, library) in sorted(now.items()):
+            if addr not in self.live:
+                self.out.records.append({"t": t, "ev": "alloc", "dev": self.device, "addr": addr, "size": size,
+                                         "library": library})
+                self.live[addr] = (size, library)
+        self.out.samples += 1
+
+
+def _open_registry():
+    from .. import shim
+    try:
+        return shim.Registry.open()
+    except NotAvailable:
+        return None
+
+
+def run_wrapped(cmd: list[str], *, interval: float, on_tick=None, events_stream=None,
+                drain_interval: float = 0.05) -> tuple[int, float]:
+    """Run CMD under the shim as `seedance run` does; call on_tick(registry, slots, t)
+    every interval while it runs and once after.  Returns (exit code, wall seconds)."""
+    import shutil
+
+    from .. import shim
+    from ..commands.run import EventDrain, _LateDrain, check_preload_path, report_and_release
+    from ..runreport import RunResult
+    from ..shim.wrap import wrap_env
+
+    if not cmd:
+        raise BadInput("give the command after --")
+    if shutil.which(cmd[0]) is None:
+        raise BadInput(f"{cmd[0]}: command not found")
+    library = shim.library_path()
+    shim.binding()
+    check_preload_path(library)
+    env, group_key = wrap_env(dict(os.environ), events=events_stream is not None)
+    registry = _open_registry()
+    drain = None
+    if events_stream is not None:
+        drain = EventDrain(registry, group_key, events_stream, drain_interval) if registry else \
+            _LateDrain(group_key, events_stream)
+        drain.interval = drain_interval
+        drain.thread.start()
+    started = time.monotonic()
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        raise BadInput(f"{cmd[0]}: {exc.strerror or exc}") from None
+    forwarded = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        forwarded[sig] = signal.signal(sig, lambda s, f: child.send_signal(s))
+    try:
+        next_tick = started
+        while True:
+            try:
+                rc = child.wait(timeout=max(0.0, next_tick - time.monotonic()))
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            next_tick += interval
+            if on_tick is not None:
+                registry = registry or _open_registry()
+                if registry is not None:
+                    group = registry.find_group(group_key)
+                    on_tick(registry, registry.slots_of_group(group.index) if group else [], time.monotonic())
+    finally:
+        for sig, old in forwarded.items():
+            signal.signal(sig, old)
+    wall = time.monotonic() - started
+    if on_tick is not None and registry is not None:
+        on_tick(registry, [], time.monotonic())   # the driver freed what was left at exit
+    if drain is not None:
+        drain.finish()
+        registry = registry or getattr(drain, "registry", None)
+    result = RunResult(argv=cmd, exit_code=rc if rc >= 0 else 128 - rc, signal=-rc if rc < 0 else None, wrapped=True)
+    code = report_and_release(registry, group_key, result, None)
+    return code, wall
+
+
+def sample_pid(pid: int, *, device: int, interval: float, max_seconds: float | None = None) -> Sampled:
+    """Attach to a program already wrapped (`seedance run`, the agent): its registry slot."""
+    registry = _open_registry()
+    if registry is None:
+        raise BadInput(f"--pid {pid}: no seedance registry on this host: the program is not wrapped "
+                       "(start it with `seedance run -- CMD`)")
+    slots = [i.slot for i in registry.instances() if i.pid == pid and i.state == "live" and i.alive]
+    if not slots:
+        raise BadInput(f"--pid {pid}: no live seedance instance has this pid (wrap it with `seedance run`)")
+    sampler = MapSampler(device)
+    started = time.monotonic()
+    try:
+        while True:
+            inst = registry.instance(slots[0])
+            if inst is None or inst.pid != pid or not inst.alive or inst.state != "live":
+                break
+            sampler.take(registry, slots, time.monotonic())
+            if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                break
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        print("seedance: stopped sampling (Ctrl-C); the program runs on", file=sys.stderr)
+    sampler.out.wall_s = time.monotonic() - started
+    return sampler.out
+
+
+def sample_command(cmd: list[str], *, device: int, interval: float) -> Sampled:
+    sampler = MapSampler(device)
+    code, wall = run_wrapped(cmd, interval=interval, on_tick=lambda reg, slots, t: sampler.take(reg, slots, t))
+    sampler.out.exit_code, sampler.out.wall_s = code, wall
+    return sampler.out
