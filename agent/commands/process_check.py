@@ -52,6 +52,7 @@ def execute_process(args) -> int:
     rules = load_rules(args.rules)
     report = Report(command="check")
     lines: list = []
+    prediction = None
     if args.imports is not None:
         prediction = _imports(args, lines)
         model = prediction.model
@@ -62,6 +63,7 @@ def execute_process(args) -> int:
         facts = _facts(prediction)
     else:
         model, facts = _pid(args, lines)
+    report.extra["process"] = _process_json(model, prediction)
     report.add(rules.evaluate(facts, strict=args.strict))
     report.stats["process_model"] = {"loads": len(model.steps), "objects": len(model.link_map)}
     if graph_target is not None:
@@ -247,3 +249,23 @@ def _live(pid: int, view, then_dlopen, lines: list):
                 "order_hint": ""}, source="process"))
     return sim.model, facts
 
+
+
+def _process_json(model, prediction) -> dict:
+    """The model in the JSON report: each load, what it mapped, what it shadowed, its verdict."""
+    loads = []
+    for step in model.steps:
+        loads.append({
+            "kind": step.load.kind, "target": step.load.target, "module": step.load.module,
+            "importer": step.load.importer, "flags": flag_names(step.load.flags) if step.load.kind != "exec" else None,
+            "ok": step.ok, "error": step.error, "already_loaded": step.already_loaded,
+            "new_objects": list(step.new_objects),
+            "shadowed": [{"requester": s.requester, "name": s.name, "used": s.used, "alone": s.alone,
+                          "loaded_by": s.loaded_by, "missing": [n for n, _v in s.missing]} for s in step.shadowed],
+        })
+    out = {"executable": model.executable, "loads": loads, "link_map": list(model.link_map)}
+    if prediction is not None:
+        out.update({"ok": prediction.ok, "error": prediction.error,
+                    "working_order": list(prediction.working_order) if prediction.working_order else None,
+                    "not_known_statically": list(prediction.plan.notes) if prediction.plan is not None else []})
+    return out

@@ -396,3 +396,19 @@ def test_no_import_order_works_when_each_copy_lacks_the_others_symbol(tmp_path):
         assert not prediction.ok and prediction.working_order is None and prediction.searched_orders
     proc = run_cli("check", "--python", PYTHON, "--imports", "c,d", env=_env(site))
     assert proc.returncode == 1 and "no import order works" in proc.stdout
+
+
+def test_report_json_carries_the_model_and_validates(libfoo_site):
+    import json
+
+    import jsonschema
+    from conftest import ROOT, run_cli
+    proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--json", env=_env(libfoo_site))
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, json.loads((ROOT / "agent" / "schemas" / "report.schema.json").read_text()))
+    real_ok, real_line = _real(libfoo_site, ["a", "b"])
+    assert (doc["process"]["ok"], doc["process"]["error"]) == (real_ok, real_line)
+    failing = [load for load in doc["process"]["loads"] if not load["ok"]]
+    assert [(load["module"], load["flags"], load["shadowed"][0]["missing"]) for load in failing] == \
+        [("b._ext", "RTLD_NOW|RTLD_LOCAL", ["foo_b"])]
