@@ -256,7 +256,7 @@ class _Planner:
             try:
                 with open(path, "rb") as handle:
                     self._trees[path] = ast.parse(handle.read(), filename=path)
-            except (OSError, SyntaxError, ValueError):
+            except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
                 self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
                 self._trees[path] = None
         return self._trees[path]

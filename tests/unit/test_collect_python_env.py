@@ -119,3 +119,13 @@ def test_a_package_from_a_meta_path_finder_is_found():
     plan = plan_imports(interp, ["seedance"])
     real = subprocess.run([PYTHON, "-c", "import seedance"], capture_output=True).returncode == 0
     assert real and plan.missing == []
+
+
+@pytest.mark.parametrize("source", [b"import os\nx = (" + b"(" * 200000 + b"\n", b"\x00\x01 not python",
+                                    b"# -*- coding: no-such-codec -*-\nimport os\n"])
+def test_a_module_that_cannot_be_parsed_is_a_note_not_a_crash(tmp_path, source):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "__init__.py").write_bytes(source)
+    interp = ask_interpreter(PYTHON, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    plan = plan_imports(interp, ["broken"])
+    assert any("cannot be parsed" in note for note in plan.notes) and plan.loads == []
