@@ -10,6 +10,8 @@ examples:
   seedance profile memory --from-trace events.jsonl --output frag.bin --heatmap frag.png
   seedance profile memory --from-torch-snapshot snapshot.pickle --terminal
   seedance profile show frag.bin
+  seedance profile launches --power-csv smi.csv --timeline launches.png -- python train.py
+  seedance profile launches --from-trace events.jsonl --dcgm scrapes.prom --report-json -
   seedance profile calls --plugin ./build/feature-extractor-v1.0.0
   seedance profile calls --plugin feature-extractor --input 4 --svg calls.svg
   seedance profile calls --plugin feature-extractor --report-json - | jq '.findings[].evidence.merge'
@@ -18,6 +20,12 @@ memory: replays allocation events of one device (the JSON lines of `seedance run
 --events`, docs/profile.md) and samples its address map: free blocks, largest-free ratio,
 mean free block, verdict (healthy > 35% and > 64 MiB; danger < 12% or < 8 MiB); rule
 gpu-memory-fragmented.  frag.bin keeps every sample's page-occupancy map.
+
+launches: the shim timestamps cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel
+and cuGraphLaunch per calling library; per library (and plugin): launches/s, the interval
+distribution, coverage of the run, energy from power samples (NVML live, --power-csv,
+--dcgm); rules launch-bound (median interval < 50 us) and sm-underused (SM activity < 30%,
+DCGM only; otherwise "not observed").
 
 calls: runs the plugin's bench callable once (on a batch of --input requests) under the
 interpreter's profiling hook and builds its call graph: functions are nodes, calls are
@@ -45,6 +53,9 @@ def configure_parser(sub) -> None:
     memory = actions.add_parser("memory", help="GPU memory fragmentation over time",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_memory_arguments(memory)
+    launches = actions.add_parser("launches", help="kernel launches and energy per calling library",
+                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_launch_arguments(launches)
     show = actions.add_parser("show", help="print a frag.bin: metrics per sample and the terminal map")
     show.add_argument("file", metavar="FRAG.bin")
     show.add_argument("--json", action="store_true", help="metrics per sample as JSON")
@@ -66,7 +77,7 @@ def _count(text: str) -> int:
 
 def execute(args) -> int:
     from ..errors import UsageError
-    raise UsageError("profile: give an action: memory, show or calls (see seedance profile --help)")
+    raise UsageError("profile: give an action: memory, launches, show or calls (see seedance profile --help)")
 
 
 def add_memory_arguments(parser) -> None:
@@ -90,6 +101,130 @@ def add_memory_arguments(parser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="run CMD under the shim and profile it")
     parser.set_defaults(execute=execute_memory)
+
+
+def add_launch_arguments(parser) -> None:
+    parser.add_argument("--gpu-id", type=int, default=0, metavar="N", help="device whose power is read (default 0)")
+    from ..progress import add_progress_flags
+    add_progress_flags(parser)
+    parser.add_argument("--from-trace", metavar="FILE", help="offline: event JSON lines (run --events format)")
+    power = parser.add_mutually_exclusive_group()
+    power.add_argument("--power-csv", metavar="FILE",
+                       help="nvidia-smi --query-gpu=timestamp,index,power.draw,utilization.gpu --format=csv -lms N log")
+    power.add_argument("--dcgm", metavar="FILE", help="dcgm-exporter scrapes (Prometheus text; docs/profile.md)")
+    parser.add_argument("--sample-interval", default="100ms", metavar="T", help="live NVML power every T (default 100ms)")
+    parser.add_argument("--bin", default="10ms", metavar="T", help="time bin of the coverage and the timeline (default 10ms)")
+    parser.add_argument("--timeline", metavar="FILE.png", help="launches per library on top, power below")
+    parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
+    parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
+    parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="run CMD under the shim and profile it")
+    parser.set_defaults(execute=execute_launches)
+
+
+def execute_launches(args) -> int:
+    from ..engine import load_rules
+    from ..errors import UsageError, escape_path
+    from ..model import Report
+    from ..output import prepare_output
+    from ..profile import launches as launch_profile
+    from ..profile import memory, power
+    from ..progress import Step, wanted
+
+    bin_s = parse_interval(args.bin)
+    interval = parse_interval(args.sample_interval)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if bool(cmd) == bool(args.from_trace):
+        raise UsageError("profile launches: give -- CMD or --from-trace FILE (one of them)")
+    json_to = "-" if args.json else args.report_json
+    report_target = prepare_output(json_to, force=args.force, what="report") if json_to else None
+    png_target = prepare_output(args.timeline, force=args.force, what="timeline") if args.timeline else None
+    log = None
+    if args.power_csv:
+        with open(args.power_csv, "rb") as handle:
+            log = power.read_nvidia_smi_csv(handle.read().decode("utf-8", "replace"), args.gpu_id,
+                                            escape_path(args.power_csv))
+    elif args.dcgm:
+        with open(args.dcgm, "rb") as handle:
+            log = power.read_dcgm_scrapes(handle.read().decode("utf-8", "replace"), args.gpu_id, escape_path(args.dcgm))
+    if args.from_trace:
+        source = escape_path(args.from_trace)
+        with open(args.from_trace, "rb") as handle:
+            records = memory.read_event_lines(handle, source)
+        subject, exit_note = {"trace": args.from_trace}, None
+    else:
+        records, exit_code, log = _launches_live(cmd, args, interval, log)
+        subject, exit_note = {"argv": cmd}, exit_code
+    launches, offset = launch_profile.launch_events(records, escape_path(args.from_trace or "live"))
+    with Step("attributing launches", enabled=wanted(args)):
+        profile = launch_profile.profile_launches(launches, bin_s=bin_s, power=log, offset=offset)
+    report = Report(command="profile launches", stats={"launches": profile.launches,
+                                                       "libraries": len(profile.libraries)},
+                    extra={"profile": {"launches": profile.to_dict()}})
+    report.add(load_rules().evaluate(launch_profile.launch_facts(profile, subject)))
+    if png_target is not None:
+        launch_profile.timeline_png(profile, launches, png_target, "kernel launches per library, power below")
+    if exit_note:
+        print(f"seedance: note: the program exited with {exit_note}", file=sys.stderr)
+    if report_target is not None:
+        report_target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        if report_target.is_stdout:
+            return report.exit_code()
+    _render_launches(profile)
+    from ..render import table
+    print(table(report), end="")
+    return report.exit_code()
+
+
+def _launches_live(cmd, args, interval, log):
+    """-- CMD under the shim with its events drained (every 10 ms: a launch storm fills the
+    2048-event ring quickly) into a private temporary file; live NVML power when no file
+    source was given."""
+    import os
+    import tempfile
+
+    from ..profile import live, memory, power
+    from ..progress import Step, wanted
+
+    sampler = power.NvmlSampler(args.gpu_id) if log is None else None
+    with tempfile.TemporaryDirectory(prefix="seedance-launches-") as private:   # 0700
+        path = os.path.join(private, "events.jsonl")
+        with open(path, "w", encoding="utf-8") as stream:
+            start = {"schema": "seedance.run-events/v1", "kind": "start", "pid": os.getpid(), "argv": cmd}
+            import time
+            start.update(t=time.monotonic(), wall=time.time())
+            stream.write(json.dumps(start) + "\n")
+            tick = (lambda registry, slots, t: sampler.take()) if sampler is not None and sampler.nvml else None
+            with Step(f"profiling {' '.join(cmd)[:60]}", enabled=wanted(args)):
+                code, _wall = live.run_wrapped(cmd, interval=interval, on_tick=tick, events_stream=stream,
+                                               drain_interval=0.01)
+        with open(path, "rb") as handle:
+            records = memory.read_event_lines(handle, "live")
+    if sampler is not None:
+        if sampler.nvml and len(sampler.log.samples) >= 2:
+            log = sampler.log
+        else:
+            log = None
+    return records, code, log
+
+
+def _render_launches(profile) -> None:
+    print(f"{profile.launches} launches over {profile.span_s:.3f} s from {len(profile.libraries)} libraries")
+    for lib in profile.libraries:
+        name = f"{lib.library}" + (f" (plugin {lib.plugin})" if lib.plugin else "")
+        energy = f", {lib.energy_j:.3f} J ({lib.energy_share * 100:.1f}%)" if lib.energy_share is not None else ""
+        print(f"  {name}: {lib.launches} launches, {lib.launches_per_s:.1f}/s, median gap "
+              f"{lib.interval_us['p50']:.2f} us (p90 {lib.interval_us['p90']:.2f}), coverage "
+              f"{lib.coverage * 100:.1f}%{energy}")
+    if profile.energy_j is not None:
+        print(f"  energy: {profile.energy_j:.3f} J from {profile.power_source}, {profile.idle_energy_j:.3f} J "
+              "with no launch (idle)")
+    else:
+        print(f"  energy: {profile.power_note}")
+    if profile.sm_active is None:
+        print(f"  {profile.sm_note}")
+    else:
+        print(f"  SM activity: {profile.sm_active * 100:.1f}% (mean, {profile.power_source})")
 
 
 def parse_interval(text: str) -> float:
