@@ -291,6 +291,34 @@ def collect(module: str, prior: dict, sample_file: Path | None) -> dict:
     return result
 
 
+def recheck(module: str, names: list) -> dict:
+    """Each named mutant applied to the stage's source in turn (mutmut apply) and run against
+    tests/unit/test_mutation_kills_<module>.py as it is in the checkout now: which of them the
+    tests written for the survivors kill.  The stage's source is restored after each."""
+    where = STAGE / module
+    tests = ROOT / "tests" / "unit" / f"test_mutation_kills_{module}.py"
+    shutil.copy2(tests, where / "tests" / "unit" / tests.name)
+    env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
+    verdicts = {}
+    for name in names:
+        source = where / Path(*name.split(".")[:-1]).with_suffix(".py")
+        saved = source.read_bytes()
+        try:
+            subprocess.run([str(PYTHON.parent / "mutmut"), "apply", name], cwd=where, env=_mutmut_env(where),
+                           capture_output=True, check=True)
+            proc = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout", "120",
+                                   str(Path("tests") / "unit" / tests.name)], cwd=where, env=env,
+                                  capture_output=True, text=True, errors="replace")
+            verdicts[name] = "killed" if proc.returncode == 1 else "survived" if proc.returncode == 0 \
+                else f"error (pytest exit {proc.returncode})"
+        except subprocess.CalledProcessError as exc:
+            verdicts[name] = f"not applied: {exc.stderr.decode(errors='replace').strip()[-200:]}"
+        finally:
+            source.write_bytes(saved)
+        print(f"{verdicts[name]:9} {name}", flush=True)
+    return verdicts
+
+
 def report(results: dict) -> None:
     print(f"{'module':10} {'mutants':>8} {'killed':>7} {'score':>7} {'time':>7}  survivors")
     for module in ORDER:
@@ -312,6 +340,8 @@ def main(argv=None) -> int:
                         help="keep the existing stage (its mutants, coverage and verdicts) instead of copying afresh")
     parser.add_argument("--sample-names", type=Path, metavar="FILE",
                         help="with --collect: the mutants (one a line) a --sample run was given, for its estimate")
+    parser.add_argument("--recheck", action="store_true",
+                        help="apply each stored survivor to the stage and run the module's kill tests on it")
     parser.add_argument("--collect", action="store_true",
                         help="store the verdicts of the staged run as they are now (it may still be running)")
     args = parser.parse_args(argv)
@@ -323,6 +353,16 @@ def main(argv=None) -> int:
         report(results)
         return 0
     for module in args.modules or ORDER:
+        if args.recheck:
+            stored = results.get(module) or {}
+            names = sorted(stored.get("sample_survivors") or stored.get("survivors") or {})
+            stored["recheck"] = recheck(module, names)
+            stored["recheck_killed"] = sum(1 for v in stored["recheck"].values() if v == "killed")
+            merged = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+            merged[module] = stored
+            RESULTS.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+            results = merged
+            continue
         if args.collect:
             result = collect(module, (results.get(module) or {}).get("status") or {}, args.sample_names)
         else:

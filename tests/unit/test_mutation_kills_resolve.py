@@ -107,3 +107,52 @@ def test_major_name(name, major):
     from seedance.resolve.resolver import _major_name
 
     assert _major_name(name) == major
+
+
+# elf/dl-load.c _dl_dst_substitute (glibc 2.36), as tokens.py's docstring states it
+def test_a_token_after_an_unknown_one_is_still_a_token():
+    from seedance.resolve.tokens import has_tokens
+
+    assert has_tokens("$ORIGIN/$FOO") is True
+    assert has_tokens("$FOO/$ORIGIN") is True
+    assert has_tokens("$FOO/$BAR") is False
+
+
+@pytest.mark.parametrize("text, secure, is_main, expanded", [
+    ("$ORIGIN/lib", True, False, "/opt/app/lib"),   # secure: at the start, then '/': kept
+    ("$ORIGIN", True, False, "/opt/app"),           # secure: the whole element: kept
+    ("lib/$ORIGIN", True, False, ""),               # secure: not at the start: dropped
+    ("$ORIGIN/lib", True, True, ""),                # secure main program: /opt/app is not trusted
+    ("$ORIGIN/lib", False, True, "/opt/app/lib"),
+])
+def test_secure_origin(text, secure, is_main, expanded):
+    from seedance.resolve.tokens import expand
+
+    assert expand(text, "/opt/app", "lib/x86_64-linux-gnu", "x86_64", secure=secure, is_main=is_main,
+                  trusted_dirs=SYSTEM) == expanded
+
+
+def test_a_library_ld_so_finds_in_its_cache_is_reported_as_found_there(tmp_path):
+    """ld.so looks up a bare NEEDED name in /etc/ld.so.cache before the default directories
+    (LD_DEBUG=libs shows which step found it); the resolver must say the same step."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "m.c").write_text("#include <zlib.h>\nint main(void){return zlibVersion() == 0;}\n")
+    built = subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", "-lz"], capture_output=True)
+    if built.returncode != 0:
+        pytest.skip("zlib development files not installed")
+    proc = subprocess.run([str(tmp_path / "app")], capture_output=True, text=True, errors="replace", timeout=60,
+                          env={**CLEAN, "LD_DEBUG": "libs"})
+    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
+    start = next(i for i, line in enumerate(lines) if line.startswith("find library=libz.so.1 "))
+    block = []
+    for line in lines[start + 1:]:
+        if not line.startswith(("search ", "trying file=")):
+            break  # the next library's lookup, or the program starting
+        block.append(line)
+    steps = [line for line in block if line.startswith("search ")]
+    # found in the cache: the cache was the only place searched
+    found_in_cache = [s.split("=")[0] for s in steps] == ["search cache"]
+    closure = Resolver(env={}).closure(str(tmp_path / "app"))
+    libz = next(r for r in closure.resolutions if r.name == "libz.so.1")
+    assert libz.source == ("ld.so.cache" if found_in_cache else "default"), steps
