@@ -86,6 +86,11 @@ def percentile(sorted_values: list, q: float) -> float:
     return sorted_values[rank - 1]
 
 
+def _bin(offset: float, bin_s: float) -> int:
+    """The bin of a time offset; the epsilon keeps 0.4 / 0.01 (39.999...) in bin 40."""
+    return math.floor(offset / bin_s + 1e-9)
+
+
 def launch_events(records, source: str = "trace") -> tuple[list, float | None]:
     """(launch records, wall - monotonic offset or None) from run --events records."""
     launches, offset = [], None
@@ -129,7 +134,7 @@ def profile_launches(launches, *, bin_s: float = 0.01, power=None, offset: float
     start = min(min(v) for v in by_lib.values())
     end = max(max(v) for v in by_lib.values())
     profile.span_s = end - start
-    bins_total = max(1, math.floor((end - start) / bin_s) + 1)
+    bins_total = _bin(end - start, bin_s) + 1
     owners = plugin_owners() if owners is None else owners
     for library, times in by_lib.items():
         times.sort()
@@ -139,7 +144,7 @@ def profile_launches(launches, *, bin_s: float = 0.01, power=None, offset: float
         for gap in gaps:
             bucket = 1 << max(0, math.ceil(math.log2(gap))) if gap > 1 else 1
             histogram[bucket] = histogram.get(bucket, 0) + 1
-        bins = {math.floor((t - start) / bin_s) for t in times}
+        bins = {_bin(t - start, bin_s) for t in times}
         plugin = next((name for prefix, name in owners if library.startswith(prefix)), None)
         profile.libraries.append(LibraryLaunches(
             library=library, plugin=plugin, launches=len(times), first_t=times[0], last_t=times[-1],
@@ -229,14 +234,16 @@ def timeline_png(profile: LaunchProfile, launches, target, title: str) -> None:
     t0 = min(times + [t for t, _ in profile.power]) if (times or profile.power) else 0.0
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.4), dpi=110,
                                       gridspec_kw={"height_ratios": [3, 2]})
+    last = max(times + [t for t, _ in profile.power]) if (times or profile.power) else 0.0
+    nbins = int((last - t0) / profile.bin_s) + 2
     for lib in profile.libraries[:8]:
-        mine = sorted(float(r["t"]) for r in launches if (r.get("library") or "unknown") == lib.library)
-        counts: dict[int, int] = {}
-        for t in mine:
-            counts[int((t - t0) / profile.bin_s)] = counts.get(int((t - t0) / profile.bin_s), 0) + 1
-        xs = sorted(counts)
-        top.step([x * profile.bin_s for x in xs], [counts[x] for x in xs], where="post",
+        counts = [0] * nbins     # every bin, empty ones too, so a one-bin burst still shows
+        for r in launches:
+            if (r.get("library") or "unknown") == lib.library:
+                counts[int((float(r["t"]) - t0) / profile.bin_s)] += 1
+        top.step([i * profile.bin_s for i in range(nbins)], counts, where="post",
                  label=(lib.plugin or lib.library.rsplit("/", 1)[-1]))
+    top.set_yscale("symlog", linthresh=10)
     top.set_ylabel(f"launches / {profile.bin_s * 1000:g} ms")
     top.set_title(title)
     if profile.libraries:
