@@ -1,12 +1,15 @@
 /*
  * profile_workload.c: programs the profiler tests run on the fake driver (issue 14).
  *   fragment   fill 31 blocks of 32 MiB (of a 1 GiB device), free the even ones, hold the
- *              holes for 300 ms, free the rest: a known fragmenting pattern
+ *              holes for 300 ms (or argv[2] ms, printing its pid first), free the rest:
+ *              a known fragmenting pattern
  *   storm      1000 back-to-back launches from libstorm_a.so, then 10 launches 10 ms
  *              apart from libstorm_b.so (built from this file with -DSTORM_LIB=a|b)
  */
 #include <cuda.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <time.h>
 
@@ -46,6 +49,11 @@ int main(int argc, char **argv)
         return 1;
     }
     if (argc > 1 && strcmp(argv[1], "fragment") == 0) {
+        long hold = argc > 2 ? atol(argv[2]) : 300;
+        if (argc > 2) {
+            printf("pid %d\n", (int)getpid());
+            fflush(stdout);
+        }
         CUdeviceptr p[31];
         for (int i = 0; i < 31; i++)
             if (cuMemAlloc(&p[i], 32u << 20)) {
@@ -55,7 +63,7 @@ int main(int argc, char **argv)
         pause_ms(100);
         for (int i = 0; i < 31; i += 2)
             cuMemFree(p[i]);
-        pause_ms(300);
+        pause_ms(hold);
         for (int i = 1; i < 31; i += 2)
             cuMemFree(p[i]);
         pause_ms(100);
