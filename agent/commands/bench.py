@@ -25,8 +25,14 @@ def configure_parser(sub) -> None:
     parser = sub.add_parser("bench", help="Benchmark a plugin (latency/throughput)",
                             description="Benchmark a plugin's bench callable through seedance.batching.",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--plugin", required=True, metavar="NAME",
-                        help="installed plugin (NAME or NAME-vVERSION) or a plugin directory")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--plugin", metavar="NAME",
+                       help="installed plugin (NAME or NAME-vVERSION) or a plugin directory")
+    which.add_argument("--variants", metavar="NAME,NAME,...",
+                       help="bench each precision variant (a plugin whose manifest declares `accuracy:`) "
+                            "and write name,latency_ms,accuracy for `seedance pareto`")
+    parser.add_argument("--csv", metavar="FILE", default="-",
+                        help="with --variants: where the CSV goes (default - for stdout)")
     parser.add_argument("--profile", default="latency-throughput", choices=("latency-throughput",))
     parser.add_argument("--warmup", type=int, default=3, help="warm-up rounds (default 3)")
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
@@ -58,6 +64,8 @@ def execute(args) -> int:
     from ..output import prepare_output
     plot_target = prepare_output(args.plot, force=args.force, what="plot") if args.plot else None
     store = Store()
+    if args.variants:
+        return _variants(args, store)
     installed = None
     if Path(args.plugin).is_dir():
         manifest = load_manifest(Path(args.plugin) / MANIFEST_NAME)
@@ -84,6 +92,52 @@ def execute(args) -> int:
     else:
         _render(result)
     return exit_code(result)
+
+
+def _variants(args, store) -> int:
+    """Bench each variant; its latency is the median P50 of the low-rate rounds (the
+    per-request latency a lightly loaded service sees), its accuracy what its manifest
+    declares (measured by whoever built the variant: seedance cannot know the task)."""
+    import csv
+    import io
+    import math
+    import sys
+
+    from ..errors import BadInput, escape_path
+    from ..output import prepare_output
+    from ..plugins import archive
+    from ..plugins.bench import BenchConfig, run_bench
+    from ..plugins.manifest import MANIFEST_NAME, load_manifest
+
+    target = prepare_output(args.csv, force=args.force, what="CSV")
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    if len(names) < 2:
+        raise BadInput("bench --variants: give at least two variants, comma-separated")
+    manifests = []
+    for name in names:
+        if Path(name).is_dir():
+            manifest = load_manifest(Path(name) / MANIFEST_NAME)
+        else:
+            plugin, version = archive.split_request(name)
+            manifest = store.get(plugin, version).manifest
+        accuracy = manifest.raw.get("accuracy")
+        if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float)) or not math.isfinite(accuracy):
+            raise BadInput(f"bench --variants: {escape_path(manifest.path)}: no numeric `accuracy:` in the manifest")
+        manifests.append((name, manifest, float(accuracy)))
+    config = BenchConfig(warmup=args.warmup, rounds=args.rounds, low_rate=args.low_rate,
+                         high_rate=args.high_rate, low_requests=args.low_requests,
+                         high_requests=args.high_requests, policy=args.batch_policy, pin=args.pin)
+    rows = io.StringIO()
+    writer = csv.writer(rows, lineterminator="\n")
+    writer.writerow(["name", "latency_ms", "accuracy"])
+    for index, (name, manifest, accuracy) in enumerate(manifests, 1):
+        print(f"seedance: bench {index}/{len(manifests)}: {manifest.ident}", file=sys.stderr, flush=True)
+        result = run_bench(manifest, config)
+        low = next(iter(result["rates"].values()))
+        writer.writerow([f"{manifest.name}-{manifest.version}" if name == str(manifest.root) else name,
+                         f"{low['p50_ms']:.4f}", f"{accuracy:g}"])
+    target.write_text(rows.getvalue())
+    return 0
 
 
 EXIT_INCONCLUSIVE = 3  # neither a pass nor a failure of the plugin: the machine was too noisy
