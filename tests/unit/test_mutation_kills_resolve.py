@@ -156,3 +156,50 @@ def test_a_library_ld_so_finds_in_its_cache_is_reported_as_found_there(tmp_path)
     closure = Resolver(env={}).closure(str(tmp_path / "app"))
     libz = next(r for r in closure.resolutions if r.name == "libz.so.1")
     assert libz.source == ("ld.so.cache" if found_in_cache else "default"), steps
+
+
+def test_a_pie_executable_found_for_a_needed_name_stops_the_load_as_ld_so_says(tmp_path):
+    """ld.so refuses to load a PIE executable as a library and stops there (a fatal
+    open_verify verdict, not "keep searching"); its own message is the oracle."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "p.c").write_text("int pf(void){return 1;}\n")
+    (tmp_path / "e.c").write_text("int pf(void){return 1;} int main(void){return 0;}\n")
+    (tmp_path / "m.c").write_text("int pf(void); int main(void){return pf()-1;}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "link" / "libpie.so", tmp_path / "p.c",
+                    "-Wl,-soname,libpie.so"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", tmp_path / "link" / "libpie.so",
+                    "-Wl,--disable-new-dtags", f"-Wl,-rpath,{tmp_path / 'run'}"], check=True)
+    subprocess.run(["gcc", "-fPIE", "-pie", "-o", tmp_path / "run" / "libpie.so", tmp_path / "e.c"], check=True)
+    proc = subprocess.run([str(tmp_path / "app")], capture_output=True, text=True, errors="replace", env=CLEAN,
+                          timeout=60)
+    assert proc.returncode == 127
+    ld_so_says = proc.stderr.strip().rsplit("libpie.so: ", 1)[1]
+    closure = Resolver(env={}).closure(str(tmp_path / "app"))
+    pie = next(r for r in closure.resolutions if r.name == "libpie.so")
+    assert pie.source == "not-found"
+    assert pie.tried == ((str(tmp_path / "run" / "libpie.so"), ld_so_says),)
+
+
+def test_two_libraries_without_build_id_keep_their_own_symbols(tmp_path):
+    """Symbol tables are cached per object; two libraries with no build-id and the same
+    number of symbols must not share one.  Oracle: ld.so binds everything at start-up
+    (LD_BIND_NOW) and the program runs."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    libs = []
+    for name in ("one", "two"):
+        (tmp_path / f"{name}.c").write_text(f"int fn_{name}(void){{return 1;}}\n")
+        lib = tmp_path / f"lib{name}.so"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id=none", "-o", lib, tmp_path / f"{name}.c",
+                        f"-Wl,-soname,lib{name}.so"], check=True)
+        libs.append(lib)
+    (tmp_path / "m.c").write_text("int fn_one(void), fn_two(void); int main(void){return fn_one()+fn_two()-2;}\n")
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", *libs, "-Wl,--disable-new-dtags",
+                    f"-Wl,-rpath,{tmp_path}"], check=True)
+    assert subprocess.run([str(tmp_path / "app")], env={**CLEAN, "LD_BIND_NOW": "1"}, timeout=60).returncode == 0
+    resolver = Resolver(env={})
+    closure = resolver.closure(str(tmp_path / "app"), symbols=True)
+    assert [u for u in resolver.undefined(closure) if "fn_" in str(u)] == []
