@@ -14,4 +14,4 @@ if [ ! -x "$VENV/bin/python" ]; then "$PYTHON" -m venv --system-site-packages "$
 for dep in pyyaml cffi pytest; do "$VENV/bin/python" -c "import ${dep/pyyaml/yaml}" 2>/dev/null || echo "missing python package: $dep"; done
 echo "== torch"; "$VENV/bin/python" -c "import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.device_count())" || true
 echo "== tests"
-exec "$VENV/bin/python" -m pytest -v -rs tests/gpu/test_shim_gpu.py "$@"
+exec "$VENV/bin/python" -m pytest -v -rs tests/gpu/test_shim_gpu.py tests/gpu/test_profile_gpu.py "$@"
