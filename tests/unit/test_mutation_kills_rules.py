@@ -48,3 +48,35 @@ def test_plugin_entry_missing(rules, info, missing):
     manifest = load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml")
     fact = layers.entry_fact(manifest, str(manifest.root / "lib" / "libentry.so"), info)
     assert fired(rules, [fact], "plugin-entry-missing") is missing
+
+
+@pytest.fixture(scope="module")
+def linked_to_cudart12(tmp_path_factory):
+    """A real library whose NEEDED names the CUDA 12 runtime (the nvidia-cuda-runtime-cu12 wheel)."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    from seedance.elf import read_elf
+
+    cudart = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so.12"
+    if shutil.which("gcc") is None or not cudart.exists():
+        pytest.skip("needs gcc and the nvidia-cuda-runtime-cu12 wheel")
+    tmp = tmp_path_factory.mktemp("cudart12")
+    (tmp / "k.c").write_text("int cudaGetDeviceCount(int *); int k(void){int n; return cudaGetDeviceCount(&n);}\n")
+    lib = tmp / "libk.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, tmp / "k.c", str(cudart)], check=True)
+    info = read_elf(str(lib))
+    assert "libcudart.so.12" in info.needed
+    return {str(lib): info}
+
+
+@pytest.mark.parametrize("declared, mismatch", [
+    (13, True),     # the manifest says 13, the library links 12
+    (12, False),    # they agree
+    (None, False),  # nothing declared: nothing to contradict
+])
+def test_plugin_cuda_runtime_declared(rules, linked_to_cudart12, declared, mismatch):
+    manifest = replace(load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml"), cuda_runtime=declared)
+    facts, _ = layers.cuda_runtime_facts(manifest, linked_to_cudart12, NO_GPU)
+    assert fired(rules, facts, "plugin-cuda-runtime-declared") is mismatch
