@@ -280,7 +280,8 @@ def collect(module: str, prior: dict, sample_file: Path | None) -> dict:
         chosen = [n for n in sample_file.read_text().split() if n]
         checked = [n for n in chosen if now.get(n, "not checked") != "not checked"]
         killed = sum(1 for n in checked if now[n] in KILLED)
-        carried = sum(1 for n in now if prior.get(n) in KILLED)
+        sampled = set(chosen)  # the stored verdicts of the sample itself are not "prior"
+        carried = sum(1 for n in now if n not in sampled and prior.get(n) in KILLED)
         pool = len(now) - carried
         rate = killed / len(checked) if checked else 0.0
         estimate = carried + rate * pool
