@@ -80,3 +80,25 @@ def test_plugin_cuda_runtime_declared(rules, linked_to_cudart12, declared, misma
     manifest = replace(load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml"), cuda_runtime=declared)
     facts, _ = layers.cuda_runtime_facts(manifest, linked_to_cudart12, NO_GPU)
     assert fired(rules, facts, "plugin-cuda-runtime-declared") is mismatch
+
+
+def _pick(name, version):
+    from seedance.plugins.resolve import Pick
+
+    return Pick(dependent="speech-pipeline 1.0.0", name=name, range=">=1.0,<2", version=version, installed=False,
+                source=None, matching=(version,) if version else (), newest=version, fallback=False, explanation="")
+
+
+@pytest.mark.parametrize("picks, unresolved", [
+    ([_pick("dsp-kernels", None)], ["depends.dsp-kernels"]),   # checked, nothing satisfies the range
+    ([_pick("dsp-kernels", "1.4.0")], []),                     # checked, a version was picked
+    (None, []),                                                # dependencies not checked: no verdict
+])
+def test_plugin_dependency_unresolved(rules, picks, unresolved):
+    from seedance.plugins import verify
+
+    manifest = load_manifest(EXAMPLES / "speech-pipeline-v1.0.0" / "manifest.yaml")
+    facts = verify.range_facts(manifest, picks)
+    # only a dependency's range can be unresolved, never seedance_version or framework.torch
+    hits = [f for f in rules.evaluate(facts, strict=True) if f.rule == "plugin-dependency-unresolved"]
+    assert len(hits) == len(unresolved), [f.message for f in hits]
