@@ -3,6 +3,7 @@
 from the real fact builders, on both sides of its condition."""
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -102,3 +103,25 @@ def test_plugin_dependency_unresolved(rules, picks, unresolved):
     # only a dependency's range can be unresolved, never seedance_version or framework.torch
     hits = [f for f in rules.evaluate(facts, strict=True) if f.rule == "plugin-dependency-unresolved"]
     assert len(hits) == len(unresolved), [f.message for f in hits]
+
+
+def test_plugin_cxxrt_version_missing_stays_quiet_when_the_runtime_has_every_node(rules, tmp_path):
+    """A C++ library built here needs GLIBCXX_* nodes that this host's libstdc++ defines (the
+    program loads: ld.so checks every node), so the rule must not fire."""
+    import shutil
+    import subprocess
+
+    from seedance.elf import read_elf
+
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found")
+    (tmp_path / "s.cc").write_text("#include <string>\nstd::string s(const char *p) { return std::string(p) + \"!\"; }\n")
+    lib = tmp_path / "libs.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-o", lib, tmp_path / "s.cc"], check=True)
+    loads = subprocess.run([sys.executable, "-c", "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], os.RTLD_NOW)",
+                            str(lib)], capture_output=True, text=True)
+    assert loads.returncode == 0, loads.stderr
+    manifest = load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml")
+    facts = layers.symbol_version_facts(manifest, {str(lib): read_elf(str(lib))})
+    assert any(f.data["family"] == "GLIBCXX" for f in facts)  # the library does need the C++ runtime's nodes
+    assert not fired(rules, facts, "plugin-cxxrt-version-missing")
