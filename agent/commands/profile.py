@@ -182,6 +182,7 @@ def _launches_live(cmd, args, interval, log):
     source was given."""
     import os
     import tempfile
+    import time
 
     from ..profile import live, memory, power
     from ..progress import Step, wanted
@@ -190,10 +191,9 @@ def _launches_live(cmd, args, interval, log):
     with tempfile.TemporaryDirectory(prefix="seedance-launches-") as private:   # 0700
         path = os.path.join(private, "events.jsonl")
         with open(path, "w", encoding="utf-8") as stream:
-            start = {"schema": "seedance.run-events/v1", "kind": "start", "pid": os.getpid(), "argv": cmd}
-            import time
-            start.update(t=time.monotonic(), wall=time.time())
-            stream.write(json.dumps(start) + "\n")
+            # the same start record as run --events: both clocks, to align power samples
+            stream.write(json.dumps({"schema": "seedance.run-events/v1", "kind": "start", "pid": os.getpid(),
+                                     "argv": cmd, "t": time.monotonic(), "wall": time.time()}) + "\n")
             tick = (lambda registry, slots, t: sampler.take()) if sampler is not None and sampler.nvml else None
             with Step(f"profiling {' '.join(cmd)[:60]}", enabled=wanted(args)):
                 code, _wall = live.run_wrapped(cmd, interval=interval, on_tick=tick, events_stream=stream,
