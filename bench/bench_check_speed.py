@@ -56,6 +56,18 @@ def elf_roots(directories) -> list:
     return roots
 
 
+def lddtree_command() -> list:
+    """Debian's lddtree is a Python script (`#!/usr/bin/env python3`) needing the Debian
+    python3-pyelftools: run it with the system interpreter, not whatever python3 comes
+    first on PATH (a pyenv one lacks elftools and exits at once)."""
+    path = shutil.which("lddtree")
+    with open(path, "rb") as handle:
+        first = handle.readline()
+    if b"python" in first and os.path.exists("/usr/bin/python3"):
+        return ["/usr/bin/python3", path]
+    return [path]
+
+
 def run_once(cmd) -> tuple:
     start = time.perf_counter()
     result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -105,7 +117,7 @@ def main() -> int:
     if shutil.which("libtree"):
         tools["libtree (one process)"] = ["libtree", *roots]
     if shutil.which("lddtree"):
-        tools["lddtree (one process)"] = ["lddtree", *roots]
+        tools["lddtree (one process)"] = [*lddtree_command(), *roots]
     if shutil.which("libtree"):
         tools["libtree loop"] = ["bash", "-c", loop.format(tool="libtree", listing=listing)]
     if shutil.which("ldd") and not args.no_ldd:
@@ -123,7 +135,8 @@ def main() -> int:
     # libtree exits 1 when a dependency is not found; a peer that crashed (lddtree without
     # python3-pyelftools exits 1 at once) would only look fast
     if "lddtree (one process)" in codes and codes["lddtree (one process)"] - {0}:
-        check = subprocess.run(["lddtree", roots[0]], capture_output=True, text=True, errors="replace")
+        check = subprocess.run([*lddtree_command(), roots[0]], capture_output=True, text=True,
+                               errors="replace")
         if check.returncode != 0:
             print(f"lddtree failed on {roots[0]}: {check.stderr.strip().splitlines()[-1:]}: its row "
                   f"is not a timing")

@@ -15,6 +15,7 @@ has 74 new-string names and no old one.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -28,6 +29,7 @@ TORCH_PREFIXES = tuple(f"_ZN{q}{ns}" for q in ("", "K") for ns in ("3c10", "2at"
 _SEQ_ID = re.compile(r"[0-9A-Z]*_")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # torch's test programs and extensions share most names
 def uses_old_string(symbol: str) -> bool:
     """True when the mangled name contains the old-ABI std::string abbreviation ``Ss``.
 

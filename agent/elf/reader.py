@@ -19,6 +19,7 @@ import os
 import re
 import stat
 import struct
+import sys
 from dataclasses import dataclass, field
 
 from ..errors import ELFError
@@ -433,6 +434,19 @@ class _Parser:
             if index - last > self.size // 4:
                 self.fail("DT_GNU_HASH chain does not terminate")
 
+    # st_name is the first field of Elf32_Sym and Elf64_Sym.
+    def _name_offset(self, symtab: int, entsize: int, index: int) -> int:
+        return self.u32.unpack_from(self.data, symtab + index * entsize)[0]
+
+    def _native_u32(self, symtab: int, entsize: int) -> bool:
+        return (self.end == "<") == (sys.byteorder == "little") and symtab % 4 == 0 and entsize % 4 == 0
+
+    def _name_offsets(self, symtab: int, entsize: int, count: int):
+        """Every symbol's st_name at once: the table copied and read as native u32 with the
+        entry's stride (one unpack per symbol cost ~1 us each over libtorch_cpu's 75,000)."""
+        table = bytes(self.data[symtab:symtab + count * entsize])
+        return memoryview(table).cast("I")[::entsize // 4].tolist()
+
     def _symbols(self, tags: dict, sections: dict, string, version_names: dict,
                  prefixes: tuple | None = None) -> tuple:
         count = self._symbol_count(tags, sections)
@@ -459,12 +473,13 @@ class _Parser:
             pattern = re.compile(b"(?=" + b"|".join(re.escape(p.encode("utf-8", "surrogateescape"))
                                                     for p in prefixes) + b")")
             wanted = {m.start() - strtab for m in pattern.finditer(data, strtab, strend)}
+        indices = range(1, count)
+        if wanted is not None:
+            indices = [i for i in indices if self._name_offset(symtab, entsize, i) in wanted] \
+                if not self._native_u32(symtab, entsize) else \
+                [i for i, off in enumerate(self._name_offsets(symtab, entsize, count)) if i and off in wanted]
         out = []
-        for index in range(1, count):
-            if wanted is not None:  # st_name is the first field of Elf32_Sym and Elf64_Sym
-                (name_off,) = self.u32.unpack_from(data, symtab + index * entsize)
-                if name_off not in wanted:
-                    continue
+        for index in indices:
             fields = unpack_sym(data, symtab + index * entsize)
             if self.is64:
                 name_off, info, _other, shndx, _value, _size = fields

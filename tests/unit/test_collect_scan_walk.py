@@ -10,6 +10,8 @@ import pytest
 from seedance.collect.scan import CheckOptions, Scanner
 
 LIBZ = "/usr/lib/x86_64-linux-gnu/libz.so.1"
+# written out here, not imported: sources, bytecode and headers are never opened
+NEVER_ELF = (".py", ".pyc", ".pyi", ".h", ".hpp", ".cuh")
 pytestmark = pytest.mark.skipif(not os.path.exists(LIBZ), reason="libz.so.1 not installed")
 
 
@@ -26,7 +28,7 @@ def reference_walk(directory: str) -> tuple:
             except OSError:
                 skipped += 1
                 continue
-            if not os.path.isfile(path) or st.st_size < 16:
+            if not os.path.isfile(path) or st.st_size < 16 or name.endswith(NEVER_ELF):
                 skipped += 1
                 continue
             with open(path, "rb") as handle:
@@ -48,6 +50,8 @@ def build_tree(root) -> None:
     shutil.copyfile(real, root / "b" / "deep" / "copy.so")
     (root / "b" / "notes.txt").write_text("not an ELF file, long enough to be sniffed\n")
     (root / "b" / "short").write_bytes(b"\x7fELF")
+    (root / "b" / "mod.py").write_text("import os  # a Python source is not opened\n")
+    (root / "b" / "libodd.data").write_bytes(open(real, "rb").read())  # any other name is sniffed
     (root / "Z-first.so").write_bytes(open(real, "rb").read())
 
 
