@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/bench_check_speed.py [DIR...] [--rounds 5] [--no-ldd]
     .venv/bin/python bench/bench_check_speed.py --big        (site-packages + /usr/local/cuda)
+    .venv/bin/python bench/bench_check_speed.py --ldd FILE   (seedance ldd FILE against ldd, libtree)
 
 Every row times a whole command (process start-up included), over the same ELF files (the
 roots check itself would close: one per inode, listed with check's own walker):
@@ -101,7 +102,10 @@ def main() -> int:
                         help="the venv's site-packages (torch, nvidia wheels) and /usr/local/cuda")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-ldd", action="store_true", help="leave out the (slow) ldd loop")
+    parser.add_argument("--ldd", metavar="FILE", help="time `seedance ldd FILE` against ldd and libtree")
     args = parser.parse_args()
+    if args.ldd:
+        return ldd_main(args.ldd, args.rounds)
     directories = args.directories
     if args.big:
         directories = [sysconfig.get_paths()["purelib"]] + (["/usr/local/cuda"] if os.path.isdir(
@@ -165,6 +169,27 @@ def main() -> int:
         print(f"target: faster than the libtree loop: {best:.2f}x its time  {'PASS' if ok else 'FAIL'}")
     os.unlink(listing)
     return verdict
+
+
+def ldd_main(path: str, rounds: int) -> int:
+    """seedance ldd against ldd (target: within 5x of its wall time) and libtree."""
+    tools = {"seedance ldd": [str(SEEDANCE), "ldd", path], "ldd": ["ldd", path]}
+    if shutil.which("libtree"):
+        tools["libtree"] = ["libtree", path]
+    print(f"file: {path}")
+    print(f"machine: {os.cpu_count()} cores, load {load()} (1/5 min) before; {rounds} rounds, "
+          f"tools interleaved; every row is a whole command")
+    times, codes = measure(tools, rounds)
+    print(f"load after: {load()}")
+    for name, values in times.items():
+        print(f"{name:<14} best {min(values) * 1e3:8.1f} ms  median {statistics.median(values) * 1e3:8.1f} ms"
+              f"  exit {','.join(str(c) for c in sorted(codes[name]))}")
+    best = min(times["seedance ldd"]) / min(times["ldd"])
+    median = statistics.median(times["seedance ldd"]) / statistics.median(times["ldd"])
+    ok = best <= 5
+    print(f"seedance ldd / ldd: {best:.1f}x (best)  {median:.1f}x (median); target within 5x  "
+          f"{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
