@@ -76,7 +76,7 @@ test: install
 
 # Every benchmark runs its named peer in the same run and prints the ratio (see README).
 # The agent churn bench runs 10 minutes by default: `make bench-churn`.
-BENCHES := bench_elf bench_ldd_parity bench_check_speed bench_relink bench_shim bench_trace bench_batching bench_accuracy
+BENCHES := bench_elf bench_ldd_parity bench_check_speed bench_relink bench_shim bench_trace bench_batching bench_accuracy bench_profiler
 bench: install
 	@set -e; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python bench/$$b.py; done
 
