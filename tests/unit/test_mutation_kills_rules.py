@@ -125,3 +125,11 @@ def test_plugin_cxxrt_version_missing_stays_quiet_when_the_runtime_has_every_nod
     facts = layers.symbol_version_facts(manifest, {str(lib): read_elf(str(lib))})
     assert any(f.data["family"] == "GLIBCXX" for f in facts)  # the library does need the C++ runtime's nodes
     assert not fired(rules, facts, "plugin-cxxrt-version-missing")
+    # a node the provider lacks: the rule is about the C++ runtime's nodes; a missing GLIBC
+    # node is another rule's finding, not this one's
+    cxx = next(f for f in facts if f.data["family"] == "GLIBCXX")
+    glibc = next(f for f in facts if f.data["family"] == "GLIBC")
+    assert fired(rules, [replace(cxx, data={**cxx.data, "node": "GLIBCXX_9.9", "defined": False})],
+                 "plugin-cxxrt-version-missing")
+    assert not fired(rules, [replace(glibc, data={**glibc.data, "node": "GLIBC_9.9", "defined": False})],
+                     "plugin-cxxrt-version-missing")
