@@ -174,3 +174,24 @@ def test_launches_live(built, env):
         ["libstorm_a.so"]
     energy = report["profile"]["launches"]["energy"]
     assert energy["total_j"] is None and "not observed" in energy["note"]
+
+
+def test_run_events_trace_gives_the_same_answer(built, env, tmp_path):
+    """run --events writes the profiler's format: a device record (the fake driver's range)
+    before the first allocation, then alloc/free with t/ev/dev/addr/size."""
+    events = tmp_path / "ev.jsonl"
+    p = subprocess.run([*SEEDANCE, "run", "--events", str(events), "--", str(built / "workload"), "fragment"],
+                       env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    kinds = [r.get("ev") for r in rows if r.get("ev")]
+    assert kinds[0] == "device" and kinds.count("alloc") == 31 and kinds.count("free") == 31
+    device = rows[[r.get("ev") for r in rows].index("device")]
+    assert device["capacity"] == 1 << 30 and device["base_from"] == "driver"
+    allocs = sorted(r["addr"] for r in rows if r.get("ev") == "alloc")
+    assert allocs == [device["base"] + i * 32 * MIB for i in range(31)]   # first fit, back to back
+    p = subprocess.run([*SEEDANCE, "profile", "memory", "--from-trace", str(events), "--json"], env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 1, p.stderr
+    [finding] = [f for f in json.loads(p.stdout)["findings"] if f["rule"] == "gpu-memory-fragmented"]
+    _check_worst(finding["evidence"])
