@@ -233,3 +233,30 @@ def test_weak_version_needs_read_as_weak(gnu_lib, tmp_path):
                     for _, auxes in ELFFile(handle).get_section_by_name(".gnu.version_r").iter_versions()]
     assert any(w for need in expected for _, w in need)  # the patch took
     assert [list(need.versions) for need in read_elf(str(weak)).version_needs] == expected
+
+
+def test_rpath_build_id_and_a_non_utf8_soname_against_pyelftools(tmp_path):
+    """DT_RPATH (not RUNPATH), the GNU build-id note, and a SONAME that is not UTF-8 (bytes
+    come back through surrogateescape, never an exception), each compared with pyelftools."""
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not found")
+    (tmp_path / "r.c").write_text("int r(void){return 1;}\n")
+    lib = tmp_path / "libr.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "r.c"), "-Wl,-soname,libr.so",
+                    "-Wl,--build-id=sha1", "-Wl,--disable-new-dtags", "-Wl,-rpath,/opt/one:/opt/two"], check=True)
+    with open(lib, "rb") as handle:
+        elf = ELFFile(handle)
+        dynamic = elf.get_section_by_name(".dynamic")
+        rpath = next(t.rpath for t in dynamic.iter_tags() if t.entry.d_tag == "DT_RPATH")
+        note = next(n for n in elf.get_section_by_name(".note.gnu.build-id").iter_notes())
+        soname_at = elf.get_section_by_name(".dynstr")["sh_offset"] + \
+            next(t.entry.d_val for t in dynamic.iter_tags() if t.entry.d_tag == "DT_SONAME")
+    info = read_elf(str(lib))
+    assert info.rpath == tuple(rpath.split(":")) and info.runpath == ()
+    assert info.build_id == note["n_desc"]
+    data = bytearray(lib.read_bytes())
+    assert data[soname_at:soname_at + 8] == b"libr.so\0"
+    data[soname_at + 3] = 0xFF  # "lib\xff.so"
+    odd = tmp_path / "odd.so"
+    odd.write_bytes(bytes(data))
+    assert read_elf(str(odd)).soname.encode("utf-8", "surrogateescape") == b"lib\xff.so"
