@@ -188,6 +188,7 @@ class MemoryProfile:
     sites: list = field(default_factory=list)
     events: int = 0
     unmatched_frees: int = 0
+    _worst: Metrics | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         return {"device": self.device, "base": self.base, "capacity": self.capacity,
@@ -261,19 +262,28 @@ def profile_events(records, *, device: int = 0, page_size: int = 4096, interval:
             profile.unmatched_frees += 1
     _sample(profile, amap, t if next_sample is None else max(t, next_sample))
     profile.final = profile.samples[-1]
-    profile.sites = sorted(amap.hole_sites().values(), key=lambda s: -s["hole_bytes"])
     return profile
 
 
+def _rank(metrics: Metrics) -> tuple:
+    return (VERDICTS.index(metrics.verdict), -metrics.largest_free_ratio)
+
+
 def _sample(profile: MemoryProfile, amap: AddressMap, t: float) -> None:
-    profile.samples.append(amap.metrics(t))
+    metrics = amap.metrics(t)
+    # the hole sites are those of the worst moment (the one the rule reports), not the end:
+    # a program that frees everything at exit has no holes left to blame
+    if profile._worst is None or _rank(metrics) > _rank(profile._worst):
+        profile._worst = metrics
+        profile.sites = sorted(amap.hole_sites().values(), key=lambda s: -s["hole_bytes"])
+    profile.samples.append(metrics)
     page = amap.page_size
     profile.extents.append([((a - amap.base) // page, (b - a) // page) for a, b in amap.used_extents()])
 
 
 def worst_sample(profile: MemoryProfile) -> Metrics:
     """The sample with the worst verdict (the lowest largest-free ratio among equals)."""
-    return max(profile.samples, key=lambda m: (VERDICTS.index(m.verdict), -m.largest_free_ratio))
+    return max(profile.samples, key=_rank)
 
 
 def memory_facts(profile: MemoryProfile, subject: dict) -> list:

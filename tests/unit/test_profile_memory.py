@@ -140,3 +140,11 @@ def test_cli_warning_error_and_pictures(tmp_path):
     bad.write_text('{"ev":"device","dev":0,"base":0,"capacity":4096}\n{"t":0,"ev":"alloc","dev":0,"addr":-1,"size":1}\n')
     done = run_cli("profile", "memory", "--from-trace", bad)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "line 2" in done.stderr
+
+
+def test_hole_sites_come_from_the_worst_moment_not_the_end():
+    # fragment (danger), then free everything: the end is healthy, the blame stays
+    allocs = [(i * 2 * MIB, MIB) for i in range(32)]
+    profile = profile_events(_trace(allocs, capacity=128 * MIB, frees=[a for a, _ in allocs]))
+    assert profile.final.verdict == "healthy"
+    assert profile.sites and profile.sites[0]["site"] == "libx.so" and profile.sites[0]["holes"] == 31
