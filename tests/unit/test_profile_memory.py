@@ -147,4 +147,8 @@ def test_hole_sites_come_from_the_worst_moment_not_the_end():
     allocs = [(i * 2 * MIB, MIB) for i in range(32)]
     profile = profile_events(_trace(allocs, capacity=128 * MIB, frees=[a for a, _ in allocs]))
     assert profile.final.verdict == "healthy"
-    assert profile.sites and profile.sites[0]["site"] == "libx.so" and profile.sites[0]["holes"] == 31
+    worst = min((m for m in profile.samples if m.verdict == "danger"), key=lambda m: m.largest_free_ratio)
+    # at the worst moment every free block but the one above the last allocation (the tail
+    # of the 128 MiB range is never allocated) is bounded by an allocation of libx.so
+    assert [s["site"] for s in profile.sites] == ["libx.so"]
+    assert profile.sites[0]["holes"] == worst.free_blocks - 1 > 0
