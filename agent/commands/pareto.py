@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ._argtypes import finite_float, positive_float
+
 EPILOG = """\
 examples:
   seedance pareto results.csv
@@ -24,33 +26,15 @@ def configure_parser(sub) -> None:
                             description="Find the non-dominated precision variants, their ROI and the decay point.",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv", metavar="RESULTS.csv", help="name,latency_ms,accuracy[,cost_per_ms]")
-    parser.add_argument("--baseline-accuracy", type=_finite, metavar="A",
+    parser.add_argument("--baseline-accuracy", type=finite_float, metavar="A",
                         help="accuracy that earns no return (default: the lowest in the file)")
-    parser.add_argument("--cost-per-ms", type=_positive, default=1.0, metavar="C",
+    parser.add_argument("--cost-per-ms", type=positive_float, default=1.0, metavar="C",
                         help="cost of one millisecond, for rows without a cost_per_ms column (default 1.0)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the frontier, dominated and decay points")
     parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
     parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
     parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
     parser.set_defaults(execute=execute)
-
-
-def _finite(text: str) -> float:
-    import math
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = _finite(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
 
 
 def execute(args) -> int:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+from ._argtypes import bounded_int
 import sys
 
 EPILOG = """\
@@ -43,7 +45,7 @@ def configure_parser(sub) -> None:
                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     calls.add_argument("--plugin", required=True, metavar="NAME",
                        help="installed plugin (NAME or NAME-vVERSION) or a plugin directory")
-    calls.add_argument("--input", type=_count, default=1, metavar="N",
+    calls.add_argument("--input", type=bounded_int(1, 100000), default=1, metavar="N",
                        help="run the bench callable on a batch of N requests (default 1)")
     calls.add_argument("--svg", metavar="FILE", help="draw the call graph, redundant paths in red (graphviz)")
     calls.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
@@ -63,16 +65,6 @@ def configure_parser(sub) -> None:
     show.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
     show.set_defaults(execute=execute_show)
     parser.set_defaults(execute=execute)
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= 100000:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 100000: {text!r}")
-    return value
 
 
 def execute(args) -> int:

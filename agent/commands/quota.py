@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ._argtypes import positive_float
+
 EPILOG = """\
 examples:
   seedance quota apply encoders.yaml        validate, store and apply to running workloads
@@ -35,21 +37,10 @@ def configure_parser(sub) -> None:
     remove = actions.add_parser("remove", help="undo a policy: workloads return to their cgroups")
     remove.add_argument("name", metavar="NAME")
     watch = actions.add_parser("watch", help="apply and burst continuously in the foreground")
-    watch.add_argument("--interval", type=_seconds, default=2.0, metavar="S", help="seconds between passes (default 2)")
-    watch.add_argument("--duration", type=_seconds, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    watch.add_argument("--interval", type=positive_float, default=2.0, metavar="S", help="seconds between passes (default 2)")
+    watch.add_argument("--duration", type=positive_float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     watch.add_argument("--json", action="store_true", help="one JSON line per change")
     parser.set_defaults(execute=execute)
-
-
-def _seconds(text: str) -> float:
-    import math
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
-    return value
 
 
 def execute(args) -> int:

@@ -89,6 +89,18 @@ def _write(path: str, value) -> None:
         raise BadInput(f"cannot write {value} to {path}: {os.strerror(exc.errno).lower()}") from None
 
 
+def _make_group(directory: str, created: list) -> str:
+    """mkdir a cgroup (an existing one is reused); record it in ``created`` when we made it."""
+    try:
+        os.mkdir(directory, 0o755)
+        created.append(directory)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise BadInput(f"cannot create cgroup {directory}: {os.strerror(exc.errno).lower()}") from None
+    return directory
+
+
 def _read(path: str) -> str:
     with open(path, encoding="utf-8") as handle:
         return handle.read().strip()
@@ -108,7 +120,7 @@ class Backend:
 
     def move(self, pids, placement: Placement, *, back: bool = False) -> None:
         target = placement.original if back else placement.groups
-        for controller, directory in sorted(target.items()):
+        for directory in sorted(set(target.values())):  # v2: one directory for both controllers
             for pid in pids:
                 try:
                     _write(os.path.join(directory, "cgroup.procs"), pid)
@@ -153,15 +165,7 @@ class CgroupV1(Backend):
         for controller in CONTROLLERS:
             base = os.path.join(self.mounts[controller], current.get(controller, "/").lstrip("/"))
             original[controller] = os.path.normpath(base)
-            directory = os.path.join(original[controller], group)
-            try:
-                os.mkdir(directory, 0o755)
-                created.append(directory)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise BadInput(f"cannot create cgroup {directory}: {os.strerror(exc.errno).lower()}") from None
-            groups[controller] = directory
+            groups[controller] = _make_group(os.path.join(original[controller], group), created)
         return Placement(self.name, groups, original, created)
 
     def set_limits(self, placement, cpu_millicores, memory_bytes) -> dict:
@@ -204,26 +208,10 @@ class CgroupV2(Backend):
             # controllers for its children (cgroup-v2.rst, "Delegation").
             raise NotAvailable(f"cgroup v2: {parent} does not delegate {', '.join(missing)} to its children "
                                "(cgroup.subtree_control); run inside a delegated subtree")
-        directory = os.path.join(parent, group)
         created = []
-        try:
-            os.mkdir(directory, 0o755)
-            created.append(directory)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise BadInput(f"cannot create cgroup {directory}: {os.strerror(exc.errno).lower()}") from None
+        directory = _make_group(os.path.join(parent, group), created)
         groups = {c: directory for c in CONTROLLERS}
         return Placement(self.name, groups, {c: parent for c in CONTROLLERS}, created)
-
-    def move(self, pids, placement, *, back=False) -> None:
-        target = (placement.original if back else placement.groups)["cpu"]  # one directory in v2
-        for pid in pids:
-            try:
-                _write(os.path.join(target, "cgroup.procs"), pid)
-            except BadInput:
-                if os.path.exists(f"/proc/{pid}"):
-                    raise
 
     def set_limits(self, placement, cpu_millicores, memory_bytes) -> dict:
         directory = placement.groups["cpu"]
