@@ -252,10 +252,18 @@ class LiveFacts:
         return facts
 
     def _needed_fact(self, proc, requester, name, observed, info: FileInfo, source) -> Fact:
+        # The keys rules/loader.yaml reads since issue 11 (closure.py's needed facts):
+        # same_library by the check's own comparison (a vendored hashed name is its plain
+        # name), and context "" because a load seen live is the load in practice, not a
+        # standalone view that needed-via-loader and its siblings correct.  Without them
+        # the conditions read a missing attribute, which is no match (0 findings).
+        from ..resolve.names import same_library  # lazy: the check's resolver package
+
         return Fact("needed", {"path": requester, "pid": proc.pid},
                     {"name": name, "resolved": True, "resolved_path": observed,
-                     "has_soname": bool(info.soname), "soname": info.soname, "source": source,
-                     "tried": [], "search_order": [], "observed": True},
+                     "has_soname": bool(info.soname), "soname": info.soname,
+                     "same_library": same_library(name, info.soname or ""), "context": "",
+                     "source": source, "tried": [], "search_order": [], "observed": True},
                     source=SOURCE)
 
     def _runtime_facts(self, proc: _Process) -> list:
@@ -318,10 +326,15 @@ class LiveFacts:
                          source=SOURCE)]
         match = _UNDEFINED.match(message)
         if match and context != "dlsym":
+            from ..collect.closure import NO_DEFINITION  # lazy: the check's collectors
+
             # a dlsym miss is an answer the caller asked for, not a failed load
             return [Fact("undefined_symbol", {"path": obj, "pid": event.pid},
+                         # cause: which of the check's two undefined-symbol rules judges
+                         # it; the live message does not say whether a provider defines
+                         # the version node, so it is a plain missing definition
                          {"symbol": match.group("symbol"), "version": match.group("version"),
-                          "provided": False, "closure_size": None,
+                          "provided": False, "closure_size": None, "cause": NO_DEFINITION,
                           "loader_message": loader_message, "requester": obj,
                           "context": context, "observed": True},
                          source=SOURCE)]
