@@ -149,12 +149,19 @@ class Agent:
             while not self._stop:
                 self._run_due()
                 timeout = max(0.0, min(self._due.values()) - time.monotonic())
+                # A running check's pipe wakes the loop as its result arrives, so the report is
+                # taken at once, not at the next 5 s look: a niced check on a loaded host is
+                # slow enough without waiting on top of it.
+                child = self._scan_child if "scan" in self._due else None
+                watched = [wake_r] if child is None else [wake_r, child.fileno()]
                 try:
-                    ready, _, _ = select.select([wake_r], [], [], timeout)
+                    ready, _, _ = select.select(watched, [], [], timeout)
                 except InterruptedError:
                     ready = [wake_r]
-                if ready:
+                if wake_r in ready:
                     _drain(wake_r)
+                if child is not None and child.fileno() in ready:
+                    self._due["scan"] = time.monotonic()
                 self._handle_signals()
             return 0
         finally:

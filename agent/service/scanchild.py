@@ -14,7 +14,7 @@ import resource
 import time
 from typing import Callable
 
-SCAN_ADDRESS_SPACE = 2 << 30   # a whole host check runs in 512 MiB of address space
+SCAN_ADDRESS_SPACE = 2 << 30   # 2 GiB: a whole host check runs well within it
 SCAN_TIMEOUT_S = 900.0         # a host check takes seconds; a quarter of an hour is a hang
 
 
@@ -32,6 +32,10 @@ class ScanChild:
         self.process.start()
         send.close()  # the child holds the only writer: EOF on our side means it is gone
         self.started = time.monotonic()
+
+    def fileno(self) -> int:
+        """The result pipe's read end: readable once the result (or the child's end) is there."""
+        return self._conn.fileno()
 
     def ready(self) -> bool:
         """A result (or the child's end) is waiting to be read."""
