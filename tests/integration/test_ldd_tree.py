@@ -43,7 +43,7 @@ def _sample(count: int) -> list:
 
 @pytest.mark.skipif(not shutil.which("libtree"), reason="libtree is not installed")
 def test_tree_shows_the_same_objects_as_libtree():
-    from conftest import run_cli
+    from tests.conftest import run_cli
     differ = []
     for path in _sample(15):
         ours = run_cli("ldd", "--tree", path)
@@ -56,7 +56,7 @@ def test_tree_shows_the_same_objects_as_libtree():
 
 def test_tree_reason_per_edge_matches_the_loader(tmp_path):
     """rpath, runpath and ld.so.cache, each checked against LD_DEBUG=libs of a real run."""
-    from conftest import run_cli
+    from tests.conftest import run_cli
     root = str(tmp_path)
     F.shared_lib(os.path.join(root, "r", "libr.so"), "int r(void){return 1;}\n", soname="libr.so")
     F.shared_lib(os.path.join(root, "n", "libn.so"), "int n(void){return 1;}\n", soname="libn.so")

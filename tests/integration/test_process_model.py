@@ -76,7 +76,7 @@ def test_libfoo_pair_import_b_a_works_as_predicted(libfoo_site):
 
 
 def test_check_imports_cli_names_module_copy_symbol_and_order(libfoo_site, tmp_path):
-    from conftest import run_cli
+    from tests.conftest import run_cli
     report = tmp_path / "r.json"
     proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--report-json", str(report),
                    env=_env(libfoo_site))
@@ -98,14 +98,14 @@ def test_check_imports_cli_names_module_copy_symbol_and_order(libfoo_site, tmp_p
 
 
 def test_observe_says_it_executed_code(libfoo_site):
-    from conftest import run_cli
+    from tests.conftest import run_cli
     proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--observe", env=_env(libfoo_site))
     assert "executed the packages' code" in proc.stdout
     assert "the same, in the same order" in proc.stdout
 
 
 def test_graph_svg_has_the_red_edge_on_the_shadowed_pair(libfoo_site, tmp_path):
-    from conftest import run_cli
+    from tests.conftest import run_cli
     if not shutil.which("dot"):
         pytest.skip("graphviz's dot is not installed")
     svg = tmp_path / "closure.svg"
@@ -235,7 +235,7 @@ def test_rtld_global_provider_later_is_too_late(global_site):
 
 
 def test_dlopen_cli_for_a_non_python_host(global_site, tmp_path):
-    from conftest import run_cli
+    from tests.conftest import run_cli
     host = F.host_program(str(tmp_path / "host"))
     prov = os.path.join(global_site, "g", "libs", "libprov.so")
     plugin = F.shared_lib(str(tmp_path / "libplugin.so"), "extern int provided(void);\nint f(void){return provided();}\n")
@@ -250,7 +250,7 @@ def test_dlopen_cli_for_a_non_python_host(global_site, tmp_path):
 def test_pid_then_dlopen_predicts_what_the_process_would_do(libfoo_site, tmp_path):
     """A live process that imported `a`: a later dlopen of b's extension fails in it; the
     oracle is the same process doing that dlopen after seedance answered."""
-    from conftest import run_cli
+    from tests.conftest import run_cli
     b_ext = os.path.join(libfoo_site, "b", "_ext" + F.EXT_SUFFIX)
     code = ("import a, sys, ctypes\nprint('ready', flush=True)\nsys.stdin.readline()\n"
             "try:\n    ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_LOCAL)\n    print('ok')\n"
@@ -271,7 +271,7 @@ def test_pid_then_dlopen_predicts_what_the_process_would_do(libfoo_site, tmp_pat
 
 
 def test_why_imports_names_the_chain(libfoo_site):
-    from conftest import run_cli
+    from tests.conftest import run_cli
     proc = run_cli("why", "libfoo.so.1", "--imports", "a,b", "--python", PYTHON, env=_env(libfoo_site))
     assert proc.returncode == 0, proc.stderr
     a_ext = os.path.join(libfoo_site, "a", "_ext" + F.EXT_SUFFIX)
@@ -294,7 +294,7 @@ def test_why_imports_names_the_chain(libfoo_site):
     ["check", "/bin/true", "--dlopen", ","],
 ])
 def test_bad_input_is_one_line_exit_2(argv):
-    from conftest import run_cli
+    from tests.conftest import run_cli
     proc = run_cli(*argv)
     assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
     assert re.fullmatch(r"seedance: error: [^\n]+\n", proc.stderr), proc.stderr
@@ -340,7 +340,7 @@ def test_plain_pid_reports_a_copy_already_shadowed(libfoo_site):
     """`import b, a` in a live process: a's extension got b's libfoo.so.1 (loads, foo_a
     binds to b's copy); check --pid sees it from /proc/PID/maps, the oracle is the maps file
     itself (one libfoo mapped, b's)."""
-    from conftest import run_cli
+    from tests.conftest import run_cli
     proc = subprocess.Popen([PYTHON, "-c", "import b, a, sys\nprint('ready', flush=True)\nsys.stdin.readline()\n"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(libfoo_site), text=True)
     try:
@@ -359,7 +359,7 @@ def test_plain_pid_reports_a_copy_already_shadowed(libfoo_site):
 
 
 def test_graph_png_is_marked_and_text_tree_without_dot(libfoo_site, tmp_path):
-    from conftest import run_cli
+    from tests.conftest import run_cli
     if shutil.which("dot"):
         png = tmp_path / "closure.png"
         proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--graph", str(png), env=_env(libfoo_site))
@@ -384,7 +384,7 @@ def test_graph_png_is_marked_and_text_tree_without_dot(libfoo_site, tmp_path):
 def test_no_import_order_works_when_each_copy_lacks_the_others_symbol(tmp_path):
     """c's libbar.so.1 has only bar_c, d's only bar_d: whichever is imported first, the other
     fails; both orders really fail, and the finding says no order works."""
-    from conftest import run_cli
+    from tests.conftest import run_cli
     site = str(tmp_path)
     for name in ("c", "d"):
         pkg = F.package(site, name, "from ._ext import value\n")
@@ -402,7 +402,7 @@ def test_report_json_carries_the_model_and_validates(libfoo_site):
     import json
 
     import jsonschema
-    from conftest import ROOT, run_cli
+    from tests.conftest import ROOT, run_cli
     proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--json", env=_env(libfoo_site))
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
