@@ -124,27 +124,14 @@ class _Symbols:
     def _read(self, path: str):
         if path in self._defs:
             return
-        defs: dict = {}
-        undefs = []
         try:
             info = self.resolver.read(path, symbols=True)
-            symbols = info.symbols
+            # the same binding tags (check_match in dl-lookup.c) and cache the resolver keeps
+            defs, undefs = self.resolver._symbol_tables(path, info)
         except Exception:  # noqa: BLE001 - an unreadable object defines nothing here
-            symbols = ()
-        for sym in symbols:
-            if sym.defined:
-                if sym.binding == "LOCAL":
-                    continue
-                tags = defs.setdefault(sym.name, set())
-                tags.add(sym.version)
-                if not sym.hidden:
-                    tags.add("default")
-                    if sym.version is None:
-                        tags.add("*")
-            elif sym.binding == "GLOBAL":
-                undefs.append((sym.name, sym.version))
+            defs, undefs = {}, ()
         self._defs[path] = defs
-        self._undefs[path] = tuple(undefs)
+        self._undefs[path] = undefs
 
     def defines(self, path: str, name: str, version: str | None) -> bool:
         self._read(path)
