@@ -154,7 +154,8 @@ def mutmut_status(where: Path) -> dict:
     return status
 
 
-def run_mutmut(module: str, where: Path, log, sample: int | None = None, prior: dict | None = None) -> dict:
+def run_mutmut(module: str, where: Path, log, sample: int | None = None, prior: dict | None = None,
+               seed: int = 17) -> dict:
     """Every mutant, or (sample) a seeded uniform sample of those a prior run did not kill.
 
     A sample is how the whole set fits in bench time on a small machine: the score is then
@@ -171,7 +172,9 @@ def run_mutmut(module: str, where: Path, log, sample: int | None = None, prior: 
         names = sorted(mutmut_status(where))
         prior = {k: v for k, v in (prior or {}).items() if k in names}
         pool = [n for n in names if prior.get(n) not in KILLED]
-        chosen = sorted(random.Random(17).sample(pool, min(sample, len(pool))))
+        chosen = sorted(random.Random(seed).sample(pool, min(sample, len(pool))))
+        # the names, for --collect --sample-names while it runs (a sample can outlast a session)
+        (STAGE / f"{module}.sample").write_text("".join(n + "\n" for n in chosen))
         rc = subprocess.run([mutmut, "run", "--max-children", children, *chosen], cwd=where, env=env,
                             stdout=log, stderr=subprocess.STDOUT).returncode if chosen else 0
         status = mutmut_status(where)
@@ -183,7 +186,8 @@ def run_mutmut(module: str, where: Path, log, sample: int | None = None, prior: 
         result.update({"total": len(names), "killed_by_prior_run": carried, "pool": len(pool),
                        "sample": len(chosen), "sample_killed": result["killed"],
                        "killed": round(estimate), "score": round(100.0 * estimate / len(names), 1) if names else None,
-                       "estimated": True})
+                       "estimated": True, "seed": seed,
+                       "sample_survivors": {n: v for n, v in sampled.items() if v not in KILLED}})
         return result
     rc = subprocess.run([mutmut, "run", "--max-children", children], cwd=where, env=env, stdout=log,
                         stderr=subprocess.STDOUT).returncode
@@ -224,7 +228,7 @@ def cel_mutants(condition: str) -> list[str]:
     return list(dict.fromkeys(m for m in out if m != condition))
 
 
-def run_rules(where: Path, log, sample: int | None = None) -> dict:
+def run_rules(where: Path, log, sample: int | None = None, seed: int = 17) -> dict:
     tests = [t for t in RULE_TESTS if (where / t).exists()]
     env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
@@ -241,7 +245,7 @@ def run_rules(where: Path, log, sample: int | None = None) -> dict:
                 mutants.append((path, match.start(), match.end(), match.group(1), rule[-1] if rule else "?", n, mutant))
     everything = len(mutants)
     if sample and sample < len(mutants):
-        mutants = random.Random(17).sample(mutants, sample)
+        mutants = random.Random(seed).sample(mutants, sample)
     status = {}
     for path, start, end, prefix, rule_id, n, mutant in mutants:
         text = path.read_text()
@@ -261,7 +265,7 @@ def run_rules(where: Path, log, sample: int | None = None) -> dict:
         print(f"{verdict:9} {name}", file=log, flush=True)
     result = summarise("rules", status, 0, time.time() - started)
     if sample and len(mutants) < everything:
-        result.update({"total": everything, "sample": len(mutants), "sample_killed": result["killed"],
+        result.update({"total": everything, "sample": len(mutants), "sample_killed": result["killed"], "seed": seed,
                        "killed": round(result["killed"] * everything / len(mutants)), "estimated": True})
     return result
 
@@ -337,6 +341,11 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=int, metavar="N",
                         help="run a seeded sample of N of the mutants the stored run did not kill "
                              "(the stored run's kills are kept; the score is then an estimate)")
+    parser.add_argument("--seed", type=int, default=17,
+                        help="the sample's random seed (default 17; a new seed draws a new sample)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="with --sample: draw from every mutant, ignoring the stored verdicts (stored "
+                             "kills of older code may name other mutants now); the score is the sample's rate")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the existing stage (its mutants, coverage and verdicts) instead of copying afresh")
     parser.add_argument("--sample-names", type=Path, metavar="FILE",
@@ -367,13 +376,13 @@ def main(argv=None) -> int:
         if args.collect:
             result = collect(module, (results.get(module) or {}).get("status") or {}, args.sample_names)
         else:
-            prior = (results.get(module) or {}).get("status") if args.sample else None
+            prior = (results.get(module) or {}).get("status") if args.sample and not args.fresh else None
             reuse = args.reuse and (STAGE / module / "mutants").is_dir()
             where = STAGE / module if reuse else stage(module)
             with open(STAGE / f"{module}.log", "a" if reuse else "w") as log:
                 print(f"== {module}: staged in {where}, log {STAGE / (module + '.log')}", flush=True)
-                result = run_rules(where, log, args.sample) if module == "rules" else \
-                    run_mutmut(module, where, log, sample=args.sample, prior=prior)
+                result = run_rules(where, log, args.sample, args.seed) if module == "rules" else \
+                    run_mutmut(module, where, log, sample=args.sample, prior=prior, seed=args.seed)
             if args.sample and prior:
                 merged_status = dict(prior)
                 merged_status.update(result["status"])
@@ -383,6 +392,10 @@ def main(argv=None) -> int:
         results[module] = result
         # re-read: another module may have finished in a parallel invocation meanwhile
         merged = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        old = merged.get(module) or {}
+        # the figures of the run this one replaces, so an earlier sample's estimate is not lost
+        result["earlier"] = {k: old[k] for k in ("commit", "score", "sample", "sample_killed", "recheck_killed",
+                                                  "seed", "total", "killed_by_prior_run") if k in old}
         merged[module] = result
         RESULTS.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
         results = merged
