@@ -114,6 +114,38 @@ class _Loaded:
     first: "Resolution | None" = None
 
 
+class _Namespace(list):
+    """The link-map list of one closure, with the lookups _dl_map_object makes indexed.
+
+    _map asks two questions for every NEEDED: "does a mapped object answer to this name"
+    (_dl_name_match_p over the list, first match wins) and "is this file (dev, inode)
+    already mapped"; a linear scan of the list per NEEDED was a tenth of a check of
+    /usr/lib (issue 13).  Keys are set once, first writer wins, which is the list's order:
+    a name is added to an object only when that object was the first to match it."""
+
+    def __init__(self, items=()):
+        super().__init__()
+        self.index_of: dict = {}
+        self.by_file: dict = {}
+        for item in items:
+            self.append(item)
+
+    def append(self, obj) -> None:
+        super().append(obj)
+        if obj.path is None:
+            return  # l_faked: never matched, every requester searches again
+        for name in obj.names:
+            self.index_of.setdefault(name, obj)
+        self.index_of.setdefault(obj.path, obj)
+        if obj.info is not None and obj.info.soname:
+            self.index_of.setdefault(obj.info.soname, obj)
+        if obj.file_id is not None:
+            self.by_file.setdefault(obj.file_id, obj)
+
+    def note_name(self, obj, name: str) -> None:
+        self.index_of.setdefault(name, obj)
+
+
 class Resolver:
     def __init__(self, env: dict | None = None, secure: bool = False,
                  cache_path: str = "/etc/ld.so.cache", root: str = "/", platform: str | None = None,
@@ -398,17 +430,27 @@ class Resolver:
     def _map(self, name: str, requester: _Loaded, namespace: list, main: _Loaded, abi: Abi,
              preload: bool = False):
         """(_Loaded or None, Resolution, is_new) for NEEDED ``name`` of ``requester``."""
-        for obj in namespace:
-            if obj.path is None:
-                continue  # _dl_map_object skips l_faked maps: each requester searches again
-            # _dl_name_match_p: the path it was opened as, any name it was requested under,
-            # or (checked lazily by _dl_map_object) its DT_SONAME.
-            if name in obj.names or name == obj.path or (obj.info is not None and obj.info.soname == name):
-                if name not in obj.names:
-                    obj.names.append(name)
-                res = Resolution(name, requester.path, obj.path, "loaded", ((obj.path, "ok"),), (),
-                                 obj.info.soname)
-                return obj, res, False
+        index = getattr(namespace, "index_of", None)
+        if index is not None:
+            hit = index.get(name)
+        else:
+            hit = None
+            for obj in namespace:
+                if obj.path is None:
+                    continue  # _dl_map_object skips l_faked maps: each requester searches again
+                # _dl_name_match_p: the path it was opened as, any name it was requested under,
+                # or (checked lazily by _dl_map_object) its DT_SONAME.
+                if name in obj.names or name == obj.path or (obj.info is not None and obj.info.soname == name):
+                    hit = obj
+                    break
+        if hit is not None:
+            if name not in hit.names:
+                hit.names.append(name)
+                if index is not None:
+                    namespace.note_name(hit, name)
+            res = Resolution(name, requester.path, hit.path, "loaded", ((hit.path, "ok"),), (),
+                             hit.info.soname)
+            return hit, res, False
 
         expanded = name
         if tokens.has_tokens(name):
@@ -445,11 +487,14 @@ class Resolver:
         st = self._stat_of(path)
         file_id = (st.st_dev, st.st_ino) if st is not None else None
         res = Resolution(name, requester.path, path, source, tried, order, info.soname)
-        for obj in namespace:
-            if file_id is not None and obj.file_id == file_id:
-                if name not in obj.names:
-                    obj.names.append(name)
-                return obj, res, False
+        same = namespace.by_file.get(file_id) if index is not None else next(
+            (obj for obj in namespace if file_id is not None and obj.file_id == file_id), None)
+        if same is not None:
+            if name not in same.names:
+                same.names.append(name)
+                if index is not None:
+                    namespace.note_name(same, name)
+            return same, res, False
         obj = _Loaded(path, info, [name], requester, _origin_of(path), file_id)
         namespace.append(obj)
         return obj, res, True
@@ -478,7 +523,7 @@ class Resolver:
         st = self._stat_of(path)
         main = _Loaded(path, info, [path], None, _origin_of(path),
                        (st.st_dev, st.st_ino) if st else None, is_main=True)
-        namespace = [main]
+        namespace = _Namespace([main])
         interpreter = info.interpreter or abi.rtld
         rtld = self._rtld(interpreter, abi)
         if rtld is not None:
