@@ -260,3 +260,147 @@ def test_rpath_build_id_and_a_non_utf8_soname_against_pyelftools(tmp_path):
     odd = tmp_path / "odd.so"
     odd.write_bytes(bytes(data))
     assert read_elf(str(odd)).soname.encode("utf-8", "surrogateescape") == b"lib\xff.so"
+
+
+# -- second round (bench/mutation-survivors.md, "elf, second sample") ------------------------
+def test_a_local_symbol_in_dynsym_is_not_a_definition_ld_so_would_bind_to(gnu_lib, tmp_path):
+    """A defined symbol rebound STB_LOCAL in .dynsym: glibc's do_lookup_x ignores local
+    symbols ("Local symbols are ignored"), so dlsym cannot find it.  pyelftools locates the
+    entry; ld.so (dlsym in a child) is the oracle for which names a library defines."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    with open(gnu_lib["path"], "rb") as handle:
+        dynsym = ELFFile(handle).get_section_by_name(".dynsym")
+        index = next(i for i, s in enumerate(dynsym.iter_symbols()) if s.name == "seedance_fn_3")
+        at = dynsym["sh_offset"] + index * dynsym["sh_entsize"] + 4  # Elf64_Sym: name, info, ...
+    data[at] = (0 << 4) | (data[at] & 0xF)  # STB_LOCAL, same type
+    local = tmp_path / "liblocal.so"
+    local.write_bytes(bytes(data))
+    probe = ("import ctypes, os, sys\nlib = ctypes.CDLL(sys.argv[1], os.RTLD_NOW)\n"
+             "print(hasattr(lib, 'seedance_fn_3'), hasattr(lib, 'seedance_fn_4'))")
+    proc = subprocess.run([sys.executable, "-c", probe, str(local)], capture_output=True, text=True,
+                          errors="replace", timeout=60)
+    assert proc.stdout.split() == ["False", "True"], proc.stderr
+    with open(local, "rb") as handle:
+        bind = ELFFile(handle).get_section_by_name(".dynsym").get_symbol(index)["st_info"]["bind"]
+    assert bind == "STB_LOCAL"
+    defined = read_elf(str(local), symbols=True).defined_symbols()
+    assert "seedance_fn_3" not in defined and "seedance_fn_4" in defined
+
+
+def test_a_cut_off_section_header_table_is_ignored_as_ld_so_ignores_it(gnu_lib, tmp_path):
+    """The section header table sits at the end of the file; cut it short and ld.so still
+    loads the library (it reads only program headers).  The reader must not fail on it:
+    without usable sections it reads the dynamic segment, as the loader does."""
+    data = gnu_lib["path"].read_bytes()
+    with open(gnu_lib["path"], "rb") as handle:
+        elf = ELFFile(handle)
+        shoff, shentsize = elf["e_shoff"], elf["e_shentsize"]
+        needed = [t.needed for t in elf.get_section_by_name(".dynamic").iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+    assert shoff + elf["e_shnum"] * shentsize == len(data)  # gcc/ld put it last
+    cut = tmp_path / "libcut.so"
+    cut.write_bytes(data[:shoff + 2 * shentsize])
+    probe = "import ctypes, os, sys\nprint(ctypes.CDLL(sys.argv[1], os.RTLD_NOW).seedance_fn_3(4))"
+    proc = subprocess.run([sys.executable, "-c", probe, str(cut)], capture_output=True, text=True,
+                          errors="replace", timeout=60)
+    assert proc.returncode == 0 and proc.stdout.split() == ["7"], proc.stderr
+    info = read_elf(str(cut), symbols=True)
+    assert not info.has_sections
+    assert list(info.needed) == needed
+    assert {f"seedance_fn_{i}" for i in range(12)} <= set(info.defined_symbols())
+
+
+KERNEL_CU = ('extern "C" __global__ void seedance_kern(float *x) { x[threadIdx.x] = 2.0f * x[threadIdx.x] + 1.0f; }\n'
+             'extern "C" void go(float *x) { seedance_kern<<<1, 32>>>(x); }\n')
+
+
+@pytest.fixture(scope="module")
+def compressed_libs(tmp_path_factory):
+    """The same kernel built by nvcc three times: images compressed with LZ4 (--compress-mode
+    speed), with zstd (size) and not at all (none).  The uncompressed file's bytes are the
+    reference for what decompression must give."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not shutil.which(nvcc):
+        pytest.skip("nvcc (CUDA toolkit) not installed")
+    tmp = tmp_path_factory.mktemp("compressed")
+    (tmp / "k.cu").write_text(KERNEL_CU)
+    libs = {}
+    for mode in ("speed", "size", "none"):
+        libs[mode] = tmp / f"lib_{mode}.so"
+        proc = subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90,code=sm_90",
+                               "-gencode", "arch=compute_90,code=compute_90", f"--compress-mode={mode}",
+                               str(tmp / "k.cu"), "-o", str(libs[mode])], capture_output=True, text=True,
+                              errors="replace")
+        if proc.returncode != 0 and "compress-mode" in proc.stderr:
+            pytest.skip(f"this nvcc has no --compress-mode: {proc.stderr.strip()[:200]}")
+        assert proc.returncode == 0, proc.stderr
+    return libs
+
+
+def _images(path):
+    from seedance.elf import fatbin
+
+    return [(e, fatbin.read_image(str(path), e)) for e in read_elf(str(path), fatbin=True).fatbin]
+
+
+@pytest.mark.parametrize("mode, codec", [("speed", "lz4"), ("size", "zstd")])
+def test_compressed_images_decode_to_the_uncompressed_build(compressed_libs, mode, codec):
+    from seedance.elf import fatbin_payload
+
+    plain = _images(compressed_libs["none"])
+    packed = _images(compressed_libs[mode])
+    assert all(not e.compressed and e.codec == "" for e, _ in plain)
+    assert {e.codec for e, _ in packed if e.compressed} == {codec}
+    assert [(e.kind, e.arch) for e, _ in packed] == [(e.kind, e.arch) for e, _ in plain]
+    for (pe, pimage), (ce, cimage) in zip(plain, packed):
+        # nvcc pads an uncompressed PTX image with NULs to 8 bytes; the text is the same
+        assert cimage.rstrip(b"\0") == pimage.rstrip(b"\0"), (pe.kind, ce.codec)
+    # the kernel is named in the source (extern "C"): found in the SASS and in the PTX
+    # (the other SASS image is nvcc's device-link stub, which defines no kernel)
+    found = {(e.kind, name) for e, image in packed for name in fatbin_payload.kernels(image, e.kind)}
+    assert found == {("sass", "seedance_kern"), ("ptx", "seedance_kern")}
+
+
+def test_a_corrupt_lz4_image_is_a_payload_error_naming_lz4(compressed_libs):
+    from seedance.elf import fatbin_payload
+
+    pytest.importorskip("lz4.block")
+    entry, _ = next((e, i) for e, i in _images(compressed_libs["speed"]) if e.codec == "lz4")
+    stored = compressed_libs["speed"].read_bytes()[entry.offset:entry.offset + entry.stored]
+    with pytest.raises(fatbin_payload.PayloadError) as caught:
+        fatbin_payload.decode(stored[:len(stored) // 2], entry.codec, entry.usize)
+    assert str(caught.value).startswith("LZ4: ")
+
+
+def test_an_image_cut_off_by_the_end_of_the_file_says_so(compressed_libs, tmp_path):
+    from seedance.elf import fatbin, fatbin_payload
+
+    entry = _images(compressed_libs["none"])[-1][0]
+    cut = tmp_path / "cut.so"
+    cut.write_bytes(compressed_libs["none"].read_bytes()[:entry.offset + entry.stored // 2])
+    with pytest.raises(fatbin_payload.PayloadError) as caught:
+        fatbin.read_image(str(cut), entry)
+    assert str(caught.value) == "image past end of file"
+
+
+def test_a_32_bit_cubin_is_refused_by_name(compressed_libs):
+    from seedance.elf import fatbin_payload
+
+    entry, image = next((e, i) for e, i in _images(compressed_libs["none"]) if e.kind == "sass" and
+                        fatbin_payload.kernels(i, "sass"))
+    assert image[4] == 2  # ELFCLASS64, as every cubin since sm_20
+    with pytest.raises(fatbin_payload.PayloadError) as caught:
+        fatbin_payload.cubin_kernels(image[:4] + b"\x01" + image[5:])
+    assert str(caught.value) == "32-bit cubin"
+
+
+def test_runnable_on_gives_the_first_modules_reason():
+    """Two translation units, neither loadable on sm_90 with a CUDA 12.5 driver: the first
+    has only PTX ISA 9.0 (CUDA 13.0, PTX ISA release notes), the second only sm_80 SASS.
+    The reason given is the first module's."""
+    from seedance.elf import fatbin
+
+    first = fatbin.FatbinEntry("ptx", 90, "", False, 0, module=0, isa=(9, 0))
+    second = fatbin.FatbinEntry("sass", 80, "", False, 0, module=1)
+    ok, why = fatbin.runnable_on([first, second], 90, "", (8, 5))
+    assert ok is False
+    assert why.startswith("PTX compute_90 is ISA 9.0, which needs a driver for CUDA 13.0")
