@@ -74,7 +74,8 @@ def write_temp(data, temp: str, mode: int = 0o644, owner: tuple | None = None,
     """
     if os.path.lexists(temp):
         os.unlink(temp)  # a leftover of a crashed run; recovery would remove it too
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    # O_RDWR: a fill may read back what it wrote to hash it (dynedit.FileEdit.fill)
+    fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         filled = None
         if callable(data):

@@ -32,6 +32,58 @@ def test_fill_writes_the_patched_bytes_and_returns_their_sha256(tmp_path):
     assert src.read_bytes() == original
 
 
+def _patched_case(directory: Path):
+    src = directory / "big.bin"
+    original = os.urandom(dynedit._COPY_CHUNK + dynedit._CHUNK + 4321)
+    src.write_bytes(original)
+    # across both chunk sizes' boundaries, at the start and in the tail
+    patches = [dynedit.Patch(dynedit._COPY_CHUNK - 2, b"QRSTU"), dynedit.Patch(dynedit._CHUNK - 1, b"mn"),
+               dynedit.Patch(0, b"\x7f"), dynedit.Patch(len(original) - 4, b"tail")]
+    return src, original, patches
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "user-space"])
+def test_both_copy_paths_write_the_patched_bytes_and_their_sha256(tmp_path, monkeypatch, kernel_copy):
+    src, original, patches = _patched_case(tmp_path)
+    if not kernel_copy:  # a kernel or Python without copy_file_range takes the mapped path
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    edit = dynedit.FileEdit(str(src), "in-place", [], len(original), patches=patches,
+                            identity=atomic.file_identity(os.stat(src)))
+    out = tmp_path / "out.bin"
+    digest = atomic.write_temp(edit.fill, str(out), result=True)
+    written = out.read_bytes()
+    assert written == dynedit.apply_patches(original, patches)
+    assert digest == hashlib.sha256(written).hexdigest()
+
+
+def test_fill_across_filesystems(tmp_path):
+    """tmpfs to the test's directory: Linux >= 5.19 refuses copy_file_range across
+    filesystems (EXDEV) and the fill falls back; older kernels copy.  Same bytes either way."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's directory")
+    import tempfile
+    with tempfile.TemporaryDirectory(dir=shm) as other:
+        src, original, patches = _patched_case(Path(other))
+        edit = dynedit.FileEdit(str(src), "in-place", [], len(original), patches=patches)
+        out = tmp_path / "out.bin"
+        digest = atomic.write_temp(edit.fill, str(out), result=True)
+        written = out.read_bytes()
+    assert written == dynedit.apply_patches(original, patches)
+    assert digest == hashlib.sha256(written).hexdigest()
+
+
+def test_fill_refuses_a_file_replaced_since_the_plan(tmp_path):
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"\0" * 100)
+    edit = dynedit.FileEdit(str(src), "in-place", [], 100, patches=[], identity=atomic.file_identity(os.stat(src)))
+    replacement = tmp_path / "g.bin"
+    replacement.write_bytes(b"\1" * 100)  # same size, another inode renamed over the path
+    os.rename(replacement, src)
+    with pytest.raises(Exception, match="changed since the edit was planned"):
+        atomic.write_temp(edit.fill, str(tmp_path / "out"), result=True)
+
+
 def test_fill_refuses_a_file_that_changed_size_since_the_plan(tmp_path):
     src = tmp_path / "f.bin"
     src.write_bytes(b"\0" * 100)
