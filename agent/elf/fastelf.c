@@ -1,0 +1,724 @@
+/* fastelf: read_elf(path) of agent/elf/reader.py in C, for the no-symbols, no-fatbin case.
+ *
+ * Every function here mirrors a method of reader.py's _Parser, in the same order, with
+ * the same checks and the same messages: the Python reader is the reference, and
+ * tests/unit/test_elf_fastread.py compares the two on every ELF of the host and on
+ * thousands of mutated files.  Offsets are computed in __int128 ("wide") because Python's
+ * ints never wrap: a hostile p_offset + p_filesz must overflow neither here nor there.
+ *
+ * Every read is bounds-checked against the mapping; every loop is capped (the caps are
+ * reader.py's); the output buffers are bounded and a file whose strings do not fit makes
+ * the caller fall back to the Python reader (SD_FASTELF_FALLBACK), never a longer run.
+ */
+#define _GNU_SOURCE
+#include "fastelf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef __SIZEOF_INT128__
+#error "fastelf compares offsets as unbounded integers and needs __int128"
+#endif
+
+typedef __int128 wide;
+
+/* reader.py's sanity caps */
+#define MAX_DYN_ENTRIES (1 << 16)
+#define MAX_VER_ENTRIES (1 << 16)
+#define MAX_STRING (1 << 16)
+
+#define PT_LOAD 1
+#define PT_DYNAMIC 2
+#define PT_INTERP 3
+#define PT_NOTE 4
+#define SHT_NOTE 7
+#define DT_NULL 0
+#define DT_NEEDED 1
+#define DT_STRTAB 5
+#define DT_STRSZ 10
+#define DT_SONAME 14
+#define DT_RPATH 15
+#define DT_RUNPATH 29
+#define DT_FLAGS 30
+#define DT_FLAGS_1 0x6FFFFFFB
+#define DT_VERDEF 0x6FFFFFFC
+#define DT_VERDEFNUM 0x6FFFFFFD
+#define DT_VERNEED 0x6FFFFFFE
+#define DT_VERNEEDNUM 0x6FFFFFFF
+#define VER_FLG_BASE 0x1
+#define VER_FLG_WEAK 0x2
+#define NT_GNU_BUILD_ID 3
+
+#define OK SD_FASTELF_OK
+#define ERR SD_FASTELF_ERROR
+#define FALLBACK SD_FASTELF_FALLBACK
+#define TRY(expr)              \
+    do {                       \
+        int rc_ = (expr);      \
+        if (rc_ != OK)         \
+            return rc_;        \
+    } while (0)
+
+struct parser {
+    const unsigned char *data;
+    wide size;
+    int is64;
+    int le;
+    struct sd_fastelf_result *out;
+    char *strings;
+    size_t cap;
+    unsigned int *vn_counts;
+    size_t vn_cap;
+    /* program headers (validated in bounds by program_headers) */
+    wide phoff;
+    wide phentsize;
+    unsigned phnum;
+    /* the build-id note's descriptor, once found */
+    int build_id_found;
+    wide build_id_off;
+    wide build_id_len;
+};
+
+/* Python's f"{value:#x}" */
+static const char *hex(char buf[48], wide value)
+{
+    char tmp[40];
+    int n = 0;
+    unsigned __int128 u = value < 0 ? -(unsigned __int128)value : (unsigned __int128)value;
+    do {
+        tmp[n++] = "0123456789abcdef"[(unsigned)(u & 15)];
+        u >>= 4;
+    } while (u);
+    char *p = buf;
+    if (value < 0)
+        *p++ = '-';
+    *p++ = '0';
+    *p++ = 'x';
+    while (n)
+        *p++ = tmp[--n];
+    *p = 0;
+    return buf;
+}
+
+static int fail(struct parser *p, const char *fmt, ...)
+{
+    int used = snprintf(p->out->error, sizeof p->out->error, "malformed ELF: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->out->error + used, sizeof p->out->error - (size_t)used, fmt, ap);
+    va_end(ap);
+    return ERR;
+}
+
+/* _Parser.unpack's check: the whole field inside the file */
+static int need(struct parser *p, wide offset, int nbytes)
+{
+    if (offset < 0 || offset + nbytes > p->size) {
+        char a[48], b[48];
+        return fail(p, "read of %d bytes at %s past end of file (%s)", nbytes, hex(a, offset), hex(b, p->size));
+    }
+    return OK;
+}
+
+/* an unsigned field of nbytes at offset (already checked) in the file's byte order */
+static uint64_t get(const struct parser *p, wide offset, int nbytes)
+{
+    const unsigned char *b = p->data + (size_t)offset;
+    uint64_t value = 0;
+    if (p->le)
+        for (int i = nbytes - 1; i >= 0; i--)
+            value = value << 8 | b[i];
+    else
+        for (int i = 0; i < nbytes; i++)
+            value = value << 8 | b[i];
+    return value;
+}
+
+/* _Parser.cstring: [*start, *start + *len) is the string at offset, below limit */
+static int cstring(struct parser *p, wide offset, wide limit, size_t *start, size_t *len)
+{
+    wide end_limit = limit < p->size ? limit : p->size;
+    char a[48];
+    if (offset < 0 || offset >= end_limit)
+        return fail(p, "string offset %s outside its table", hex(a, offset));
+    wide search_end = offset + MAX_STRING < end_limit ? offset + MAX_STRING : end_limit;
+    const unsigned char *nul = memchr(p->data + (size_t)offset, 0, (size_t)(search_end - offset));
+    if (!nul)
+        return fail(p, "unterminated string at %s", hex(a, offset));
+    *start = (size_t)offset;
+    *len = (size_t)(nul - (p->data + (size_t)offset));
+    return OK;
+}
+
+/* append one output string (prefix < 0: none) and its NUL; FALLBACK when it does not fit */
+static int emit(struct parser *p, const void *bytes, size_t len, int prefix)
+{
+    size_t used = p->out->strings_len;
+    size_t want = len + 1 + (prefix >= 0);
+    if (want > p->cap - used)
+        return FALLBACK;
+    char *dst = p->strings + used;
+    if (prefix >= 0)
+        *dst++ = (char)prefix;
+    memcpy(dst, bytes, len);
+    dst[len] = 0;
+    p->out->strings_len = used + want;
+    return OK;
+}
+
+static int emit_cstring(struct parser *p, wide offset, wide limit, int prefix)
+{
+    size_t start, len;
+    TRY(cstring(p, offset, limit, &start, &len));
+    return emit(p, p->data + start, len, prefix);
+}
+
+/* --- program headers ------------------------------------------------------------------ */
+
+struct segment {
+    uint32_t type;
+    wide offset;
+    wide vaddr;
+    wide filesz;
+};
+
+static void segment_at(const struct parser *p, unsigned index, struct segment *seg)
+{
+    wide base = p->phoff + (wide)index * p->phentsize;
+    seg->type = (uint32_t)get(p, base, 4);
+    if (p->is64) {
+        seg->offset = get(p, base + 8, 8);
+        seg->vaddr = get(p, base + 16, 8);
+        seg->filesz = get(p, base + 32, 8);
+    } else {
+        seg->offset = get(p, base + 4, 4);
+        seg->vaddr = get(p, base + 8, 4);
+        seg->filesz = get(p, base + 16, 4);
+    }
+}
+
+static int program_headers(struct parser *p, wide phoff, unsigned phentsize, unsigned phnum)
+{
+    p->phoff = phoff;
+    p->phentsize = phentsize;
+    p->phnum = 0;
+    if (phnum == 0)
+        return OK;
+    if (phentsize < (p->is64 ? 56u : 32u))
+        return fail(p, "e_phentsize %u too small", phentsize);
+    if (phoff + (wide)phnum * phentsize > p->size)
+        return fail(p, "program headers past end of file");
+    p->phnum = phnum;
+    return OK;
+}
+
+/* _Parser.vaddr_to_offset: the first PT_LOAD whose file image holds vaddr */
+static int vaddr_to_offset(struct parser *p, wide vaddr, wide *offset)
+{
+    struct segment seg;
+    for (unsigned i = 0; i < p->phnum; i++) {
+        segment_at(p, i, &seg);
+        if (seg.type == PT_LOAD && seg.vaddr <= vaddr && vaddr < seg.vaddr + seg.filesz) {
+            *offset = seg.offset + (vaddr - seg.vaddr);
+            return OK;
+        }
+    }
+    char a[48];
+    return fail(p, "address %s is in no PT_LOAD segment", hex(a, vaddr));
+}
+
+/* --- notes ---------------------------------------------------------------------------- */
+
+/* _Parser._build_id: 1 and the descriptor's place when a GNU build-id note is found */
+static int build_id(struct parser *p, wide offset, wide size, wide *desc, wide *desc_len)
+{
+    wide end = offset + size < p->size ? offset + size : p->size;
+    while (offset + 12 <= end) {
+        wide namesz = get(p, offset, 4), descsz = get(p, offset + 4, 4);
+        uint32_t n_type = (uint32_t)get(p, offset + 8, 4);
+        wide name_off = offset + 12;
+        wide desc_off = name_off + ((namesz + 3) & ~(wide)3);
+        wide next = desc_off + ((descsz + 3) & ~(wide)3);
+        if (next > end || next <= offset)
+            return 0;
+        if (n_type == NT_GNU_BUILD_ID) {
+            /* data[name_off:name_off + namesz].rstrip(b"\0") == b"GNU" */
+            const unsigned char *name = p->data + (size_t)name_off;
+            size_t n = (size_t)namesz;
+            while (n && name[n - 1] == 0)
+                n--;
+            if (n == 3 && memcmp(name, "GNU", 3) == 0) {
+                *desc = desc_off;
+                *desc_len = descsz;
+                return 1;
+            }
+        }
+        offset = next;
+    }
+    return 0;
+}
+
+/* --- section headers ------------------------------------------------------------------ */
+
+struct section {
+    uint32_t type;
+    int named;  /* its name was read (and emitted) */
+    wide offset;
+    wide size;
+    size_t name_pos;  /* in p->strings */
+    size_t name_len;
+};
+
+static uint32_t name_hash(const char *s, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+/* The build id from .note* sections when no PT_NOTE held one.  reader.py keeps only the
+ * first section of each name (a dict filled with setdefault), so a later section that
+ * repeats an earlier name is skipped; a hash set over the emitted names finds those. */
+static int section_build_id(struct parser *p, struct section *secs, unsigned n)
+{
+    unsigned candidates = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (secs[i].named && secs[i].type == SHT_NOTE && secs[i].name_len >= 5 &&
+            memcmp(p->strings + secs[i].name_pos, ".note", 5) == 0)
+            candidates++;
+    if (!candidates)
+        return OK;
+    size_t slots = 16;
+    while (slots < 2 * (size_t)n)
+        slots <<= 1;
+    unsigned *table = calloc(slots, sizeof *table);
+    if (!table)
+        return FALLBACK;
+    for (unsigned i = 0; i < n; i++) {
+        if (!secs[i].named)
+            continue;
+        const char *name = p->strings + secs[i].name_pos;
+        size_t len = secs[i].name_len;
+        size_t slot = name_hash(name, len) & (slots - 1);
+        int first = 1;
+        while (table[slot]) {
+            const struct section *other = &secs[table[slot] - 1];
+            if (other->name_len == len && memcmp(p->strings + other->name_pos, name, len) == 0) {
+                first = 0;
+                break;
+            }
+            slot = (slot + 1) & (slots - 1);
+        }
+        if (!first)
+            continue;
+        table[slot] = i + 1;
+        if (secs[i].type == SHT_NOTE && len >= 5 && memcmp(name, ".note", 5) == 0) {
+            /* build_id = self._build_id(...); `if build_id: break`: the last value computed
+             * stays, and an empty id ("") keeps looking */
+            p->build_id_found = build_id(p, secs[i].offset, secs[i].size, &p->build_id_off, &p->build_id_len);
+            if (p->build_id_found && p->build_id_len > 0)
+                break;
+        }
+    }
+    free(table);
+    return OK;
+}
+
+/* _Parser._section_headers: emits every readable name, in header order */
+static int section_headers(struct parser *p, wide shoff, unsigned shentsize, unsigned shnum, unsigned shstrndx)
+{
+    if (shoff == 0 || shnum == 0)
+        return OK;
+    if (shentsize < (p->is64 ? 64u : 40u) || shoff + (wide)shnum * shentsize > p->size || shstrndx >= shnum)
+        return OK;  /* the loader never reads sections; neither do we when they are broken */
+    struct section stack[64];
+    struct section *secs = shnum <= 64 ? stack : malloc(shnum * sizeof *secs);
+    if (!secs)
+        return FALLBACK;
+    wide str_off = 0, str_size = 0;
+    for (unsigned i = 0; i < shnum; i++) {
+        wide base = shoff + (wide)i * shentsize;
+        secs[i].type = (uint32_t)get(p, base + 4, 4);
+        secs[i].named = 0;
+        if (p->is64) {
+            secs[i].offset = get(p, base + 24, 8);
+            secs[i].size = get(p, base + 32, 8);
+        } else {
+            secs[i].offset = get(p, base + 16, 4);
+            secs[i].size = get(p, base + 20, 4);
+        }
+        if (i == shstrndx) {
+            str_off = secs[i].offset;
+            str_size = secs[i].size;
+        }
+    }
+    int rc = OK;
+    if (str_off + str_size <= p->size) {
+        for (unsigned i = 0; i < shnum; i++) {
+            wide name = get(p, shoff + (wide)i * shentsize, 4);
+            size_t start, len;
+            if (cstring(p, str_off + name, str_off + str_size, &start, &len) != OK)
+                continue;  /* a bad name is skipped, not an error */
+            secs[i].named = 1;
+            secs[i].name_pos = p->out->strings_len;
+            secs[i].name_len = len;
+            rc = emit(p, p->data + start, len, -1);
+            if (rc != OK)
+                break;
+            p->out->n_sections++;
+        }
+        p->out->has_sections = p->out->n_sections > 0;
+        if (rc == OK && !p->build_id_found)
+            rc = section_build_id(p, secs, shnum);
+    }
+    if (secs != stack)
+        free(secs);
+    return rc;
+}
+
+/* the build id as lower-case hex, once */
+static int emit_build_id(struct parser *p)
+{
+    if (!p->build_id_found)
+        return OK;
+    static const char digits[] = "0123456789abcdef";
+    size_t len = (size_t)p->build_id_len;
+    if (2 * len + 1 > p->cap - p->out->strings_len)
+        return FALLBACK;
+    char *dst = p->strings + p->out->strings_len;
+    const unsigned char *src = p->data + (size_t)p->build_id_off;
+    for (size_t i = 0; i < len; i++) {
+        dst[2 * i] = digits[src[i] >> 4];
+        dst[2 * i + 1] = digits[src[i] & 15];
+    }
+    dst[2 * len] = 0;
+    p->out->strings_len += 2 * len + 1;
+    p->out->has_build_id = 1;
+    p->build_id_found = 0;
+    return OK;
+}
+
+/* --- dynamic section ------------------------------------------------------------------ */
+
+struct tags {
+    int has_strtab, has_strsz, has_flags, has_flags_1, has_verneed, has_verneednum, has_verdef, has_verdefnum;
+    uint64_t strtab, strsz, flags, flags_1, verneed, verneednum, verdef, verdefnum;
+    int any_string_tag;
+};
+
+#define FIRST(field, value)          \
+    if (!t->has_##field) {           \
+        t->has_##field = 1;          \
+        t->field = (value);          \
+    }
+
+static void note_tag(struct tags *t, int64_t tag, uint64_t value)
+{
+    switch (tag) {
+    case DT_NEEDED:
+    case DT_SONAME:
+    case DT_RPATH:
+    case DT_RUNPATH:
+        t->any_string_tag = 1;
+        break;
+    case DT_STRTAB: FIRST(strtab, value) break;
+    case DT_STRSZ: FIRST(strsz, value) break;
+    case DT_FLAGS: FIRST(flags, value) break;
+    case DT_FLAGS_1: FIRST(flags_1, value) break;
+    case DT_VERNEED: FIRST(verneed, value) break;
+    case DT_VERNEEDNUM: FIRST(verneednum, value) break;
+    case DT_VERDEF: FIRST(verdef, value) break;
+    case DT_VERDEFNUM: FIRST(verdefnum, value) break;
+    default: break;
+    }
+}
+
+static void dyn_at(const struct parser *p, wide offset, int64_t *tag, uint64_t *value)
+{
+    if (p->is64) {
+        *tag = (int64_t)get(p, offset, 8);
+        *value = get(p, offset + 8, 8);
+    } else {
+        *tag = (int32_t)(uint32_t)get(p, offset, 4);
+        *value = get(p, offset + 4, 4);
+    }
+}
+
+/* _Parser._verneed */
+static int verneed(struct parser *p, wide offset, uint64_t count, wide strtab, wide strend)
+{
+    uint64_t limit = count < MAX_VER_ENTRIES ? count : MAX_VER_ENTRIES;
+    for (uint64_t seen = 0; count && seen < limit;) {
+        seen++;
+        TRY(need(p, offset, 16));
+        unsigned cnt = (unsigned)get(p, offset + 2, 2);
+        wide file_off = get(p, offset + 4, 4), aux = get(p, offset + 8, 4), next = get(p, offset + 12, 4);
+        wide aux_off = offset + aux;
+        unsigned versions = 0;
+        for (unsigned k = 0; k < cnt && k < MAX_VER_ENTRIES; k++) {
+            TRY(need(p, aux_off, 16));
+            unsigned flags = (unsigned)get(p, aux_off + 4, 2);
+            wide name_off = get(p, aux_off + 8, 4), aux_next = get(p, aux_off + 12, 4);
+            TRY(emit_cstring(p, strtab + name_off, strend, flags & VER_FLG_WEAK ? '1' : '0'));
+            versions++;
+            if (aux_next == 0)
+                break;
+            aux_off += aux_next;
+        }
+        TRY(emit_cstring(p, strtab + file_off, strend, -1));
+        if (p->out->n_verneed >= p->vn_cap)
+            return FALLBACK;
+        p->vn_counts[p->out->n_verneed++] = versions;
+        if (next == 0)
+            break;
+        offset += next;
+    }
+    return OK;
+}
+
+/* _Parser._verdef */
+static int verdef(struct parser *p, wide offset, uint64_t count, wide strtab, wide strend)
+{
+    uint64_t limit = count < MAX_VER_ENTRIES ? count : MAX_VER_ENTRIES;
+    for (uint64_t seen = 0; count && seen < limit;) {
+        seen++;
+        TRY(need(p, offset, 20));
+        unsigned flags = (unsigned)get(p, offset + 2, 2), cnt = (unsigned)get(p, offset + 6, 2);
+        wide aux = get(p, offset + 12, 4), next = get(p, offset + 16, 4);
+        if (cnt) {
+            TRY(need(p, offset + aux, 8));
+            wide name_off = get(p, offset + aux, 4);
+            size_t start, len;
+            TRY(cstring(p, strtab + name_off, strend, &start, &len));
+            if (!(flags & VER_FLG_BASE)) {
+                TRY(emit(p, p->data + start, len, -1));
+                p->out->n_verdef++;
+            }
+        }
+        if (next == 0)
+            break;
+        offset += next;
+    }
+    return OK;
+}
+
+static int dynamic(struct parser *p, wide offset, wide filesz)
+{
+    int dsz = p->is64 ? 16 : 8;
+    wide count = filesz / dsz;  /* filesz >= 0: floor division as in Python */
+    if (count > MAX_DYN_ENTRIES)
+        count = MAX_DYN_ENTRIES;
+    if (offset + count * dsz > p->size)
+        return fail(p, "PT_DYNAMIC past end of file");
+    struct tags t;
+    memset(&t, 0, sizeof t);
+    wide entries = 0;
+    for (; entries < count; entries++) {
+        int64_t tag;
+        uint64_t value;
+        dyn_at(p, offset + entries * dsz, &tag, &value);
+        if (tag == DT_NULL)
+            break;
+        note_tag(&t, tag, value);
+    }
+    if (!t.has_strtab) {
+        if (t.any_string_tag)
+            return fail(p, "DT_STRTAB missing");
+        return OK;
+    }
+    wide strtab;
+    TRY(vaddr_to_offset(p, t.strtab, &strtab));
+    wide strsz = t.has_strsz ? (wide)t.strsz : p->size - strtab;
+    if (strtab + strsz > p->size)
+        return fail(p, "DT_STRSZ past end of file");
+    wide strend = strtab + strsz;
+
+    struct sd_fastelf_result *out = p->out;
+    /* NEEDED in order; the first SONAME, RPATH and RUNPATH, each read where it stands so a
+     * bad string fails in the same order as in reader.py.  Their output places differ
+     * (needed first), so SONAME/RPATH/RUNPATH are located here and emitted after. */
+    size_t soname[2] = {0, 0}, rpath[2] = {0, 0}, runpath[2] = {0, 0};
+    for (wide i = 0; i < entries; i++) {
+        int64_t tag;
+        uint64_t value;
+        dyn_at(p, offset + i * dsz, &tag, &value);
+        if (tag == DT_NEEDED) {
+            TRY(emit_cstring(p, strtab + (wide)value, strend, -1));
+            out->n_needed++;
+        } else if (tag == DT_SONAME && !out->has_soname) {
+            TRY(cstring(p, strtab + (wide)value, strend, &soname[0], &soname[1]));
+            out->has_soname = 1;
+        } else if (tag == DT_RPATH && !out->has_rpath) {
+            TRY(cstring(p, strtab + (wide)value, strend, &rpath[0], &rpath[1]));
+            out->has_rpath = 1;
+        } else if (tag == DT_RUNPATH && !out->has_runpath) {
+            TRY(cstring(p, strtab + (wide)value, strend, &runpath[0], &runpath[1]));
+            out->has_runpath = 1;
+        }
+    }
+    if (out->has_soname)
+        TRY(emit(p, p->data + soname[0], soname[1], -1));
+    if (out->has_rpath)
+        TRY(emit(p, p->data + rpath[0], rpath[1], -1));
+    if (out->has_runpath)
+        TRY(emit(p, p->data + runpath[0], runpath[1], -1));
+    out->flags = t.has_flags ? t.flags : 0;
+    out->flags_1 = t.has_flags_1 ? t.flags_1 : 0;
+    /* the build id sits between the dynamic strings and the versions in the output */
+    TRY(emit_build_id(p));
+    if (t.has_verneed) {
+        wide at;
+        TRY(vaddr_to_offset(p, t.verneed, &at));
+        TRY(verneed(p, at, t.has_verneednum ? t.verneednum : 0, strtab, strend));
+    }
+    if (t.has_verdef) {
+        wide at;
+        TRY(vaddr_to_offset(p, t.verdef, &at));
+        TRY(verdef(p, at, t.has_verdefnum ? t.verdefnum : 0, strtab, strend));
+    }
+    return OK;
+}
+
+/* --- header --------------------------------------------------------------------------- */
+
+static int parse(struct parser *p)
+{
+    struct sd_fastelf_result *out = p->out;
+    const unsigned char *ident = p->data;
+    if (memcmp(ident, "\x7f" "ELF", 4) != 0) {
+        snprintf(out->error, sizeof out->error, "not an ELF file");
+        return ERR;
+    }
+    int ei_class = ident[4], ei_data = ident[5];
+    if (ei_class != 1 && ei_class != 2)
+        return fail(p, "bad EI_CLASS %d", ei_class);
+    if (ei_data != 1 && ei_data != 2)
+        return fail(p, "bad EI_DATA %d", ei_data);
+    p->is64 = ei_class == 2;
+    p->le = ei_data == 1;
+    TRY(need(p, 16, p->is64 ? 48 : 36));
+    out->elf_class = p->is64 ? 64 : 32;
+    out->little_endian = p->le;
+    out->osabi = ident[7];
+    out->e_type = (int)get(p, 16, 2);
+    out->machine = (int)get(p, 18, 2);
+    wide phoff, shoff;
+    unsigned phentsize, phnum, shentsize, shnum, shstrndx;
+    if (p->is64) {
+        phoff = get(p, 32, 8);
+        shoff = get(p, 40, 8);
+        phentsize = (unsigned)get(p, 54, 2);
+        phnum = (unsigned)get(p, 56, 2);
+        shentsize = (unsigned)get(p, 58, 2);
+        shnum = (unsigned)get(p, 60, 2);
+        shstrndx = (unsigned)get(p, 62, 2);
+    } else {
+        phoff = get(p, 28, 4);
+        shoff = get(p, 32, 4);
+        phentsize = (unsigned)get(p, 42, 2);
+        phnum = (unsigned)get(p, 44, 2);
+        shentsize = (unsigned)get(p, 46, 2);
+        shnum = (unsigned)get(p, 48, 2);
+        shstrndx = (unsigned)get(p, 50, 2);
+    }
+    TRY(program_headers(p, phoff, phentsize, phnum));
+
+    /* reader.py reads the section headers before walking the segments; that step can not
+     * fail, so it runs after the walk here, where its build-id fallback is decided */
+    int have_dynamic = 0;
+    wide dyn_offset = 0, dyn_filesz = 0;
+    struct segment seg;
+    for (unsigned i = 0; i < p->phnum; i++) {
+        segment_at(p, i, &seg);
+        if (seg.type == PT_INTERP) {
+            size_t start, len;
+            TRY(cstring(p, seg.offset, seg.offset + seg.filesz, &start, &len));
+            /* the last PT_INTERP wins; only it is emitted (first in the output) */
+            out->has_interp = 1;
+            out->strings_len = 0;
+            TRY(emit(p, p->data + start, len, -1));
+        } else if (seg.type == PT_DYNAMIC) {
+            have_dynamic = 1;
+            dyn_offset = seg.offset;
+            dyn_filesz = seg.filesz;
+        } else if (seg.type == PT_NOTE && !p->build_id_found) {
+            wide off, len;
+            if (build_id(p, seg.offset, seg.filesz, &off, &len)) {
+                p->build_id_found = 1;
+                p->build_id_off = off;
+                p->build_id_len = len;
+            }
+        }
+    }
+    TRY(section_headers(p, shoff, shentsize, shnum, shstrndx));
+    /* an empty PT_DYNAMIC (separate debug files) is "no dynamic section" to ld.so */
+    out->has_dynamic = have_dynamic && dyn_filesz > 0;
+    if (have_dynamic)
+        TRY(dynamic(p, dyn_offset, dyn_filesz));
+    TRY(emit_build_id(p));  /* when dynamic() did not place it */
+    return OK;
+}
+
+int sd_fastelf_abi(void)
+{
+    return SD_FASTELF_ABI;
+}
+
+int sd_fastelf_read(const char *path, struct sd_fastelf_result *out, char *strings, size_t strings_cap,
+                    unsigned int *vn_counts, size_t vn_counts_cap)
+{
+    memset(out, 0, sizeof *out);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (reader.py does the same) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        /* reader.py: f"{path}: {exc.strerror.lower()}" */
+        int i = snprintf(out->error, sizeof out->error, "%s", strerror(errno));
+        for (int k = 0; k < i && k < (int)sizeof out->error; k++)
+            if (out->error[k] >= 'A' && out->error[k] <= 'Z')
+                out->error[k] = (char)(out->error[k] - 'A' + 'a');
+        return ERR;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return FALLBACK;  /* an OSError in reader.py, not an ELFError */
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(out->error, sizeof out->error, "not a regular file");
+        return ERR;
+    }
+    if (st.st_size < 16) {
+        close(fd);
+        snprintf(out->error, sizeof out->error, "not an ELF file (too short)");
+        return ERR;
+    }
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    int map_errno = errno;
+    close(fd);
+    if (map == MAP_FAILED) {
+        snprintf(out->error, sizeof out->error, "cannot map file: [Errno %d] %s", map_errno, strerror(map_errno));
+        return ERR;
+    }
+    struct parser p;
+    memset(&p, 0, sizeof p);
+    p.data = map;
+    p.size = st.st_size;
+    p.out = out;
+    p.strings = strings;
+    p.cap = strings_cap;
+    p.vn_counts = vn_counts;
+    p.vn_cap = vn_counts_cap;
+    int rc = parse(&p);
+    munmap(map, (size_t)st.st_size);
+    return rc;
+}

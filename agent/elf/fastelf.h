@@ -1,0 +1,65 @@
+/* fastelf: the C twin of agent/elf/reader.py's read_elf(path) without symbols or fatbins.
+ *
+ * Why: a check of /usr/lib parses ~900 objects; the Python reader spent ~0.3 s of a ~2 s
+ * command in header, program-header, section-name, PT_DYNAMIC, verneed, verdef and note
+ * parsing (issue 13).  The Python reader stays the reference: the tests compare the two
+ * on every ELF of the host and on thousands of mutated files.
+ *
+ * The region between the cdef markers is parsed by cffi (agent/elf/build_fastelf.py), so
+ * the Python side can never disagree with this layout.
+ */
+#ifndef SEEDANCE_FASTELF_H
+#define SEEDANCE_FASTELF_H
+
+#include <stddef.h>
+
+/* cdef-begin */
+/* Bumped whenever the result layout or the meaning of a field changes: the Python side
+ * refuses a module built from another layout (reader.py, _c_reader). */
+#define SD_FASTELF_ABI 1
+
+/* sd_fastelf_read's return codes */
+#define SD_FASTELF_OK 0
+#define SD_FASTELF_ERROR 1     /* ELFError: message in error[] (without the "path: " prefix) */
+#define SD_FASTELF_FALLBACK 2  /* the output buffers are too small, or an OS condition the
+                                  Python reader reports its own way: use the Python reader */
+
+/* Strings land in `strings`, each followed by a NUL, in this order:
+ *   interpreter (if has_interp)
+ *   n_sections section names (every name read, duplicates included, in header order)
+ *   n_needed DT_NEEDED names
+ *   soname (if has_soname), rpath (if has_rpath), runpath (if has_runpath), unsplit
+ *   build id as lower-case hex (if has_build_id; may be empty)
+ *   for each of n_verneed entries: vn_counts[i] versions, each prefixed by '1' (weak) or
+ *     '0', then the entry's file name
+ *   n_verdef version definition names (the base entry excluded)
+ */
+struct sd_fastelf_result {
+    int elf_class;
+    int little_endian;
+    int machine;
+    int osabi;
+    int e_type;
+    int has_sections;
+    int has_dynamic;
+    int has_interp;
+    int has_soname;
+    int has_rpath;
+    int has_runpath;
+    int has_build_id;
+    unsigned long long flags;
+    unsigned long long flags_1;
+    unsigned int n_sections;
+    unsigned int n_needed;
+    unsigned int n_verneed;
+    unsigned int n_verdef;
+    size_t strings_len;
+    char error[512];
+};
+
+int sd_fastelf_abi(void);
+int sd_fastelf_read(const char *path, struct sd_fastelf_result *out, char *strings, size_t strings_cap,
+                    unsigned int *vn_counts, size_t vn_counts_cap);
+/* cdef-end */
+
+#endif

@@ -1,0 +1,416 @@
+"""The C ELF reader (agent/elf/fastelf.c via fastread.py) against the Python reader.
+
+reader.py is the reference: on every ELF object of this host, on hand-built 32/64-bit
+little/big-endian objects, on real 32-bit objects linked here, and on thousands of
+mutated files, the C reader must give an equal ElfInfo (section names included) or the
+same ELFError message.  The fuzz runs in a child process, so a crash in C is a failed
+test with its signal, not a dead pytest.
+
+Run by hand:  python tests/unit/test_elf_fastread.py --fuzz COUNT SEED
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from seedance.elf import fastread, reader
+from seedance.errors import ELFError
+
+ROOT = Path(__file__).resolve().parents[2]
+TREES = ["/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/lib64", sysconfig.get_paths()["purelib"]]
+
+needs_c = pytest.mark.skipif(not fastread.available(),
+                             reason="seedance.elf._fastelf is not built (pip install -e . builds it)")
+
+
+# --- the two verdicts -----------------------------------------------------------------
+
+def python_verdict(path: str):
+    """reader.py's answer: ("ok", ElfInfo, section names) or ("error", message)."""
+    saved = os.environ.get("SEEDANCE_ELF_READER")
+    os.environ["SEEDANCE_ELF_READER"] = "python"
+    try:
+        info = reader.read_elf(path)
+        return ("ok", info, info.section_names)
+    except ELFError as exc:
+        return ("error", str(exc))
+    finally:
+        if saved is None:
+            del os.environ["SEEDANCE_ELF_READER"]
+        else:
+            os.environ["SEEDANCE_ELF_READER"] = saved
+
+
+def c_verdict(path: str):
+    """fastread's answer, or ("fallback",) when it hands the file to the Python reader."""
+    try:
+        info = fastread.read(path)
+    except ELFError as exc:
+        return ("error", str(exc))
+    if info is None:
+        return ("fallback",)
+    return ("ok", info, info.section_names)
+
+
+def elf_files(root: str) -> list:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = os.path.join(dirpath, name)
+            try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue
+                with open(path, "rb") as handle:
+                    if handle.read(4) == b"\x7fELF":
+                        out.append(path)
+            except OSError:
+                continue
+    return out
+
+
+# --- hand-built objects: any class, any byte order ------------------------------------
+
+def synth_elf(is64: bool, little: bool, *, needed=("libc.so.6",), soname="libsynth.so.1",
+              rpath="/opt/a:$ORIGIN", runpath="/opt/run", verneed=(("libc.so.6", (("GLIBC_2.2", False),
+                                                                                   ("GLIBC_2.34", True))),),
+              verdef=("V1", "V2"), build_id=bytes(range(20)), interp="/lib/ld-synth.so",
+              flags=0x8, flags_1=0x800, machine=62, extra_sections=(".dynstr", ".note.dup")) -> bytes:
+    """A small shared object laid out by hand, every structure in the requested class and
+    byte order: PT_INTERP, one PT_LOAD over the file at a non-zero address, PT_DYNAMIC,
+    PT_NOTE (GNU build id), verneed, verdef and section headers (with a repeated name)."""
+    e = "<" if little else ">"
+    base = 0x10000
+    ehdr = struct.Struct(e + ("16sHHIQQQIHHHHHH" if is64 else "16sHHIIIIIHHHHHH"))
+    phdr = struct.Struct(e + ("IIQQQQQQ" if is64 else "IIIIIIII"))
+    shdr = struct.Struct(e + ("IIQQQQIIQQ" if is64 else "IIIIIIIIII"))
+    dyn = struct.Struct(e + ("qQ" if is64 else "iI"))
+    strtab = bytearray(b"\0")
+
+    def string(text: str) -> int:
+        offset = len(strtab)
+        strtab.extend(text.encode("utf-8", "surrogateescape") + b"\0")
+        return offset
+
+    dyn_entries = [(1, string(name)) for name in needed]
+    if soname is not None:
+        dyn_entries.append((14, string(soname)))
+    if rpath is not None:
+        dyn_entries.append((15, string(rpath)))
+    if runpath is not None:
+        dyn_entries.append((29, string(runpath)))
+    vn = bytearray()
+    for index, (file, versions) in enumerate(verneed):
+        file_off = string(file)
+        last = index == len(verneed) - 1
+        vn += struct.pack(e + "HHIII", 1, len(versions), file_off, 16, 0 if last else 16 + 16 * len(versions))
+        for k, (name, weak) in enumerate(versions):
+            vn += struct.pack(e + "IHHII", 0, 2 if weak else 0, 2 + k, string(name),
+                              0 if k == len(versions) - 1 else 16)
+    vd = bytearray()
+    names = ["libsynth.so.1", *verdef]
+    for index, name in enumerate(names):
+        last = index == len(names) - 1
+        vd += struct.pack(e + "HHHHIII", 1, 1 if index == 0 else 0, index + 1, 1, 0, 20, 0 if last else 28)
+        vd += struct.pack(e + "II", string(name), 0)
+    note = struct.pack(e + "III", 4, len(build_id), 3) + b"GNU\0" + build_id + b"\0" * (-len(build_id) % 4)
+    interp_bytes = interp.encode() + b"\0"
+
+    phnum = 4
+    offset = ehdr.size + phnum * phdr.size
+    layout = {}
+    blobs = []
+    for name, blob in (("interp", interp_bytes), ("dynstr", bytes(strtab)), ("verneed", bytes(vn)),
+                       ("verdef", bytes(vd)), ("note", note)):
+        offset += -offset % 8
+        layout[name] = (offset, len(blob))
+        blobs.append((offset, blob))
+        offset += len(blob)
+    offset += -offset % 8
+    dyn_entries += [(5, base + layout["dynstr"][0]), (10, layout["dynstr"][1]),
+                    (0x6FFFFFFE, base + layout["verneed"][0]), (0x6FFFFFFF, len(verneed)),
+                    (0x6FFFFFFC, base + layout["verdef"][0]), (0x6FFFFFFD, len(names)),
+                    (30, flags), (0x6FFFFFFB, flags_1), (0, 0)]
+    dyn_blob = b"".join(dyn.pack(tag, value) for tag, value in dyn_entries)
+    layout["dynamic"] = (offset, len(dyn_blob))
+    blobs.append((offset, dyn_blob))
+    offset += len(dyn_blob)
+    shstr = bytearray(b"\0")
+    section_list = [("", 0, 0, 0), (".interp", 1, *layout["interp"]), (".dynstr", 3, *layout["dynstr"]),
+                    (".note.gnu.build-id", 7, *layout["note"]), (".dynamic", 6, *layout["dynamic"])]
+    section_list += [(name, 1, 0, 0) for name in extra_sections]
+    section_list.append((".shstrtab", 3, 0, 0))
+    name_offsets = []
+    for name, *_rest in section_list:
+        name_offsets.append(len(shstr))
+        shstr += name.encode() + b"\0"
+    layout["shstrtab"] = (offset, len(shstr))
+    blobs.append((offset, bytes(shstr)))
+    offset += len(shstr)
+    section_list[-1] = (".shstrtab", 3, *layout["shstrtab"])
+    offset += -offset % 8
+    shoff = offset
+    total = shoff + len(section_list) * shdr.size
+
+    out = bytearray(total)
+    ident = b"\x7fELF" + bytes([2 if is64 else 1, 1 if little else 2, 1, 0]) + bytes(8)
+    out[:ehdr.size] = ehdr.pack(ident, 3, machine, 1, 0, ehdr.size, shoff, 0, ehdr.size, phdr.size, phnum,
+                                shdr.size, len(section_list), len(section_list) - 1)
+    segments = [(3, *layout["interp"]), (1, 0, total), (2, *layout["dynamic"]), (4, *layout["note"])]
+    for index, (p_type, p_offset, p_size) in enumerate(segments):
+        fields = ((p_type, 4, p_offset, base + p_offset, base + p_offset, p_size, p_size, 8) if is64 else
+                  (p_type, p_offset, base + p_offset, base + p_offset, p_size, p_size, 4, 8))
+        at = ehdr.size + index * phdr.size
+        out[at:at + phdr.size] = phdr.pack(*fields)
+    for at, blob in blobs:
+        out[at:at + len(blob)] = blob
+    for index, ((_name, sh_type, sh_offset, sh_size), name_off) in enumerate(zip(section_list, name_offsets)):
+        at = shoff + index * shdr.size
+        out[at:at + shdr.size] = shdr.pack(name_off, sh_type, 0, 0, sh_offset, sh_size, 0, 0, 1, 0)
+    return bytes(out)
+
+
+# --- the fuzz (runs in a child process) -------------------------------------------------
+
+def fuzz_seeds() -> dict:
+    seeds = {}
+    for is64 in (True, False):
+        for little in (True, False):
+            seeds[f"synth{64 if is64 else 32}{'le' if little else 'be'}"] = synth_elf(is64, little)
+    for path in ("/usr/bin/true", "/usr/lib/x86_64-linux-gnu/libdl.so.2", "/usr/lib/x86_64-linux-gnu/libz.so.1"):
+        if os.path.exists(path):
+            seeds[os.path.basename(path)] = open(os.path.realpath(path), "rb").read()
+    return seeds
+
+
+def interesting_offsets(data: bytes) -> list:
+    """Header, program headers, the dynamic section, the section headers and the start of
+    the string table: where a hostile file hurts."""
+    offsets = list(range(0, 64))
+    try:
+        is64, e = data[4] == 2, "<" if data[5] == 1 else ">"
+        if is64:
+            phoff, shoff = struct.unpack_from(e + "QQ", data, 0x20)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", data, 0x36)
+        else:
+            phoff, shoff = struct.unpack_from(e + "II", data, 0x1C)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", data, 0x2A)
+        for index in range(min(phnum, 32)):
+            at = phoff + index * phentsize
+            offsets += range(at, at + phentsize)
+            p_type = struct.unpack_from(e + "I", data, at)[0]
+            if p_type in (2, 4):
+                p_offset = struct.unpack_from(e + ("Q" if is64 else "I"), data, at + (8 if is64 else 4))[0]
+                offsets += range(p_offset, p_offset + 512)
+        for index in range(min(shnum, 64)):
+            at = shoff + index * shentsize
+            offsets += range(at, at + min(shentsize, 64))
+    except struct.error:
+        pass
+    return [o for o in offsets if 0 <= o < len(data)]
+
+
+def mutate(rng: random.Random, data: bytes, hot: list) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        choice = rng.random()
+        if choice < 0.15 and len(out) > 1:
+            del out[rng.randrange(1, len(out)):]  # truncation
+        elif choice < 0.7 and hot:
+            at = rng.choice(hot)
+            width = rng.choice((1, 2, 4, 8))
+            value = rng.choice((0, 1, 0xFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, len(out),
+                                len(out) - 1, rng.randrange(len(out) + 1), rng.getrandbits(64), 0x10000))
+            chunk = (value & ((1 << 8 * width) - 1)).to_bytes(width, rng.choice(("little", "big")))
+            out[at:at + width] = chunk[:max(0, len(out) - at)]
+        elif out:
+            out[rng.randrange(len(out))] = rng.randrange(256)
+    return bytes(out)
+
+
+def fuzz(count: int, seed: int) -> dict:
+    """Mutate the seeds ``count`` times; the two readers' verdicts compared on each file."""
+    rng = random.Random(seed)
+    seeds = fuzz_seeds()
+    names = sorted(seeds)
+    hot = {name: interesting_offsets(seeds[name]) for name in names}
+    summary = {"compared": 0, "ok": 0, "error": 0, "fallback": 0, "mismatches": []}
+    with tempfile.TemporaryDirectory(prefix="seedance-fastelf-fuzz-") as work:
+        path = os.path.join(work, "mutant.so")
+        for index in range(count):
+            name = names[index % len(names)]
+            data = mutate(rng, seeds[name], hot[name])
+            with open(path, "wb") as handle:
+                handle.write(data)
+            theirs = python_verdict(path)
+            ours = c_verdict(path)
+            summary["compared"] += 1
+            summary[ours[0]] += 1
+            if ours[0] != "fallback" and ours != theirs and len(summary["mismatches"]) < 5:
+                keep = os.path.join(tempfile.gettempdir(), f"seedance-fastelf-mismatch-{seed}-{index}.so")
+                shutil.copyfile(path, keep)
+                summary["mismatches"].append({"seed": name, "file": keep, "python": repr(theirs)[:600],
+                                              "c": repr(ours)[:600]})
+    return summary
+
+
+# --- tests --------------------------------------------------------------------------------
+
+@needs_c
+@pytest.mark.parametrize("tree", TREES)
+def test_equal_on_every_elf_of_the_host(tree):
+    if not os.path.isdir(tree):
+        pytest.skip(f"{tree} is not on this host")
+    files = elf_files(tree)
+    assert files, f"no ELF file under {tree}"
+    differences = []
+    for path in files:
+        theirs, ours = python_verdict(path), c_verdict(path)
+        if ours != theirs:
+            differences.append((path, theirs, ours))
+    assert not differences[:3], f"{len(differences)} of {len(files)} files differ"
+
+
+@needs_c
+@pytest.mark.parametrize("is64", [True, False], ids=["elf64", "elf32"])
+@pytest.mark.parametrize("little", [True, False], ids=["le", "be"])
+def test_hand_built_objects_of_every_class_and_byte_order(tmp_path, is64, little):
+    path = tmp_path / "libsynth.so"
+    path.write_bytes(synth_elf(is64, little, needed=("libc.so.6", "libm.so.6", "lib\udcffodd.so")))
+    ours = c_verdict(str(path))
+    assert ours == python_verdict(str(path))
+    info = ours[1]
+    # what was written, read back
+    assert (info.elf_class, info.little_endian, info.machine) == (64 if is64 else 32, little, 62)
+    assert info.needed == ("libc.so.6", "libm.so.6", "lib\udcffodd.so")
+    assert (info.soname, info.rpath, info.runpath) == ("libsynth.so.1", ("/opt/a", "$ORIGIN"), ("/opt/run",))
+    assert info.version_needs[0].file == "libc.so.6"
+    assert info.version_needs[0].versions == (("GLIBC_2.2", False), ("GLIBC_2.34", True))
+    assert info.version_defs == ("V1", "V2")
+    assert (info.build_id, info.interpreter) == (bytes(range(20)).hex(), "/lib/ld-synth.so")
+    assert (info.flags, info.flags_1) == (0x8, 0x800)
+    # the repeated ".dynstr" section name is kept once, at its first place
+    # (the null section's name is the empty string at offset 0)
+    assert info.section_names == ("", ".interp", ".dynstr", ".note.gnu.build-id", ".dynamic", ".note.dup",
+                                  ".shstrtab")
+
+
+def _linked_32bit(tmp_path) -> list:
+    """Real i386 shared objects: gcc -m32 -c, then ld -m elf_i386 (no 32-bit libgcc needed)."""
+    if not shutil.which("gcc") or not shutil.which("ld"):
+        pytest.skip("gcc/ld not installed")
+    (tmp_path / "dep.c").write_text("int dep_v1(void){return 1;} int dep_v2(void){return 2;}\n")
+    (tmp_path / "dep.map").write_text("DEP_1 { global: dep_v1; local: *; };\nDEP_2 { global: dep_v2; } DEP_1;\n")
+    (tmp_path / "use.c").write_text("int dep_v1(void); int dep_v2(void); int use(void){return dep_v1()+dep_v2();}\n")
+    for name in ("dep", "use"):
+        built = subprocess.run(["gcc", "-m32", "-fPIC", "-c", str(tmp_path / f"{name}.c"), "-o",
+                                str(tmp_path / f"{name}.o")], capture_output=True, text=True, errors="replace")
+        if built.returncode != 0:
+            pytest.skip(f"gcc -m32 cannot compile here: {built.stderr.strip()[-200:]}")
+    subprocess.run(["ld", "-m", "elf_i386", "-shared", "-soname", "libdep.so.1", "--version-script",
+                    str(tmp_path / "dep.map"), "--build-id", str(tmp_path / "dep.o"), "-o", str(tmp_path / "libdep.so")],
+                   check=True)
+    subprocess.run(["ld", "-m", "elf_i386", "-shared", "-soname", "libuse.so", "-rpath", "$ORIGIN/lib",
+                    "--enable-new-dtags", str(tmp_path / "use.o"), str(tmp_path / "libdep.so"), "-o",
+                    str(tmp_path / "libuse.so")], check=True)
+    return [tmp_path / "libdep.so", tmp_path / "libuse.so"]
+
+
+@needs_c
+def test_real_32bit_objects(tmp_path):
+    dep, use = _linked_32bit(tmp_path)
+    for path in (dep, use):
+        assert c_verdict(str(path)) == python_verdict(str(path))
+    info = fastread.read(str(use))
+    assert (info.elf_class, info.needed, info.runpath) == (32, ("libdep.so.1",), ("$ORIGIN/lib",))
+    assert [(v.file, [name for name, _weak in v.versions]) for v in info.version_needs] == \
+        [("libdep.so.1", ["DEP_1", "DEP_2"])]
+    assert fastread.read(str(dep)).version_defs == ("DEP_1", "DEP_2")
+
+
+@needs_c
+def test_os_level_failures_say_what_the_python_reader_says(tmp_path):
+    (tmp_path / "short").write_bytes(b"\x7fELF\x02")
+    (tmp_path / "text").write_text("not an elf at all, but long enough\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # must not wait for a writer
+    secret = tmp_path / "secret.so"
+    secret.write_bytes(synth_elf(True, True))
+    secret.chmod(0)
+    cases = [tmp_path / "missing", tmp_path, tmp_path / "short", tmp_path / "text", fifo]
+    if os.geteuid() != 0:
+        cases.append(secret)
+    for path in cases:
+        theirs = python_verdict(str(path))
+        assert theirs[0] == "error"
+        assert c_verdict(str(path)) == theirs
+
+
+@needs_c
+def test_output_too_large_for_the_buffers_falls_back_to_python(tmp_path):
+    """2 MB of DT_NEEDED strings (100 entries naming one 20 KB string) overflow the 1 MB
+    output: the C reader declines and read_elf answers through the Python reader."""
+    path = tmp_path / "libwide.so"
+    path.write_bytes(synth_elf(True, True, needed=["x" * 20000] * 100))
+    assert fastread.read(str(path)) is None
+    info = reader.read_elf(str(path))
+    assert info.needed == ("x" * 20000,) * 100
+    assert python_verdict(str(path))[1] == info
+
+
+def test_python_reader_when_forced_or_not_built(tmp_path, monkeypatch):
+    path = tmp_path / "libsynth.so"
+    path.write_bytes(synth_elf(True, True))
+    calls = []
+    real = fastread.read
+    monkeypatch.setattr(fastread, "read", lambda p: calls.append(p) or real(p))
+    monkeypatch.setenv("SEEDANCE_ELF_READER", "python")
+    forced = reader.read_elf(str(path))
+    assert calls == []
+    monkeypatch.delenv("SEEDANCE_ELF_READER")
+    monkeypatch.setattr(fastread, "_lib", False)  # as when the extension was never built
+    assert reader.read_elf(str(path)) == forced and calls == []
+    assert forced.needed == ("libc.so.6",)
+
+
+@needs_c
+def test_generated_cffi_wrapper_is_current():
+    pytest.importorskip("cffi")
+    sys.path.insert(0, str(ROOT / "agent" / "elf"))
+    try:
+        import build_fastelf
+    finally:
+        sys.path.pop(0)
+    assert build_fastelf.wrapper_source() == build_fastelf.WRAPPER.read_text(), \
+        "agent/elf/_fastelf_cffi.c is stale: python agent/elf/build_fastelf.py --cffi"
+
+
+@needs_c
+def test_fuzz_same_verdicts_and_no_crash():
+    count = int(os.environ.get("SEEDANCE_FASTELF_FUZZ", "3000"))
+    child = subprocess.run([sys.executable, __file__, "--fuzz", str(count), "13"], capture_output=True,
+                           text=True, errors="replace", timeout=600)
+    assert child.returncode == 0, f"fuzz child died (rc {child.returncode}): {child.stderr[-2000:]}"
+    summary = json.loads(child.stdout.strip().splitlines()[-1])
+    assert summary["compared"] == count
+    assert summary["mismatches"] == []
+    # both verdicts well represented, or the mutations were too gentle or too harsh to mean much
+    assert summary["ok"] > count // 10 and summary["error"] > count // 10, summary
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--fuzz":
+        print(json.dumps(fuzz(int(sys.argv[2]), int(sys.argv[3]))))
+    else:
+        sys.exit(__doc__)
