@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import struct
 import subprocess
 
 import pytest
@@ -203,3 +204,219 @@ def test_two_libraries_without_build_id_keep_their_own_symbols(tmp_path):
     resolver = Resolver(env={})
     closure = resolver.closure(str(tmp_path / "app"), symbols=True)
     assert [u for u in resolver.undefined(closure) if "fn_" in str(u)] == []
+
+
+# -- second round (bench/mutation-survivors.md, "resolve, second sample") --------------------
+RTLD = "/lib64/ld-linux-x86-64.so.2"
+LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
+
+
+def _glibc_hwcaps_searched(env=None) -> list:
+    """The glibc-hwcaps subdirectories ld.so --help marks "supported, searched", best first."""
+    text = subprocess.run([RTLD, "--help"], capture_output=True, text=True, errors="replace",
+                          env={**CLEAN, **(env or {})}, timeout=60).stdout
+    lines = text.split("Subdirectories of glibc-hwcaps directories, in priority order:", 1)[1].split("\n\n")[0]
+    return [line.split()[0] for line in lines.splitlines() if "supported" in line]
+
+
+# glibc.cpu.hwcaps=-NAME turns a CPU feature off for ld.so (sysdeps/x86/cpu-tunables.c); the
+# same feature is removed from a copy of /proc/cpuinfo.  SSE4_2 and POPCNT are x86-64-v2
+# features, AVX2 a v3 one: the levels are cumulative (x86-64 psABI), so losing a v2 feature
+# loses v3 and v4 too, whatever else the CPU has.
+@pytest.mark.parametrize("feature", ["SSE4_2", "POPCNT", "AVX2"])
+def test_hwcaps_levels_with_a_feature_masked_match_ld_so(tmp_path, feature):
+    from seedance.resolve import hwcaps
+
+    if os.uname().machine != "x86_64" or not os.path.exists(RTLD):
+        pytest.skip("x86-64 glibc only")
+    if hwcaps.glibc_version() < (2, 33):
+        pytest.skip("glibc-hwcaps needs glibc 2.33")
+    cpuinfo = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+    flag = feature.lower()
+    if not re.search(rf"^flags\s*:.*\b{flag}\b", cpuinfo, re.M):
+        pytest.skip(f"this CPU has no {flag}")
+    masked = tmp_path / "cpuinfo"
+    masked.write_text(re.sub(rf"(^flags\s*:.*?) {flag}\b", r"\1", cpuinfo, flags=re.M))
+    expected = _glibc_hwcaps_searched({"GLIBC_TUNABLES": f"glibc.cpu.hwcaps=-{feature}"})
+    assert expected != _glibc_hwcaps_searched()  # the tunable took
+    assert list(hwcaps.detect(str(masked)).hwcaps_subdirs) == expected
+
+
+def test_an_intel_cpu_with_avx512_bw_dq_vl_gets_the_avx512_1_hwcap(tmp_path):
+    """sysdeps/x86/cpu-features.c (glibc 2.26-2.36): on Intel, AVX512CD without AVX512ER,
+    and AVX512BW+DQ+VL usable, sets HWCAP_X86_AVX512_1 (dl_hwcap bit 2), which adds the
+    legacy "avx512_1" subdirectory; without AVX512BW it does not.  This host is not such a
+    CPU, so the rule is taken from the source, on a written cpuinfo."""
+    from seedance.resolve import hwcaps
+
+    base = "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave cx16 lahf_lm popcnt sse4_1 sse4_2 ssse3 avx512f avx512cd"
+    for extra, has in (("avx512bw avx512dq avx512vl", True), ("avx512dq avx512vl", False)):
+        info = tmp_path / "cpuinfo"
+        info.write_text(f"vendor_id\t: GenuineIntel\nflags\t\t: {base} {extra}\n")
+        caps = hwcaps.detect(str(info), libc=(2, 36), platform="haswell")
+        assert bool(caps.hwcap_bits & (1 << 2)) is has
+        assert ("avx512_1" in caps.legacy_subdirs) is has
+
+
+def test_a_missing_cache_keeps_its_path(tmp_path):
+    from seedance.resolve.ldcache import LdCache
+
+    where = str(tmp_path / "no" / "ld.so.cache")
+    cache = LdCache.load(where)
+    assert (cache.format, cache.entries, cache.path) == ("missing", [], where)
+
+
+def test_an_empty_cache_that_fits_exactly_is_valid(tmp_path):
+    """glibc's dl-cache.c accepts a new-format cache when (size - header) / entry size >=
+    nlibs: a 48-byte header with no entries is a valid, empty cache (ldconfig -p lists it
+    as "0 libs found"), not a corrupt one."""
+    from seedance.resolve.ldcache import LdCache
+
+    blob = b"glibc-ld.so.cache1.1"
+    empty = tmp_path / "empty.cache"
+    empty.write_bytes(blob + bytes(48 - len(blob)))
+    listed = subprocess.run([LDCONFIG, "-p", "-C", str(empty)], capture_output=True, text=True, errors="replace")
+    assert listed.stdout.startswith("0 libs found"), listed.stdout + listed.stderr
+    cache = LdCache.load(str(empty))
+    assert (cache.format, cache.entries) == ("new", [])
+
+
+def test_an_extension_offset_past_the_end_leaves_the_entries_usable(tmp_path):
+    """A cache written by ldconfig, its extension_offset (struct cache_file_new, byte 32)
+    pointed past the end of the file.  ldconfig -p refuses it ("Malformed extension data"),
+    but ld.so still uses its entries.  Oracle: the program run by ld.so in a private mount
+    namespace with that file bound over /etc/ld.so.cache, LD_DEBUG=libs saying where it found
+    the library."""
+    from seedance.resolve.ldcache import LdCache
+
+    if shutil.which("gcc") is None or not os.path.exists(LDCONFIG) or shutil.which("unshare") is None:
+        pytest.skip("gcc, ldconfig and unshare needed")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "x.c").write_text("int seedx(void){return 3;}\n")
+    (tmp_path / "m.c").write_text("int seedx(void); int main(void){return seedx()-3;}\n")
+    lib = tmp_path / "lib" / "libseedx.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, tmp_path / "x.c", "-Wl,-soname,libseedx.so.1"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", lib], check=True)  # no RPATH: the cache
+    (tmp_path / "ld.so.conf").write_text(f"{tmp_path / 'lib'}\n")
+    cache_file = tmp_path / "ld.so.cache"
+    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(tmp_path / "ld.so.conf")], check=True,
+                   capture_output=True)
+    data = bytearray(cache_file.read_bytes())
+    assert data[:20] == b"glibc-ld.so.cache1.1"  # the new format alone (glibc 2.32+ default)
+    assert struct.unpack_from("<I", data, 32)[0] != 0  # ldconfig wrote an extension
+    struct.pack_into("<I", data, 32, len(data) + 64)
+    cache_file.write_bytes(bytes(data))
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind "$1" /etc/ld.so.cache && exec "$2"', "sh",
+                           str(cache_file), str(tmp_path / "app")], capture_output=True, text=True,
+                          errors="replace", env={**CLEAN, "LD_DEBUG": "libs"}, timeout=60)
+    if "unshare:" in proc.stderr or "mount:" in proc.stderr:
+        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[:200]}")
+    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
+    start = lines.index("find library=libseedx.so.1 [0]; searching")
+    assert lines[start + 1:start + 3] == ["search cache=/etc/ld.so.cache", f"trying file={lib}"], proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    cache = LdCache.load(str(cache_file))
+    assert cache.format == "new"
+    assert cache.lookup("libseedx.so.1") == str(lib)
+    res = next(r for r in Resolver(env={}, cache_path=str(cache_file)).closure(str(tmp_path / "app")).resolutions
+               if r.name == "libseedx.so.1")
+    assert (res.source, res.path) == ("ld.so.cache", str(lib))
+
+
+def _ld_debug_lines(program) -> list:
+    proc = subprocess.run([str(program)], capture_output=True, text=True, errors="replace", timeout=60,
+                          env={**CLEAN, "LD_DEBUG": "libs"})
+    return [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
+
+
+def test_a_name_already_loaded_is_not_searched_again(tmp_path):
+    """_dl_map_object first matches a NEEDED name against the loaded objects (names,
+    SONAMEs) and searches only when none answers: LD_DEBUG=libs prints "find library=" once
+    per search.  A library needed by the program and by another library is searched once;
+    the second request is answered by the loaded object."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "a.c").write_text("int a(void){return 1;}\n")
+    (tmp_path / "b.c").write_text("int a(void); int b(void){return a();}\n")
+    (tmp_path / "m.c").write_text("int a(void), b(void); int main(void){return a()+b()-2;}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "liba.so", tmp_path / "a.c",
+                    "-Wl,-soname,liba.so"], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libb.so", tmp_path / "b.c", tmp_path / "liba.so",
+                    "-Wl,-soname,libb.so", f"-Wl,-rpath,{tmp_path}"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", tmp_path / "liba.so", tmp_path / "libb.so",
+                    f"-Wl,-rpath,{tmp_path}"], check=True)
+    searches: dict = {}
+    for line in _ld_debug_lines(tmp_path / "app"):
+        if line.startswith("find library="):
+            name = line[len("find library="):].split(" ", 1)[0]
+            searches[name] = searches.get(name, 0) + 1
+    assert searches.get("liba.so") == 1
+    closure = Resolver(env={}).closure(str(tmp_path / "app"))
+    ours: dict = {}
+    for res in closure.resolutions:
+        if res.source != "loaded":
+            ours[res.name] = ours.get(res.name, 0) + 1
+    assert ours == searches
+    second = [r for r in closure.resolutions if r.name == "liba.so" and r.requester == str(tmp_path / "libb.so")]
+    assert [(r.source, r.path) for r in second] == [("loaded", str(tmp_path / "liba.so"))]
+
+
+def test_nodefaultlib_skips_the_cache_and_the_default_directories(tmp_path):
+    """A library linked -z nodefaultlib (DF_1_NODEFLIB): ld.so searches its RUNPATH and the
+    cache (whose entries in system directories it then refuses), never the default
+    directories (dl-load.c _dl_map_object); the search order says the default step was
+    skipped, and why."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "g.c").write_text("int g(void){return 1;}\n")
+    (tmp_path / "n.c").write_text("int g(void); int n(void){return g();}\n")
+    (tmp_path / "m.c").write_text("int n(void); int main(void){return n()-1;}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "link" / "libgone.so", tmp_path / "g.c",
+                    "-Wl,-soname,libgone.so"], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libn.so", tmp_path / "n.c",
+                    tmp_path / "link" / "libgone.so", "-Wl,-soname,libn.so", "-Wl,-z,nodefaultlib",
+                    f"-Wl,-rpath,{tmp_path / 'r'}"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", tmp_path / "libn.so",
+                    f"-Wl,-rpath,{tmp_path}", f"-Wl,-rpath-link,{tmp_path / 'link'}"], check=True)
+    (tmp_path / "link" / "libgone.so").unlink()
+    expected = ld_so_search(tmp_path / "app", "libgone.so")
+    assert expected and all(source != "default" for source, _ in expected)
+    res = next(r for r in Resolver(env={}).closure(str(tmp_path / "app")).resolutions if r.name == "libgone.so")
+    assert res.source == "not-found"
+    assert res.search_order[-1] == ("default", "skipped: DF_1_NODEFLIB")
+    assert [(source, d.rstrip("/")) for source, d in res.search_order[:-1]] == expected
+
+
+def test_the_interpreter_is_the_one_ldd_names(tmp_path):
+    if shutil.which("gcc") is None or shutil.which("ldd") is None:
+        pytest.skip("gcc and ldd needed")
+    (tmp_path / "m.c").write_text("int main(void){return 0;}\n")
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c"], check=True)
+    out = subprocess.run(["ldd", str(tmp_path / "app")], capture_output=True, text=True, errors="replace",
+                         env=CLEAN).stdout
+    # ldd lists the interpreter as a bare path with its load address, no "=>"
+    interp = [line.split()[0] for line in out.splitlines() if line.strip().startswith("/") and "=>" not in line]
+    assert len(interp) == 1, out
+    assert Resolver(env={}).closure(str(tmp_path / "app")).interpreter == interp[0]
+
+
+def test_more_roots_than_the_closure_cache_holds(tmp_path):
+    """The resolver keeps a bounded number of recent closures (a scan of thousands of roots
+    must not hold them all); going past the bound drops the oldest and goes on.  Each
+    copy's closure is what ldd says for the first."""
+    if shutil.which("gcc") is None or shutil.which("ldd") is None:
+        pytest.skip("gcc and ldd needed")
+    (tmp_path / "c.c").write_text("#include <stdio.h>\nint c(void){return puts(\"c\");}\n")
+    first = tmp_path / "lib0.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", first, tmp_path / "c.c"], check=True)
+    out = subprocess.run(["ldd", str(first)], capture_output=True, text=True, errors="replace", env=CLEAN).stdout
+    libc = next(line.split("=>")[1].split("(")[0].strip() for line in out.splitlines() if "libc.so.6 =>" in line)
+    resolver = Resolver(env={})
+    for index in range(80):
+        copy = tmp_path / f"lib{index}.so"
+        if index:
+            shutil.copy2(first, copy)
+        closure = resolver.closure(str(copy))
+        got = next(r.path for r in closure.resolutions if r.name == "libc.so.6")
+        assert os.path.realpath(got) == os.path.realpath(libc)
