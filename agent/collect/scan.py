@@ -218,33 +218,54 @@ class Scanner:
                     except OSError:
                         pass
                 else:
-                    files.append((entry.name, entry.path))  # entry.path: joined in C
-            for name, path in sorted(files):
+                    files.append((entry.name, entry.path, entry))  # entry.path: joined in C
+            for name, path, entry in sorted(files, key=lambda item: item[0]):
                 self.stats["files"] += 1
-                try:
-                    st = os.stat(path)
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:
-                        self.stats["unreadable"] += 1
-                        self.errors.append({"path": path, "error": "symbolic link loop"})
-                    else:
-                        self.stats["skipped"] += 1  # a dangling link: nothing to check
-                    continue
-                if not stat.S_ISREG(st.st_mode) or st.st_size < 16:
+                if name.endswith(NEVER_ELF_SUFFIXES):
+                    # most of site-packages: counted, never stat'ed nor opened (issue 13)
                     self.stats["skipped"] += 1
                     continue
+                st = None
+                try:
+                    # scandir's d_type says "regular file" without a stat; the stat is then
+                    # needed only for what is kept (links are followed: stat them now)
+                    plain = entry.is_file(follow_symlinks=False)
+                except OSError:
+                    plain = False
+                if not plain:
+                    try:
+                        st = os.stat(path)
+                    except OSError as exc:
+                        if exc.errno == errno.ELOOP:
+                            self.stats["unreadable"] += 1
+                            self.errors.append({"path": path, "error": "symbolic link loop"})
+                        else:
+                            self.stats["skipped"] += 1  # a dangling link: nothing to check
+                        continue
+                    if not stat.S_ISREG(st.st_mode) or st.st_size < 16:
+                        self.stats["skipped"] += 1
+                        continue
                 if name.endswith(config_collect.CONFIG_SUFFIXES) and _is_seedance_config(path):
                     self.dir_configs.append(path)
                     continue
-                if name.endswith(NEVER_ELF_SUFFIXES):
-                    self.stats["skipped"] += 1
-                    continue
-                file_id = (st.st_dev, st.st_ino)
-                kind = sniffed.get(file_id)
+                # a file reached again through a link is sniffed once; plain files are not
+                # looked up (an inode without its device could be another filesystem's)
+                kind = sniffed.get((st.st_dev, st.st_ino)) if st is not None else None
                 if kind is None:
                     kind = _sniff(path)
-                    if isinstance(kind, str):
-                        sniffed[file_id] = kind
+                    if isinstance(kind, str) and st is not None:
+                        sniffed[(st.st_dev, st.st_ino)] = kind
+                if kind == "elf" and st is None:
+                    try:
+                        st = os.stat(path)
+                    except OSError as exc:
+                        self.stats["unreadable"] += 1  # vanished or unreadable since it was listed
+                        self.errors.append({"path": path, "error": describe_os_error(exc)})
+                        continue
+                    if st.st_size < 16:
+                        kind = "other"
+                    else:
+                        sniffed[(st.st_dev, st.st_ino)] = kind
                 if kind == "elf":
                     found.append((path, st))
                 elif isinstance(kind, OSError):
