@@ -209,29 +209,42 @@ def _cuda_mismatch(args) -> int:
     if not runnable:
         print("nothing relinked")
         return 1
-    mapped = atomic.MappedIndex.scan()
-    for action in runnable:  # every refusal before any file is touched
-        atomic.check_rewritable(action.path, mapped)
-    failed = []
-    with journal.begin("fix cuda-mismatch", _argv(), [f.message for f in plan.findings]) as entry:
-        for action in runnable:
-            edit = relinker.edit(action)
-            try:
-                entry.replace_file(action.path, edit.fill, verify=lambda temp, a=action: relinker.verify(a, temp),
-                                   summary="; ".join(action.changes), expect=action.identity)
-                print(f"relinked {action.path} ({action.strategy}, verified: re-parsed, resolved, dlopen ok)")
-            except VerifyFailed as exc:
-                failed.append(str(exc))
-                print(f"not relinked: {exc}")
+    relinker.start_verifier()  # its interpreter starts while the pre-flight checks run
+    try:
+        mapped = atomic.MappedIndex.scan()
+        for action in runnable:  # every refusal before any file is touched
+            atomic.check_rewritable(action.path, mapped)
+        failed = []
+        with journal.begin("fix cuda-mismatch", _argv(), [f.message for f in plan.findings]) as entry:
+            for action in runnable:
+                relinker.start_verifier()
+                edit = relinker.edit(action)
+                try:
+                    entry.replace_file(action.path, edit.fill,
+                                       verify=lambda temp, a=action: relinker.verify(a, temp),
+                                       summary="; ".join(action.changes), expect=action.identity)
+                    print(f"relinked {action.path} ({action.strategy}, verified: re-parsed, resolved, dlopen ok)")
+                except VerifyFailed as exc:
+                    failed.append(str(exc))
+                    print(f"not relinked: {exc}")
+    finally:
+        relinker.close()
     written = [r for r in entry.files if r["state"] == "written"]
     if written:
         print(f"journal {entry.id}: {len(written)} file(s); undo with: seedance fix undo {entry.id}")
-    return _recheck_relink(relink, roots, runtime, plan, refused or failed or plan.skipped)
+    return _recheck_relink(relinker, plan, [r["path"] for r in written], refused or failed or plan.skipped,
+                           args.verbose)
 
 
-def _recheck_relink(relink, roots, runtime, plan, incomplete) -> int:
-    after = relink.Relinker(roots, runtime=runtime).check()
-    remaining = relink.Relinker.relevant(after.findings)
+def _recheck_relink(relinker, plan, written, incomplete, verbose=False) -> int:
+    """Check again: the roots that load a rewritten file, the first check's findings elsewhere."""
+    remaining = relinker.recheck(plan.findings, written)
+    if verbose:
+        if relinker.rechecked is None:
+            print("check again: every root")
+        else:
+            print(f"check again: {len(relinker.rechecked)} root(s) that load a rewritten file "
+                  f"(the other roots' findings stand as found): {' '.join(relinker.rechecked)}")
     before = {(f.rule, f.message) for f in plan.findings}
     now = {(f.rule, f.message) for f in remaining}
     gone = before - now

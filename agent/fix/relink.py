@@ -104,11 +104,79 @@ class Relinker:
         self.resolver = Resolver(env=self.env)
         self._Resolver = Resolver
         self._edits: dict = {}  # (path, renames, version renames) -> dynedit.FileEdit
+        # root -> real paths of every object in its closure, as the check saw them (None
+        # until a check ran): what the re-check after a fix needs to look at again
+        self.closures: dict | None = None
+        self._verifier = None  # a DlopenChild started ahead of the next verify()
+        self.rechecked: list | None = None  # the roots recheck() checked again (None: all)
 
     # --- check ---------------------------------------------------------------------------------
     def check(self, progress=None):
+        """The check over the roots; remembers each root's closure for recheck(), and plans
+        with the check's own resolver afterwards (its reads and searches are cached: the
+        plan walks the same closures again)."""
+        from ..collect.scan import CheckOptions, Scanner
+
+        real: dict = {}
+        closures: dict = {}
+
+        def seen(root, result, _runtimes) -> None:
+            paths = set()
+            for path in result.objects:
+                if path not in real:
+                    real[path] = os.path.realpath(path)
+                paths.add(real[path])
+            closures[root] = frozenset(paths)
+
+        scanner = Scanner(CheckOptions(targets=list(self.roots), env=self.env), progress)
+        scanner.on_closure = seen
+        report = scanner.run()
+        self.closures = closures
+        self.resolver = scanner.resolver
+        return report
+
+    def recheck(self, before: list, written) -> list:
+        """The relevant findings once ``written`` (real paths) were rewritten: a check of the
+        roots that load a rewritten file, or an object a finding of ``before`` is about that
+        such a root loads (a finding about a shared object is judged from the first root that
+        loads it, as in the full check), and ``before``'s findings about everything else,
+        which nothing rewritten can change (issue 13: the fixer checked every root twice, 10 s
+        for the default roots).  Without a recorded check: a full check."""
         from ..collect.scan import CheckOptions, run_check
-        return run_check(CheckOptions(targets=list(self.roots), env=self.env), progress)
+
+        self.rechecked = None
+        if self.closures is None:
+            return self.relevant(Relinker(self.roots, runtime=str(self.runtime or "auto"),
+                                          env=self.env).check().findings)
+        # what each finding is about: its subject, and the files its evidence names (a
+        # cuda-runtime-mixed finding stands for every root that mixes the same runtimes)
+        about = [(os.path.realpath(f.subject["path"]), _evidence_paths(f.evidence))
+                 for f in before if f.subject.get("path")]
+        watch = {os.path.realpath(p) for p in written}
+        roots: set = set()
+        while True:
+            more = {root for root, objects in self.closures.items() if root not in roots and objects & watch}
+            if not more:
+                break
+            roots |= more
+            touched = frozenset().union(*(self.closures[r] for r in roots))
+            for subject, paths in about:
+                if subject in touched:
+                    watch.add(subject)
+                    watch |= paths
+        touched = frozenset().union(*(self.closures[r] for r in roots)) if roots else frozenset()
+        kept = [f for f in before if not f.subject.get("path")
+                or os.path.realpath(f.subject["path"]) not in touched]
+        self.rechecked = sorted(roots)
+        if not roots:
+            return kept
+        try:
+            report = run_check(CheckOptions(targets=sorted(roots), env=self.env))
+        except SeedanceError:  # a root gone or unreadable since: judge the roots as given
+            self.rechecked = None
+            return self.relevant(Relinker(self.roots, runtime=str(self.runtime or "auto"),
+                                          env=self.env).check().findings)
+        return kept + self.relevant(report.findings)
 
     @staticmethod
     def relevant(findings) -> list:
@@ -346,6 +414,16 @@ class Relinker:
         return ""
 
     # --- apply ---------------------------------------------------------------------------------
+    def start_verifier(self) -> None:
+        """Start the dlopen child of the next verify() now, so its start-up overlaps the write."""
+        if self._verifier is None:
+            self._verifier = DlopenChild(self.env)
+
+    def close(self) -> None:
+        if self._verifier is not None:
+            self._verifier.close()
+            self._verifier = None
+
     def edit(self, action: RelinkAction) -> dynedit.FileEdit:
         """Plan the byte edit (in place when it fits, LIEF otherwise); fills strategy/growth.
 
@@ -396,7 +474,8 @@ class Relinker:
         for check in closure.version_checks:
             if check.requester == temp and not check.defined and not check.weak:
                 raise BadInput(f"version {check.version} is not defined by {check.provider}")
-        error = dlopen_in_child(temp, self.env)
+        child, self._verifier = self._verifier, None
+        error = (child or DlopenChild(self.env)).load(temp)
         if error:
             original_error = dlopen_in_child(action.path, self.env)
             names = set(action.renames) | set(action.renames.values()) | set(action.version_renames.values())
@@ -404,23 +483,66 @@ class Relinker:
                 raise BadInput(f"dlopen in a child process failed: {error}")
 
 
+def _evidence_paths(evidence) -> set:
+    """Real paths of the absolute file names in a finding's evidence (strings and lists)."""
+    found = set()
+    for value in (evidence or {}).values():
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, str) and item.startswith("/"):
+                found.add(os.path.realpath(item))
+    return found
+
+
 def dlopen_in_child(path: str, env: dict) -> str:
     """'' when ``path`` loads with RTLD_NOW in a fresh process, else the loader's message."""
-    code = ("import ctypes, os, sys\n"
+    return DlopenChild(env).load(path)
+
+
+class DlopenChild:
+    """A fresh process that dlopens one path with RTLD_NOW: the oracle of verify().
+
+    Started ahead (the fixer starts it before it writes), it has its interpreter up and
+    ctypes imported while the temp file is written, and then waits for the path on stdin:
+    its start-up was most of a small library's verification (issue 13).  One path per child,
+    so nothing loaded for one check can satisfy the next; the environment (LD_LIBRARY_PATH,
+    ...) is the one given, read by ld.so when the child starts."""
+
+    CODE = ("import ctypes, os, sys\n"
+            "path = os.fsdecode(sys.stdin.buffer.read())\n"
+            "if not path:\n"
+            "    sys.exit(0)\n"
             "try:\n"
-            "    ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | os.RTLD_LOCAL)\n"
+            "    ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)\n"
             "except OSError as exc:\n"
             "    print(exc); sys.exit(3)\n")
-    try:
+
+    def __init__(self, env: dict):
         # -I -S: no site-packages, .pth hooks or PYTHON* variables: the child only needs ctypes,
         # and skipping site halves its start-up (issue 13); LD_* still come from ``env``
-        proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, path], capture_output=True, text=True,
-                              env=env, timeout=60, errors="replace")
-    except subprocess.TimeoutExpired:
-        return "dlopen did not return within 60 s"
-    if proc.returncode == 0:
-        return ""
-    return proc.stdout.strip() or (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", self.CODE], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+    def load(self, path: str, timeout: float = 60) -> str:
+        """'' when ``path`` loaded, else the loader's message (one line)."""
+        try:
+            out, err = self.proc.communicate(os.fsencode(path), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.close()
+            return f"dlopen did not return within {timeout:g} s"
+        if self.proc.returncode == 0:
+            return ""
+        out = out.decode("utf-8", "replace").strip()
+        err = err.decode("utf-8", "replace").strip()
+        return out or (err.splitlines() or [f"exit {self.proc.returncode}"])[-1]
+
+    def close(self) -> None:
+        """End a child that was not used (EOF on stdin: it exits without loading anything)."""
+        if self.proc.returncode is None:
+            try:
+                self.proc.communicate(b"", timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def require_elf(paths) -> None:

@@ -142,6 +142,43 @@ def test_runtime_flag_overrides_the_choice(tmp_path, env):
     assert "+ NEEDED libcudart.so.12" in fix.stdout and "- NEEDED libcudart.so.13" in fix.stdout
 
 
+def test_check_again_looks_only_at_the_roots_that_load_the_rewritten_file(tmp_path, env):
+    """The re-check after a fix (issue 13) checks the roots that load a rewritten file (and
+    those that share what its findings were about) and keeps the first check's findings
+    elsewhere.  Oracles: ldd (which roots really load libkern.so) and a full `seedance check`
+    of the same tree after the fix."""
+    d = tmp_path / "tree"
+    d.mkdir()
+    libs = build_mixed(d)
+    # an unrelated library the fix must refuse: built against a CUDA 12 runtime that is gone
+    # (NEEDED does not resolve) and calling cudaGetDeviceProperties_v2, which CUDA 13 lacks
+    private = tmp_path / "private"
+    private.mkdir()
+    shutil.copy(CU12 / "libcudart.so.12", private / "libcudart.so.12")
+    gone = gcc(d / "libgone.so", "int cudaGetDeviceProperties_v2(void*, int);\n"
+                                 "int props(void){char b[4096]; return cudaGetDeviceProperties_v2(b, 0);}\n",
+               f"-L{private}", "-l:libcudart.so.12")
+    shutil.rmtree(private)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--verbose", str(d), env=env)
+    assert fix.returncode == 1, fix.stdout + fix.stderr  # libgone.so refused
+    assert f"relinked {libs['kern']}" in fix.stdout and f"refused {gone}" in fix.stdout
+    line = next(x for x in fix.stdout.splitlines() if x.startswith("check again: ") and "root(s)" in x)
+    rechecked = set(line.split(": ", 2)[2].split())
+    loaders = {str(p) for p in d.glob("*.so")
+               if str(libs["kern"]) in subprocess.run(["ldd", str(p)], capture_output=True, text=True).stdout}
+    assert loaders == {str(libs["app"])}
+    assert loaders | {str(libs["kern"])} <= rechecked and str(gone) not in rechecked
+    # what it says remains is what a full check of the tree finds now
+    still = {tuple(x.strip()[len("still: "):].split(": ", 1))
+             for x in fix.stdout.splitlines() if x.strip().startswith("still: ")}
+    full = json.loads(run_cli("check", "--report-json", "-", str(d), env=env).stdout)["findings"]
+    from seedance.fix.relink import FAMILY, RELINK_RULES
+    found = {(f["rule"], f["message"]) for f in full if f["rule"] in RELINK_RULES and (
+        f["rule"] not in ("needed-unresolved", "needed-soname-mismatch") or FAMILY.match(f["evidence"]["name"]))}
+    assert found and still == found
+    assert all(str(gone) in message for _rule, message in found)
+
+
 # --- bad input: one line, exit 2, nothing touched ----------------------------------------------
 
 def one_line_exit_2(proc):
