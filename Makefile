@@ -54,7 +54,7 @@ headers:
 	fi
 
 # the shim is compiled by `pip install -e .`, so its sources are prerequisites too
-$(STAMP): setup.py requirements-test.txt $(wildcard shim/src/*.c shim/src/*.h shim/src/*.def shim/include/*.h shim/*.py) | system-deps
+$(STAMP): setup.py requirements-test.txt $(wildcard shim/src/*.c shim/src/*.h shim/src/*.def shim/include/*.h shim/*.py agent/elf/*.c agent/elf/*.h) | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(PIP_FIND) --upgrade pip setuptools wheel
 	$(BIN)/pip install -q $(PIP_FIND) -r requirements-test.txt

@@ -16,6 +16,14 @@ _spec = _ilu.spec_from_file_location(
     "_seedance_build_shim", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "shim", "build_shim.py"))
 _build_shim = _ilu.module_from_spec(_spec)
 _spec.loader.exec_module(_build_shim)
+# The C ELF reader (issue 13): a cffi extension whose wrapper is pre-generated
+# (agent/elf/build_fastelf.py), so the build needs a C compiler but not cffi; optional:
+# without it read_elf uses the Python reader, with the same answers.
+_spec = _ilu.spec_from_file_location(
+    "_seedance_build_fastelf", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "agent", "elf",
+                                             "build_fastelf.py"))
+_build_fastelf = _ilu.module_from_spec(_spec)
+_spec.loader.exec_module(_build_fastelf)
 
 PACKAGE_DIRS = {
     "seedance": "agent",
@@ -43,7 +51,7 @@ setup(
     packages=sorted(PACKAGE_DIRS),
     package_data={"seedance": ["schemas/*.json"], "seedance.probes": ["*.bpf.c", "*.h"], "seedance.rules_data": ["*.yaml", "README.md"],
                   "seedance.shim": ["include/*.h", "src/*.c", "src/*.h", "src/*.def"]},
-    ext_modules=[_build_shim.extension()],
+    ext_modules=[_build_shim.extension(), _build_fastelf.extension()],
     cmdclass={"build_ext": _build_shim.make_build_ext(_build_ext)},
     install_requires=[
         "pyelftools>=0.31",
