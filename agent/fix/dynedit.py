@@ -713,65 +713,81 @@ def _mapped_copy(src: int, fd: int, size: int, patches: list, digest) -> None:
         mapped.close()
 
 
-def undefined_symbols(path: str) -> list:
-    """DynLayout.undefined_symbols() of the file at ``path`` (a read-only mapping of it)."""
-    import mmap
+class MappedLayout:
+    """A DynLayout over a read-only mapping of the file at ``path``, and that file's identity.
 
+    One parse serves the relinker's refusal check (undefined_symbols) and the edit's plan:
+    the dynamic symbol table of a 434 MB library was read twice (issue 13)."""
+
+    def __init__(self, path: str):
+        import mmap
+
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ELFError(f"{path}: {(exc.strerror or 'cannot open').lower()}") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_size < 64:
+                raise ELFError(f"{path}: not an ELF file (too short)")
+            self.mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self.path, self.size, self.identity = path, st.st_size, file_identity(st)
+        try:
+            self.layout = DynLayout(self.mapped, path)
+        except BaseException:
+            self.mapped.close()
+            raise
+
+    def current(self) -> bool:
+        """Whether the path still names the file this maps, unchanged."""
+        try:
+            return file_identity(os.stat(self.path)) == self.identity
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.layout = None  # drops its references into the mapping first
+        self.mapped.close()
+
+
+def undefined_symbols(path: str, mapped: MappedLayout | None = None) -> list:
+    """DynLayout.undefined_symbols() of the file at ``path`` (a read-only mapping of it)."""
+    if mapped is not None:
+        return mapped.layout.undefined_symbols()
+    own = MappedLayout(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ELFError(f"{path}: {(exc.strerror or 'cannot open').lower()}") from None
-    try:
-        if os.fstat(fd).st_size < 64:
-            raise ELFError(f"{path}: not an ELF file (too short)")
-        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        return own.layout.undefined_symbols()
     finally:
-        os.close(fd)
-    layout = None
-    try:
-        layout = DynLayout(mapped, path)
-        return layout.undefined_symbols()
-    finally:
-        del layout
-        mapped.close()
+        own.close()
 
 
 def plan_file(path: str, needed_renames: dict, version_renames: dict | None = None,
-              allow_lief: bool = True) -> FileEdit:
-    """Plan the rename for the file at ``path`` from a read-only mapping of it."""
-    import mmap
-
+              allow_lief: bool = True, mapped: MappedLayout | None = None) -> FileEdit:
+    """Plan the rename for the file at ``path`` from a read-only mapping of it (``mapped``
+    when it still maps the file at ``path``)."""
+    own = None
+    if mapped is None or not mapped.current():
+        mapped = own = MappedLayout(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ELFError(f"{path}: {(exc.strerror or 'cannot open').lower()}") from None
-    try:
-        st = os.fstat(fd)
-        size = st.st_size
-        if size < 64:
-            raise ELFError(f"{path}: not an ELF file (too short)")
-        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    layout = None
-    try:
-        layout = DynLayout(mapped, path)
+        layout, size, identity = mapped.layout, mapped.size, mapped.identity
         plan = plan_rename(layout, needed_renames, version_renames)
         if plan is None:
             plan = plan_relocated(layout, needed_renames, version_renames)
         if plan is not None:
-            return FileEdit(path, plan.strategy, plan.changes, size, patches=plan.patches,
-                            identity=file_identity(st))
+            return FileEdit(path, plan.strategy, plan.changes, size, patches=plan.patches, identity=identity)
         appended = plan_appended(layout, needed_renames, version_renames)
         if appended is not None:
-            return FileEdit(path, "appended", appended[1], size, data=appended[0], identity=file_identity(st))
+            return FileEdit(path, "appended", appended[1], size, data=appended[0], identity=identity)
         if not allow_lief:
             raise ELFError(f"{path}: the new names do not fit in .dynstr and LIEF is not allowed")
-        data, strategy, changes = _rename_with_lief(bytes(mapped), needed_renames, version_renames or {}, path)
-        return FileEdit(path, strategy, changes, size, data=data, identity=file_identity(st))
+        data, strategy, changes = _rename_with_lief(bytes(mapped.mapped), needed_renames, version_renames or {},
+                                                    path)
+        return FileEdit(path, strategy, changes, size, data=data, identity=identity)
     finally:
-        del layout
-        mapped.close()
+        if own is not None:
+            own.close()
 
 
 def rename_needed_bytes(data: bytes, needed_renames: dict, version_renames: dict | None = None,

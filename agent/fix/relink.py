@@ -108,6 +108,7 @@ class Relinker:
         # until a check ran): what the re-check after a fix needs to look at again
         self.closures: dict | None = None
         self._verifier = None  # a DlopenChild started ahead of the next verify()
+        self._layouts: dict = {}  # path -> dynedit.MappedLayout, parsed once for plan and edit
         self.rechecked: list | None = None  # the roots recheck() checked again (None: all)
 
     # --- check ---------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ class Relinker:
             action.version_renames.update(self._version_map(info, name, family, target_path))
             if undefined is None:
                 try:
-                    undefined = dynedit.undefined_symbols(path)
+                    undefined = dynedit.undefined_symbols(path, self._mapped(path))
                 except ELFError as exc:
                     problems.append(str(exc))
                     continue
@@ -419,10 +420,19 @@ class Relinker:
         if self._verifier is None:
             self._verifier = DlopenChild(self.env)
 
+    def _mapped(self, path: str):
+        if path not in self._layouts:
+            self._layouts[path] = dynedit.MappedLayout(path)
+        return self._layouts[path]
+
     def close(self) -> None:
+        """End the waiting dlopen child and drop the mappings."""
         if self._verifier is not None:
             self._verifier.close()
             self._verifier = None
+        for mapped in self._layouts.values():
+            mapped.close()
+        self._layouts.clear()
 
     def edit(self, action: RelinkAction) -> dynedit.FileEdit:
         """Plan the byte edit (in place when it fits, LIEF otherwise); fills strategy/growth.
@@ -438,7 +448,8 @@ class Relinker:
         if cached is not None and cached.identity == current:
             edit = cached
         else:
-            edit = dynedit.plan_file(action.path, action.renames, action.version_renames)
+            edit = dynedit.plan_file(action.path, action.renames, action.version_renames,
+                                     mapped=self._layouts.get(action.path))
             self._edits[key] = edit
         action.strategy, action.growth, action.changes = edit.strategy, edit.growth, edit.changes
         return edit
