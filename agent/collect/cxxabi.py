@@ -177,15 +177,18 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
     torch_dir = os.path.dirname(os.path.dirname(sorted(torch_paths, key=lambda p: ("libc10" not in p, p))[0]))
     torch = torch_at(torch_dir, source=torch_source)
     version = torch.version if torch else "?"
-    fix = rebuild_command(ext_path, torch)
     facts = []
     abi_fact = cxx_abi_fact(ext_path, ext_info, torch_paths, cache)
+    mismatch = abi_fact is not None and abi_fact.data["ext_abi"] != abi_fact.data["torch_abi"]
+    missing = cache.missing(imports, ext_path, closure_objects, torch_paths, read_symbols)
+    # The rebuild command is only ever shown with a finding (a mismatch or a missing symbol);
+    # working it out asks pip's RECORDs and dpkg which package ships the file, which was a
+    # tenth of a site-packages check for torch's ~120 healthy test programs (issue 13).
+    fix = rebuild_command(ext_path, torch) if mismatch or missing else ""
     if abi_fact is not None:
         abi_fact.data.update(torch_version=version, torch_source=torch_source, fix_command=fix)
         facts.append(abi_fact)
-    missing = cache.missing(imports, ext_path, closure_objects, torch_paths, read_symbols)
     if missing:
-        mismatch = abi_fact is not None and abi_fact.data["ext_abi"] != abi_fact.data["torch_abi"]
         facts.append(Fact("torch_symbols", {"path": ext_path},
                           {"count": len(missing), "examples": missing[:5], "torch_version": version,
                            "torch_path": torch_dir, "torch_source": torch_source,
