@@ -7,7 +7,6 @@ fixers in seedance.fix return plans and results.
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib.util
 import json
 import os
@@ -285,6 +284,8 @@ def _env_leak(args) -> int:
                 raise BadInput(f"--inject LD_PRELOAD refused: {problem}; nothing changed")
     drop_in = envleak.drop_in_path() if preloads else None
     print(f"{len(findings)} env-leak finding(s) in {len(by_path)} config(s)")
+    import difflib  # only env-leak shows a text diff: kept off every fix's start-up
+
     for edit in edits:
         diff = difflib.unified_diff(edit.original.decode("utf-8").splitlines(),
                                     edit.new.decode("utf-8").splitlines(),

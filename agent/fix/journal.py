@@ -31,9 +31,7 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
-import socket
 import stat
 import threading
 import time
@@ -317,14 +315,16 @@ class Journal:
     # -- entries ---------------------------------------------------------------------------------
     def begin(self, command: str, argv=(), findings=()) -> Entry:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        entry_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+        # os.urandom and uname: what secrets.token_hex and socket.gethostname return, without
+        # importing either module on every fix's start-up (issue 13)
+        entry_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + os.urandom(3).hex()
         entry_dir = self.root / entry_id
         (entry_dir / "files").mkdir(parents=True, mode=0o700)
         lock_fd = os.open(entry_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         manifest = {"schema": SCHEMA, "id": entry_id, "status": OPEN, "created": _now(),
                     "finished": None, "command": command, "argv": list(argv), "pid": os.getpid(),
-                    "host": socket.gethostname(), "findings": list(findings), "files": [], "note": ""}
+                    "host": os.uname().nodename, "findings": list(findings), "files": [], "note": ""}
         entry = Entry(self, entry_id, manifest, lock_fd)
         entry.save(durable=False)  # made durable, with the root, by the first save before a change
         return entry
