@@ -106,7 +106,7 @@ def write_temp(data, temp: str, mode: int = 0o644, owner: tuple | None = None,
 
 
 class BackgroundSync:
-    """fsync a file in a thread (the GIL is released while the kernel writes it back), so the
+    """fsync a file (or a directory) in a thread (the GIL is released while the kernel writes it back), so the
     writeback of a large temp overlaps its verification instead of preceding it.  join()
     returns once the bytes are durable, and raises what fsync raised."""
 
@@ -130,6 +130,10 @@ class BackgroundSync:
         self._thread.join()
         if self.error is not None:
             raise self.error
+
+    def join_quietly(self) -> None:
+        """Wait for it on a path that already fails for another reason."""
+        self._thread.join()
 
 
 def replace(temp: str, target: str, crash: bool = False, sync: bool = True) -> None:

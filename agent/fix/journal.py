@@ -158,7 +158,9 @@ class Entry:
         record = self._new_record(path, "modify", summary, link=given if given != path else None)
         backup = self.dir / record["backup"]
         record["backup_kind"], before = _make_backup(path, str(backup), st)
-        atomic.fsync_dir(str(backup.parent))
+        # the backup's directory entry is made durable while the temp is written and verified
+        # (it must be, like the temp, before the "verified" save that precedes the rename)
+        dir_sync = atomic.BackgroundSync(str(backup.parent))
         record.update(sha256_before=before, mode=st.st_mode & 0o7777, uid=st.st_uid, gid=st.st_gid,
                       temp=atomic.temp_path_for(path, self.id), state="backed-up")
         self.save(durable=False)  # the target is untouched until the "verified" save below
@@ -175,6 +177,7 @@ class Entry:
             # the temp is made durable while it is verified; both end before the rename
             syncer = atomic.BackgroundSync(temp)
         except BaseException:
+            dir_sync.join_quietly()
             if hasher is not None:
                 hasher.join_quietly()
             raise
@@ -183,6 +186,7 @@ class Entry:
                 verify(temp)
         except Exception as exc:
             syncer.join()
+            dir_sync.join_quietly()
             _unlink(temp)
             if hasher is not None:
                 hasher.join_quietly()
@@ -191,6 +195,7 @@ class Entry:
             self.save()
             raise VerifyFailed(f"{path}: verification failed, not rewritten: {exc}") from None
         syncer.join()
+        dir_sync.join()
         crash_point("after-fsync")
         if isinstance(filled, str) and _SHA.fullmatch(filled):
             after = filled
