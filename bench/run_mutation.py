@@ -296,6 +296,39 @@ def collect(module: str, prior: dict, sample_file: Path | None) -> dict:
     return result
 
 
+def recheck_rules(names: list) -> dict:
+    """Each named condition mutant ("rules/<file>:<rule id>:<n>: <condition>") written into
+    the rules stage in turn and run against tests/unit/test_mutation_kills_rules.py as it is
+    in the checkout now; the rule file is restored after each."""
+    where = stage("rules")  # a fresh copy: the rule stage keeps no state between runs
+    tests = ROOT / "tests" / "unit" / "test_mutation_kills_rules.py"
+    env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
+    verdicts = {}
+    for name in names:
+        head, _, mutant = name.partition(": ")
+        rel, rule_id, _n = head.rsplit(":", 2)
+        path = where / rel
+        text = path.read_text()
+        start = text.find(f"id: {rule_id}\n")
+        match = re.compile(r'^(\s*condition:\s*)"(.*)"\s*$', re.M).search(text, start) if start >= 0 else None
+        if match is None:
+            verdicts[name] = "not applied: rule or condition not found"
+            continue
+        try:
+            path.write_text(text[:match.start()] + f'{match.group(1)}"{mutant}"' + text[match.end():])
+            shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
+            proc = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout", "300",
+                                   str(Path("tests") / "unit" / tests.name)], cwd=where, env=env,
+                                  capture_output=True, text=True, errors="replace")
+            verdicts[name] = "killed" if proc.returncode == 1 else "survived" if proc.returncode == 0 \
+                else f"error (pytest exit {proc.returncode})"
+        finally:
+            path.write_text(text)
+            shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
+        print(f"{verdicts[name]:9} {name}", flush=True)
+    return verdicts
+
+
 def recheck(module: str, names: list) -> dict:
     """Each named mutant applied to the stage's source in turn (mutmut apply) and run against
     tests/unit/test_mutation_kills_<module>.py as it is in the checkout now: which of them the
@@ -366,7 +399,7 @@ def main(argv=None) -> int:
         if args.recheck:
             stored = results.get(module) or {}
             names = sorted(stored.get("sample_survivors") or stored.get("survivors") or {})
-            stored["recheck"] = recheck(module, names)
+            stored["recheck"] = recheck_rules(names) if module == "rules" else recheck(module, names)
             stored["recheck_killed"] = sum(1 for v in stored["recheck"].values() if v == "killed")
             merged = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
             merged[module] = stored

@@ -133,3 +133,67 @@ def test_plugin_cxxrt_version_missing_stays_quiet_when_the_runtime_has_every_nod
                  "plugin-cxxrt-version-missing")
     assert not fired(rules, [replace(glibc, data={**glibc.data, "node": "GLIBC_9.9", "defined": False})],
                      "plugin-cxxrt-version-missing")
+
+
+@pytest.fixture(scope="module")
+def installed_torch():
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        pytest.skip("torch not installed")
+
+
+@pytest.mark.parametrize("torch_range, fires", [("<1.0", True), (">=1.0", False)])
+def test_plugin_torch_version(rules, installed_torch, torch_range, fires):
+    """framework.torch against the torch distribution installed here (any release since 1.0
+    is inside >=1.0 and outside <1.0)."""
+    manifest = replace(load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml"), torch_range=torch_range)
+    fact, _ = layers.framework_fact(manifest)
+    assert fact is not None
+    assert fired(rules, [fact], "plugin-torch-version") is fires
+
+
+EXT = """\
+#include <string>
+namespace c10 { void seedance_not_in_torch(const std::string &); }
+void call(void) { c10::seedance_not_in_torch("x"); }
+"""
+
+
+@pytest.mark.parametrize("abi, fires", [(1, True), (0, False)])
+def test_torch_symbol_missing_is_left_to_the_abi_rule_when_the_abi_explains_it(rules, tmp_path, abi, fires):
+    """An extension linked to the venv's libc10 calls a c10 function torch does not define
+    (importing it in a child fails with "undefined symbol", the oracle that it is missing).
+    Built with torch's std::string ABI (=1 since torch 2.x wheels), the missing symbol is the
+    finding; built with the old ABI (-D_GLIBCXX_USE_CXX11_ABI=0) the mismatch explains it
+    and torch-symbol-missing stays quiet."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    from seedance.collect.cxxabi import TorchAbiCache, extension_facts
+    from seedance.elf import read_elf
+    from seedance.resolve import Resolver
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or shutil.which("g++") is None:
+        pytest.skip("needs the torch wheel and g++")
+    torch_lib = Path(list(spec.submodule_search_locations)[0]) / "lib"
+    (tmp_path / "e.cc").write_text(EXT)
+    ext = tmp_path / "libext.so"
+    # --no-as-needed: libc10 defines nothing the extension uses, and must stay its NEEDED
+    subprocess.run(["g++", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-o", ext, tmp_path / "e.cc",
+                    "-Wl,--no-as-needed", str(torch_lib / "libc10.so"), f"-Wl,-rpath,{torch_lib}"], check=True)
+    loads = subprocess.run([sys.executable, "-c", "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], os.RTLD_NOW)",
+                            str(ext)], capture_output=True, text=True, errors="replace")
+    assert loads.returncode != 0 and "undefined symbol: _ZN3c1021seedance_not_in_torch" in loads.stderr, loads.stderr
+    closure = Resolver(env={}).closure(str(ext), symbols=True)
+    torch_paths = [p for p in closure.objects if Path(p).parent == torch_lib]
+    assert torch_paths
+    facts = extension_facts(str(ext), dict(closure.objects), torch_paths, TorchAbiCache(),
+                            lambda p: read_elf(p, symbols=True))
+    symbols = [f for f in facts if f.kind == "torch_symbols"]
+    assert [f.data["count"] for f in symbols] == [1]
+    assert fired(rules, facts, "torch-symbol-missing") is fires
