@@ -54,7 +54,7 @@ MODULES = {
                         "tests/unit/test_elf_fatbin.py", "tests/unit/test_mutation_kills_elf.py"]),
     "resolve": (["resolve/*"], ["tests/unit/test_resolve_hwcaps.py", "tests/unit/test_resolve_ldcache.py",
                                 "tests/unit/test_resolve_scenarios.py", "tests/unit/test_resolve_symbols.py",
-                                "tests/unit/test_collect_closure.py",
+                                "tests/unit/test_collect_closure.py", "tests/unit/test_resolve_process.py",
                                 "tests/unit/test_mutation_kills_resolve.py"]),
     "journal": (["fix/journal.py"], ["tests/unit/test_fix_journal.py", "tests/integration/test_fix_crash.py",
                                      "tests/unit/test_mutation_kills_journal.py"]),
