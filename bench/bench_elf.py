@@ -3,7 +3,12 @@
 Both sides do the same work per file: the dynamic section (NEEDED, SONAME, RPATH,
 RUNPATH), the version needs and definitions, and every dynamic symbol with its version.
 
-    .venv/bin/python bench/bench_elf.py [--limit N] [--repeat R] [PATH...]
+Then the C reader (fastelf.c) against the Python reader on read_elf(path) without
+symbols, what a check does for every object (issue 13): in process, interleaved rounds,
+best and median.  With --check, the whole `seedance check DIR` command with each reader
+(SEEDANCE_ELF_READER=python for the Python one), interleaved, best and median.
+
+    .venv/bin/python bench/bench_elf.py [--limit N] [--repeat R] [--check] [PATH...]
 """
 from __future__ import annotations
 
@@ -73,6 +78,9 @@ def main(argv=None) -> int:
     parser.add_argument("paths", nargs="*", default=["/usr/lib/x86_64-linux-gnu"])
     parser.add_argument("--limit", type=int, default=300, help="files (0: all)")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--check", action="store_true",
+                        help="also time the whole `seedance check PATH...` with the C and the Python reader")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --check")
     args = parser.parse_args(argv)
 
     from seedance.elf import read_elf
@@ -93,7 +101,77 @@ def main(argv=None) -> int:
     print(f"seedance read_elf: {best_ours:.2f}s  ({symbols_ours} dynamic symbols)")
     print(f"pyelftools:        {best_ref:.2f}s")
     print(f"ratio (pyelftools / ours): {best_ref / best_ours:.1f}x")
+    c_vs_python(files, max(args.repeat, 5))
+    if args.check:
+        check_command(args.paths, args.rounds)
     return 0
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{os.cpu_count()} cores, load {one:.1f}/{five:.1f} (1/5 min)"
+
+
+def c_vs_python(files, rounds: int) -> None:
+    """read_elf(path) over the files with the C reader and with the Python reader, in
+    interleaved rounds (the order alternating), in this process."""
+    import statistics
+
+    from seedance.elf import fastread, read_elf
+
+    if not fastread.available():
+        print("C reader: not built (pip install -e . builds seedance.elf._fastelf)")
+        return
+    saved = os.environ.pop("SEEDANCE_ELF_READER", None)
+    times = {"C": [], "Python": []}
+    try:
+        for index in range(rounds):
+            for name in (("C", "Python") if index % 2 == 0 else ("Python", "C")):
+                if name == "Python":
+                    os.environ["SEEDANCE_ELF_READER"] = "python"
+                start = time.perf_counter()
+                for path in files:
+                    read_elf(path)
+                times[name].append(time.perf_counter() - start)
+                os.environ.pop("SEEDANCE_ELF_READER", None)
+    finally:
+        if saved is not None:
+            os.environ["SEEDANCE_ELF_READER"] = saved
+    print(f"read_elf(path), no symbols, {len(files)} files, {rounds} interleaved rounds; {_load()}")
+    for name, values in times.items():
+        print(f"  {name + ' reader':<16} best {min(values) * 1e3:8.1f} ms  median {statistics.median(values) * 1e3:8.1f} ms"
+              f"  ({min(values) / len(files) * 1e6:.0f} us/file)")
+    print(f"  ratio (Python / C): {min(times['Python']) / min(times['C']):.1f}x best, "
+          f"{statistics.median(times['Python']) / statistics.median(times['C']):.1f}x median")
+
+
+def check_command(paths, rounds: int) -> None:
+    """The whole `seedance check --no-progress --json PATH...` with each reader, interleaved."""
+    import statistics
+    import subprocess
+    from pathlib import Path
+
+    seedance = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "seedance"
+    command = [str(seedance), "check", "--no-progress", "--json", *paths]
+    base = {k: v for k, v in os.environ.items() if k != "SEEDANCE_ELF_READER"}
+    envs = {"C reader": base, "Python reader": {**base, "SEEDANCE_ELF_READER": "python"}}
+    times = {name: [] for name in envs}
+    outputs = {name: set() for name in envs}
+    print(f"whole command: {' '.join(command[1:])}; {rounds} interleaved rounds; {_load()} before")
+    for index in range(rounds):
+        order = list(envs) if index % 2 == 0 else list(reversed(envs))
+        for name in order:
+            start = time.perf_counter()
+            done = subprocess.run(command, env=envs[name], capture_output=True)
+            times[name].append(time.perf_counter() - start)
+            outputs[name].add(done.returncode)
+    print(f"  load after: {_load()}")
+    for name, values in times.items():
+        print(f"  {name:<14} best {min(values):6.3f} s  median {statistics.median(values):6.3f} s  "
+              f"exit {','.join(map(str, sorted(outputs[name])))}")
+    saved = min(times["Python reader"]) - min(times["C reader"])
+    print(f"  C saves {saved:.3f} s best, "
+          f"{statistics.median(times['Python reader']) - statistics.median(times['C reader']):.3f} s median")
 
 
 if __name__ == "__main__":
