@@ -4,6 +4,7 @@ count ld.so uses when an object has no section headers, on a gcc-built library w
 table is located by pyelftools (the reference) and then damaged field by field."""
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import subprocess
@@ -404,3 +405,101 @@ def test_runnable_on_gives_the_first_modules_reason():
     ok, why = fatbin.runnable_on([first, second], 90, "", (8, 5))
     assert ok is False
     assert why.startswith("PTX compute_90 is ISA 9.0, which needs a driver for CUDA 13.0")
+
+
+def test_symbols_read_by_name_prefix_are_the_ones_pyelftools_finds(gnu_lib):
+    with open(gnu_lib["path"], "rb") as handle:
+        names = [s.name for s in ELFFile(handle).get_section_by_name(".dynsym").iter_symbols()]
+    for prefixes in (("seedance_fn_1",), ("seedance_fn_1", "seedance_say"), ("nothing_has_this",)):
+        expected = sorted(n for n in names if n.startswith(prefixes))
+        assert sorted(s.name for s in read_elf(str(gnu_lib["path"]), symbols=prefixes).symbols) == expected
+
+
+def _libc():
+    out = subprocess.run(["ldd", sys.executable], capture_output=True, text=True, errors="replace").stdout
+    return next((line.split("=>")[1].split("(")[0].strip() for line in out.splitlines() if "libc.so.6 =>" in line),
+                None)
+
+
+def test_symbol_types_and_hidden_versions_against_pyelftools_on_libc():
+    """glibc's libc.so.6 has every kind a loader meets: FUNC, OBJECT, TLS, IFUNC (type 10)
+    and compat versions whose .gnu.version entry has the hidden bit (0x8000) set.  The types
+    come from pyelftools, the hidden bit from the raw .gnu.version words it locates."""
+    libc = _libc()
+    if libc is None:
+        pytest.skip("no glibc libc.so.6 here")
+    with open(libc, "rb") as handle:
+        elf = ELFFile(handle)
+        dynsym = elf.get_section_by_name(".dynsym")
+        versym = elf.get_section_by_name(".gnu.version").data()
+        words = struct.unpack(f"<{len(versym) // 2}H", versym)
+        expected = []
+        for index, sym in enumerate(dynsym.iter_symbols()):
+            if index == 0:
+                continue
+            kind = sym["st_info"]["type"]
+            kind = {"STT_LOOS": "IFUNC", "STT_GNU_IFUNC": "IFUNC"}.get(kind, kind.replace("STT_", ""))
+            expected.append((sym.name, kind, bool(words[index] & 0x8000)))
+    got = [(s.name, s.type, s.hidden) for s in read_elf(libc, symbols=True).symbols]
+    assert got == expected
+    assert {"IFUNC", "FUNC", "OBJECT", "TLS"} <= {k for _, k, _ in expected}
+    assert any(h for _, _, h in expected) and not all(h for _, _, h in expected)
+
+
+def test_an_object_without_symbol_versions_has_no_hidden_symbols(tmp_path):
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not found")
+    (tmp_path / "n.c").write_text("int plain(int x) { return x + 1; }\n")
+    lib = tmp_path / "libplain.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-nostdlib", "-o", str(lib), str(tmp_path / "n.c")], check=True)
+    with open(lib, "rb") as handle:
+        assert ELFFile(handle).get_section_by_name(".gnu.version") is None
+    symbols = read_elf(str(lib), symbols=True).symbols
+    assert "plain" in [s.name for s in symbols]
+    assert [s.hidden for s in symbols] == [False] * len(symbols)
+
+
+def test_a_symbol_entry_size_smaller_than_a_symbol_is_malformed(gnu_lib, tmp_path):
+    data = bytearray(gnu_lib["path"].read_bytes())
+    with open(gnu_lib["path"], "rb") as handle:
+        dynamic = ELFFile(handle).get_section_by_name(".dynamic")
+        index = next(i for i, t in enumerate(dynamic.iter_tags()) if t.entry.d_tag == "DT_SYMENT")
+        at = dynamic["sh_offset"] + index * 16 + 8  # Elf64_Dyn: d_tag, d_val
+    assert struct.unpack_from("<Q", data, at)[0] == 24  # sizeof(Elf64_Sym)
+    struct.pack_into("<Q", data, at, 8)
+    bad = tmp_path / "libsyment.so"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ELFError) as caught:
+        read_elf(str(bad), symbols=True)
+    assert str(caught.value) == f"{bad}: malformed ELF: DT_SYMENT 8 too small"
+
+
+def test_a_fresh_nvcc_build_has_no_damaged_container_and_ptx_carries_its_isa(compressed_libs):
+    """nvcc's last container ends exactly at the end of .nv_fatbin: that is not an overrun.
+    A PTX image's ISA is the ".version X.Y" line of its own text; SASS has none."""
+    for mode in ("none", "speed"):
+        entries = _images(compressed_libs[mode])
+        assert {e.kind for e, _ in entries} == {"sass", "ptx"}
+        for entry, image in entries:
+            if entry.kind == "ptx":
+                version = re.search(rb"^\.version (\d+)\.(\d+)", image, re.M)
+                assert entry.isa == (int(version.group(1)), int(version.group(2)))
+            else:
+                assert entry.isa == ()
+
+
+def test_an_overrunning_container_names_where_it_is(compressed_libs, tmp_path):
+    from seedance.elf import fatbin
+
+    lib = compressed_libs["none"]
+    with open(lib, "rb") as handle:
+        section = ELFFile(handle).get_section_by_name(".nv_fatbin")
+        offset, size = section["sh_offset"], section["sh_size"]
+    data = bytearray(lib.read_bytes())
+    struct.pack_into("<Q", data, offset + 8, size * 4)  # the first container claims 4x its section
+    broken = tmp_path / "libbroken.so"
+    broken.write_bytes(bytes(data))
+    entries = read_elf(str(broken), fatbin=True).fatbin
+    why = f"fatbin container at {offset:#x} overruns its section"
+    assert [(e.kind, e.note) for e in entries] == [("damaged", why)]
+    assert fatbin.runnable_on(entries, 90) == (False, why)
