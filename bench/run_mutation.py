@@ -296,6 +296,39 @@ def collect(module: str, prior: dict, sample_file: Path | None) -> dict:
     return result
 
 
+def retime(module: str, stored: dict, multiplier: float, log) -> dict:
+    """The stored run's timeouts run again in its stage with a larger time limit.
+
+    mutmut counts a timeout as a kill, but on a loaded machine a mutant whose tests build
+    with nvcc or gcc can pass the limit without looping; only a timeout that repeats under
+    ``multiplier`` (mutmut's timeout_multiplier) stays a kill.  The sample's estimate is
+    recomputed from the new verdicts."""
+    where = STAGE / module
+    names = sorted(n for n, v in (stored.get("status") or {}).items() if v == "timeout")
+    cfg = where / "setup.cfg"
+    cfg.write_text(re.sub(r"^timeout_multiplier = .*$", f"timeout_multiplier = {multiplier}", cfg.read_text(),
+                          flags=re.M))
+    if names:
+        subprocess.run([str(PYTHON.parent / "mutmut"), "run", "--max-children", "1", *names], cwd=where,
+                       env=_mutmut_env(where), stdout=log, stderr=subprocess.STDOUT)
+    now = mutmut_status(where)
+    retimed = {n: now.get(n, "not checked") for n in names}
+    stored = dict(stored)
+    stored["status"] = {**stored["status"], **retimed}
+    stored["retimed"] = {"multiplier": multiplier, "verdicts": retimed}
+    chosen = [n for n in (STAGE / f"{module}.sample").read_text().split() if n] \
+        if (STAGE / f"{module}.sample").exists() else []
+    if stored.get("estimated") and chosen:
+        verdicts = {n: stored["status"].get(n, "not checked") for n in chosen}
+        killed = sum(1 for v in verdicts.values() if v in KILLED)
+        estimate = stored.get("killed_by_prior_run", 0) + killed / len(chosen) * stored.get("pool", len(chosen))
+        stored.update({"sample_killed": killed, "killed": round(estimate),
+                       "score": round(100.0 * estimate / stored["total"], 1),
+                       "sample_survivors": {n: v for n, v in verdicts.items() if v not in KILLED},
+                       "survivors": {n: v for n, v in verdicts.items() if v not in KILLED}})
+    return stored
+
+
 def recheck_rules(names: list) -> dict:
     """Each named condition mutant ("rules/<file>:<rule id>:<n>: <condition>") written into
     the rules stage in turn and run against tests/unit/test_mutation_kills_rules.py as it is
@@ -385,6 +418,9 @@ def main(argv=None) -> int:
                         help="with --collect: the mutants (one a line) a --sample run was given, for its estimate")
     parser.add_argument("--recheck", action="store_true",
                         help="apply each stored survivor to the stage and run the module's kill tests on it")
+    parser.add_argument("--retime", type=float, metavar="X",
+                        help="run the stored run's timeouts again in its stage with mutmut's timeout_multiplier X "
+                             "(slow tests on a loaded machine time out without looping) and recompute the estimate")
     parser.add_argument("--collect", action="store_true",
                         help="store the verdicts of the staged run as they are now (it may still be running)")
     args = parser.parse_args(argv)
@@ -405,6 +441,15 @@ def main(argv=None) -> int:
             merged[module] = stored
             RESULTS.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
             results = merged
+            continue
+        if args.retime:
+            with open(STAGE / f"{module}.log", "a") as log:
+                stored = retime(module, results.get(module) or {}, args.retime, log)
+            merged = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+            merged[module] = stored
+            RESULTS.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+            results = merged
+            report({module: stored})
             continue
         if args.collect:
             result = collect(module, (results.get(module) or {}).get("status") or {}, args.sample_names)
