@@ -221,5 +221,13 @@ def _links_torch(info) -> bool:
 
 
 def _same_directory(path: str, others) -> bool:
-    here = os.path.dirname(os.path.realpath(path))
-    return any(os.path.dirname(os.path.realpath(other)) == here for other in others)
+    here = _real_dir(path)
+    return any(_real_dir(other) == here for other in others)
+
+
+@functools.lru_cache(maxsize=4096)
+def _real_dir(path: str) -> str:
+    """realpath's directory, once per path per process: torch's libraries are asked about
+    for every extension and test program (a check runs in its own process; the agent's
+    scans run in a child each)."""
+    return os.path.dirname(os.path.realpath(path))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..elf.reader import read_elf
 from ..errors import ELFError
@@ -106,13 +106,32 @@ def python_tag_of(torch_dir: str) -> str | None:
     return None
 
 
+_TORCH_AT: dict = {}  # (dir, source) -> ((version.py and dir stamps), TorchInstall or None)
+
+
 def torch_at(torch_dir: str, source: str = "") -> TorchInstall | None:
-    """The torch install at ``torch_dir`` (a directory holding version.py), or None."""
+    """The torch install at ``torch_dir`` (a directory holding version.py), or None.
+
+    Remembered while version.py and the directory listing are unchanged: a check of
+    site-packages asks once per extension and torch test program (~200 times, each reading
+    version.py and listing torch/: a twentieth of that check, issue 13)."""
+    try:
+        stamp = tuple((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                      for st in (os.stat(os.path.join(torch_dir, "version.py")), os.stat(torch_dir)))
+    except OSError:
+        stamp = None
+    known = _TORCH_AT.get((torch_dir, source)) if stamp is not None else None
+    if known is not None and known[0] == stamp:
+        return replace(known[1]) if known[1] is not None else None  # a copy: callers may set fields
     version, cuda, hip = read_torch_version(torch_dir)
-    if version is None:
-        return None
-    install = TorchInstall(path=torch_dir, version=version, cuda=cuda, hip=hip, source=source)
-    install.python_tag = python_tag_of(torch_dir) or install.python_tag
+    install = None
+    if version is not None:
+        install = TorchInstall(path=torch_dir, version=version, cuda=cuda, hip=hip, source=source)
+        install.python_tag = python_tag_of(torch_dir) or install.python_tag
+    if stamp is not None:
+        if len(_TORCH_AT) > 256:
+            _TORCH_AT.clear()
+        _TORCH_AT[(torch_dir, source)] = (stamp, replace(install) if install is not None else None)
     return install
 
 
