@@ -321,6 +321,7 @@ def test_an_extension_offset_past_the_end_leaves_the_entries_usable(tmp_path):
     res = next(r for r in Resolver(env={}, cache_path=str(cache_file)).closure(str(tmp_path / "app")).resolutions
                if r.name == "libseedx.so.1")
     assert (res.source, res.path) == ("ld.so.cache", str(lib))
+    assert res.tried[-1] == (str(lib), "ok")  # the file ld.so took from the cache, accepted
 
 
 def _ld_debug_lines(program) -> list:
@@ -420,3 +421,57 @@ def test_more_roots_than_the_closure_cache_holds(tmp_path):
         closure = resolver.closure(str(copy))
         got = next(r.path for r in closure.resolutions if r.name == "libc.so.6")
         assert os.path.realpath(got) == os.path.realpath(libc)
+
+
+def test_a_needed_path_that_is_a_pie_is_refused_with_ld_sos_reason(tmp_path):
+    """A NEEDED entry with a slash (a library linked by path, without a SONAME) is opened
+    as it is, with no search; when that file is a PIE executable, ld.so stops with its own
+    reason, which the resolver's tried list must give for that path."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "d.c").write_text("int df(void){return 1;}\n")
+    (tmp_path / "e.c").write_text("int df(void){return 1;} int main(void){return 0;}\n")
+    (tmp_path / "m.c").write_text("int df(void); int main(void){return df()-1;}\n")
+    lib = tmp_path / "lib" / "libd.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, tmp_path / "d.c"], check=True)  # no SONAME
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", str(lib)], check=True)
+    subprocess.run(["gcc", "-fPIE", "-pie", "-o", lib, tmp_path / "e.c"], check=True)
+    proc = subprocess.run([str(tmp_path / "app")], capture_output=True, text=True, errors="replace", env=CLEAN,
+                          timeout=60)
+    assert proc.returncode == 127, proc.stderr
+    ld_so_says = proc.stderr.strip().rsplit(f"{lib}: ", 1)[1]
+    res = next(r for r in Resolver(env={}).closure(str(tmp_path / "app")).resolutions if r.name == str(lib))
+    assert (res.source, res.tried) == ("not-found", ((str(lib), ld_so_says),))
+
+
+def test_undefined_symbols_with_the_host_program_in_scope(tmp_path):
+    """A plugin calls a function its host program exports (-rdynamic), as Python extension
+    modules call the interpreter.  Oracle: the host dlopens it RTLD_NOW and it loads; loaded
+    alone (python's ctypes, RTLD_NOW) it fails with "undefined symbol".  The resolver, given
+    the host as scope (read without symbols, as a closure reads it), must agree both ways."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    import sys
+
+    from seedance.elf import read_elf
+
+    (tmp_path / "p.c").write_text("int seedance_host_fn(void); int plug(void){return seedance_host_fn();}\n")
+    (tmp_path / "h.c").write_text("#include <dlfcn.h>\n#include <stdio.h>\n"
+                                  "int seedance_host_fn(void){return 7;}\n"
+                                  "int main(int c, char **v){void *h = dlopen(v[1], RTLD_NOW);"
+                                  " if (!h) {puts(dlerror()); return 1;} return 0;}\n")
+    plugin = tmp_path / "libplug.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", plugin, tmp_path / "p.c"], check=True)
+    subprocess.run(["gcc", "-rdynamic", "-o", tmp_path / "host", tmp_path / "h.c", "-ldl"], check=True)
+    hosted = subprocess.run([str(tmp_path / "host"), str(plugin)], capture_output=True, text=True,
+                            errors="replace", env=CLEAN, timeout=60)
+    assert hosted.returncode == 0, hosted.stdout
+    alone = subprocess.run([sys.executable, "-c", "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], os.RTLD_NOW)",
+                            str(plugin)], capture_output=True, text=True, errors="replace", timeout=60)
+    assert "undefined symbol: seedance_host_fn" in alone.stderr, alone.stderr
+    resolver = Resolver(env={})
+    closure = resolver.closure(str(plugin))
+    host = str(tmp_path / "host")
+    assert "seedance_host_fn" in str(resolver.undefined(closure))
+    assert "seedance_host_fn" not in str(resolver.undefined(closure, scope={host: read_elf(host)}))
