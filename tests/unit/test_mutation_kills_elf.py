@@ -503,3 +503,21 @@ def test_an_overrunning_container_names_where_it_is(compressed_libs, tmp_path):
     why = f"fatbin container at {offset:#x} overruns its section"
     assert [(e.kind, e.note) for e in entries] == [("damaged", why)]
     assert fatbin.runnable_on(entries, 90) == (False, why)
+
+
+def test_a_processor_specific_symbol_type_is_reported_by_number(gnu_lib, tmp_path):
+    """Symbol types outside the generic set (13 is STT_LOPROC: ARM's STT_ARM_TFUNC, SPARC's
+    STT_SPARC_REGISTER) have no name here; the number is kept rather than dropped.
+    pyelftools reads the patched entry as STT_LOPROC."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    with open(gnu_lib["path"], "rb") as handle:
+        dynsym = ELFFile(handle).get_section_by_name(".dynsym")
+        index = next(i for i, s in enumerate(dynsym.iter_symbols()) if s.name == "seedance_fn_5")
+        at = dynsym["sh_offset"] + index * dynsym["sh_entsize"] + 4
+    data[at] = (data[at] & 0xF0) | 13
+    odd = tmp_path / "libtype.so"
+    odd.write_bytes(bytes(data))
+    with open(odd, "rb") as handle:
+        assert ELFFile(handle).get_section_by_name(".dynsym").get_symbol(index)["st_info"]["type"] == "STT_LOPROC"
+    types = {s.name: s.type for s in read_elf(str(odd), symbols=True).symbols}
+    assert (types["seedance_fn_5"], types["seedance_fn_6"]) == ("13", "FUNC")
