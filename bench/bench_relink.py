@@ -9,11 +9,14 @@ Two parts.
    outside the timing, so no tool pays for another's dirty pages), and the wall time of one
    process is taken:
      seedance         `seedance fix cuda-mismatch --auto-relink ROOT`: check, plan, journal
-                      (hard-linked backup), write + hash, verify (re-parse, resolve, dlopen in a
-                      child), fsync, rename, check again;
+                      (hard-linked backup, hashed), copy in the kernel + patch + hash read back,
+                      verify (re-parse, resolve, dlopen in a child started ahead), fsync, rename,
+                      check again of the roots that load the rewritten file;
      patchelf         `patchelf --replace-needed OLD NEW FILE` (no verification, no fsync);
      patchelf+sync    the same, then `sync FILE` (durable, like seedance);
-     seedance-start   `seedance --version`: the CLI's start-up alone, the floor under any command.
+     seedance-start   `seedance --version`: the CLI's start-up alone, the floor under any command;
+     seedance@base    with --baseline DIR: the same command running another version's package.
+   One untimed warm-up run of each tool per case comes first.
    Cases: a 15 KB gcc-built library in a closure that mixes CUDA 12 and 13, and the biggest
    real library at hand (torch's libtorch_cpu.so, ~420 MB) given NEEDED libcudart.so.12 by
    patchelf, in the same kind of mixed closure.  Best and median of --rounds (--big-rounds)
@@ -213,8 +216,13 @@ def timed(cmd: list, env: dict | None = None) -> tuple:
 
 
 def whole_round(tool: str, root: Path, target: Path, work: Path) -> tuple:
-    env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "LD_LIBRARY_PATH": ""}
-    if tool == "seedance":
+    # PYTHONDONTWRITEBYTECODE is dropped: an installed seedance runs from compiled bytecode,
+    # and the untimed warm-up round (measure_whole) writes it for any source changed since
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(XDG_STATE_HOME=str(work / "state"), LD_LIBRARY_PATH="")
+    if tool in ("seedance", "seedance@base"):
+        if tool == "seedance@base":  # the same entry point, importing the baseline's package first
+            env["PYTHONPATH"] = BASELINE
         wall, cpu, proc = timed([str(SEEDANCE), "fix", "cuda-mismatch", "--auto-relink", str(root)], env)
     elif tool == "patchelf":
         wall, cpu, proc = timed(["patchelf", "--replace-needed", "libcudart.so.12", "libcudart.so.13", str(target)])
@@ -224,7 +232,7 @@ def whole_round(tool: str, root: Path, target: Path, work: Path) -> tuple:
             wall2, cpu2, proc = timed(["sync", str(target)])
             wall, cpu = wall + wall2, cpu + cpu2
     else:  # seedance-start
-        wall, cpu, proc = timed([str(SEEDANCE), "--version"])
+        wall, cpu, proc = timed([str(SEEDANCE), "--version"], env)
         return wall, cpu
     if proc.returncode != 0:
         raise SystemExit(f"{tool} failed on {target}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -235,12 +243,19 @@ def whole_round(tool: str, root: Path, target: Path, work: Path) -> tuple:
     return wall, cpu
 
 
+BASELINE = ""  # --baseline DIR: a directory holding another version's package as seedance/
+
+
 def measure_whole(cases: list, rounds_small: int, rounds_big: int, work: Path) -> list:
-    tools = ["seedance", "patchelf", "patchelf+sync", "seedance-start"]
+    tools = ["seedance", "patchelf", "patchelf+sync", "seedance-start"] + (["seedance@base"] if BASELINE else [])
     rows = []
     for label, root, target, fixture in cases:
         rounds = rounds_big if fixture.stat().st_size > (64 << 20) else rounds_small
         runs = {tool: [] for tool in tools}
+        for tool in tools:  # one untimed warm-up each: bytecode written, page cache as in the rounds
+            shutil.copy2(fixture, target)
+            shutil.rmtree(work / "state", ignore_errors=True)
+            whole_round(tool, root, target, work)
         for i in range(rounds):
             for tool in tools[i % len(tools):] + tools[:i % len(tools)]:  # rotate who goes first
                 shutil.copy2(fixture, target)
@@ -256,6 +271,8 @@ def measure_whole(cases: list, rounds_small: int, rounds_big: int, work: Path) -
         row["ratio_median"] = row["seedance"]["median_s"] / row["patchelf"]["median_s"]
         row["ratio_best"] = row["seedance"]["best_s"] / row["patchelf"]["best_s"]
         row["ratio_durable_median"] = row["seedance"]["median_s"] / row["patchelf+sync"]["median_s"]
+        if BASELINE:
+            row["baseline"] = BASELINE
         rows.append(row)
     return rows
 
@@ -271,6 +288,10 @@ def print_whole(rows: list, load_before, load_after) -> None:
               f"{r['seedance']['median_cpu_s']:>5.2f} | {cell('patchelf'):>15} {r['patchelf']['median_cpu_s']:>5.2f} | "
               f"{cell('patchelf+sync'):>15} | {cell('seedance-start'):>18} | "
               f"{r['ratio_best']:>6.2f}x / {r['ratio_median']:.2f}x {r['ratio_durable_median']:>7.2f}x")
+        if "seedance@base" in r:
+            b = r["seedance@base"]
+            print(f"{'':<23} {'':>10} {'':>2} | baseline {cell('seedance@base')} s, {b['median_cpu_s']:.2f} s CPU "
+                  f"(the package in {r['baseline']}; same rounds, interleaved)")
     print()
 
 
@@ -284,7 +305,17 @@ def main(argv=None) -> int:
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--only", choices=("whole", "inprocess"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also time `seedance fix` with DIR first on PYTHONPATH (DIR/seedance: another "
+                             "version's package, e.g. `git archive COMMIT agent rules` unpacked, agent linked "
+                             "as seedance), interleaved in the same rounds")
     args = parser.parse_args(argv)
+    global BASELINE
+    if args.baseline:
+        if not (Path(args.baseline) / "seedance" / "__init__.py").is_file():
+            print(f"--baseline {args.baseline}: no seedance/__init__.py there", file=sys.stderr)
+            return 2
+        BASELINE = str(Path(args.baseline).resolve())
     if not shutil.which("patchelf"):
         print("patchelf is not installed: the peer must run in the same run", file=sys.stderr)
         return 2

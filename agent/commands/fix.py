@@ -219,7 +219,7 @@ def _cuda_mismatch(args) -> int:
                 relinker.start_verifier()
                 edit = relinker.edit(action)
                 try:
-                    entry.replace_file(action.path, edit.fill,
+                    entry.replace_file(action.path, edit.fill_deferred,
                                        verify=lambda temp, a=action: relinker.verify(a, temp),
                                        summary="; ".join(action.changes), expect=action.identity)
                     print(f"relinked {action.path} ({action.strategy}, verified: re-parsed, resolved, dlopen ok)")

@@ -572,11 +572,17 @@ class FileEdit:
         reading too (atomic.write_temp opens O_RDWR).  Where the kernel cannot copy between
         the two files, one pass over a read-only mapping does the same in user space.
         """
-        digest = hashlib.sha256()
+        filled = self.fill_deferred(fd)
+        return filled if isinstance(filled, str) else filled.result()
+
+    def fill_deferred(self, fd: int):
+        """fill(), but it may return before the hash is done: the sha256 hex digest, or a
+        pending one whose result() waits for it and returns it (raising what the hashing
+        raised).  The journal verifies the temp meanwhile: the hash of a 434 MB result then
+        overlaps the dlopen in a child instead of preceding it (issue 13)."""
         if self.data is not None:
-            digest.update(self.data)
             _write_all(fd, memoryview(self.data))
-            return digest.hexdigest()
+            return hashlib.sha256(self.data).hexdigest()
         src = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             before = os.fstat(src)
@@ -585,14 +591,19 @@ class FileEdit:
             if self.identity is not None and file_identity(before) != tuple(self.identity):
                 raise ELFError(f"{self.path}: changed since the edit was planned")
             patches = sorted(self.patches, key=lambda p: p.offset)
-            if not _kernel_copy(src, fd, self.size_before, patches, digest):
+            filled = _kernel_copy(src, fd, self.size_before, patches)
+            if filled is None:
+                digest = hashlib.sha256()
                 _mapped_copy(src, fd, self.size_before, patches, digest)
+                filled = digest.hexdigest()
             after = os.fstat(src)
             if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+                if not isinstance(filled, str):
+                    filled.abandon()
                 raise ELFError(f"{self.path}: changed while it was copied")
         finally:
             os.close(src)
-        return digest.hexdigest()
+        return filled
 
     def result_info(self):
         """The ElfInfo of the edited file, without writing it anywhere: the patches go into a
@@ -633,28 +644,73 @@ def _patch_range(patches: list, start: int, end: int):
             yield lo, patch.data[lo - patch.offset:hi - patch.offset]
 
 
-def _hash_back(digest, fd: int, start: int, end: int) -> None:
-    """digest.update() with the bytes of ``fd`` in [start, end), read back from the page cache."""
-    while start < end:
-        block = os.pread(fd, min(end - start, 1 << 20), start)
-        if not block:
-            raise ELFError("the copy is shorter than the original")
-        digest.update(block)
-        start += len(block)
+class ReadBackHash:
+    """sha256 of ranges of a file read back from the page cache, in a thread, in the order
+    given: add() each range once its bytes are final, then end(); result() waits and returns
+    the hex digest.  It reads through its own descriptor (a dup), so the writer may close
+    its own."""
+
+    def __init__(self, fd: int):
+        import queue
+        import threading
+
+        self.digest = hashlib.sha256()
+        self.error = None
+        self._fd = os.dup(fd)
+        self._ranges = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self._ranges.get()
+                if item is None:
+                    return
+                if self.error is None:
+                    start, end = item
+                    while start < end:
+                        block = os.pread(self._fd, min(end - start, 1 << 20), start)
+                        if not block:
+                            raise ELFError("the copy is shorter than the original")
+                        self.digest.update(block)
+                        start += len(block)
+        except BaseException as exc:
+            self.error = exc
+            while self._ranges.get() is not None:  # let the writer finish its puts
+                pass
+        finally:
+            os.close(self._fd)
+
+    def add(self, start: int, end: int) -> None:
+        self._ranges.put((start, end))
+
+    def end(self) -> None:
+        self._ranges.put(None)
+
+    def abandon(self) -> None:
+        """Stop without a result (the write failed); waits for the thread."""
+        self.error = self.error or ELFError("abandoned")
+        self.end()
+        self._thread.join()
+
+    def result(self) -> str:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.digest.hexdigest()
 
 
-def _kernel_copy(src: int, fd: int, size: int, patches: list, digest) -> bool:
-    """Copy [0, size) of ``src`` into ``fd`` with copy_file_range, patch, hash it back.
-
-    False, with nothing written, when the kernel cannot copy between these files (no
-    copy_file_range, another filesystem, a filesystem that does not support it)."""
+def _kernel_copy(src: int, fd: int, size: int, patches: list):
+    """Copy [0, size) of ``src`` into ``fd`` with copy_file_range and patch it; returns the
+    ReadBackHash of the result (ended), or None, with nothing written, when the kernel
+    cannot copy between these files (no copy_file_range, another filesystem, a filesystem
+    that does not support it)."""
     copy = getattr(os, "copy_file_range", None)
     if copy is None:
-        return False
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as hasher:  # one worker: the chunks are hashed in order
-        hashed = []
+        return None
+    hasher = None
+    try:
         for start in range(0, size, _COPY_CHUNK):
             end = min(start + _COPY_CHUNK, size)
             offset = start
@@ -665,19 +721,26 @@ def _kernel_copy(src: int, fd: int, size: int, patches: list, digest) -> bool:
                     # before the first byte, the kernel cannot copy between these: copy in user space
                     if offset == 0 and exc.errno in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP,
                                                      errno.ENOSYS):
-                        return False
+                        return None
                     raise
                 if n == 0:
                     if offset == 0:
-                        return False  # a filesystem that reports nothing copied (procfs-like)
+                        return None  # a filesystem that reports nothing copied (procfs-like)
                     raise ELFError("the original ended early while it was copied")
                 offset += n
             for at, data in _patch_range(patches, start, end):
                 os.pwrite(fd, data, at)
-            hashed.append(hasher.submit(_hash_back, digest, fd, start, end))
-        for future in hashed:
-            future.result()
-    return True
+            if hasher is None:
+                hasher = ReadBackHash(fd)
+            hasher.add(start, end)  # hashed in the thread while the next chunk is copied
+    except BaseException:
+        if hasher is not None:
+            hasher.abandon()
+        raise
+    if hasher is None:  # an empty file
+        hasher = ReadBackHash(fd)
+    hasher.end()
+    return hasher
 
 
 def _mapped_copy(src: int, fd: int, size: int, patches: list, digest) -> None:

@@ -140,7 +140,8 @@ class Entry:
 
         ``new_data`` is bytes or a callable fill(fd) (see atomic.write_temp); a fill that
         returns the sha256 hex digest of what it wrote (dynedit.FileEdit.fill) saves a second
-        read of the result.
+        read of the result, and one that returns a pending digest (an object with result(),
+        dynedit.FileEdit.fill_deferred) lets it be taken while the temp is verified.
 
         A symlink is followed: the real file is rewritten and the link stays a link.
         ``expect`` is atomic.file_identity() of the file the edit was planned from; if the file is no
@@ -187,6 +188,8 @@ class Entry:
         except Exception as exc:
             syncer.join()
             dir_sync.join_quietly()
+            if hasattr(filled, "abandon"):
+                filled.abandon()
             _unlink(temp)
             if hasher is not None:
                 hasher.join_quietly()
@@ -197,6 +200,14 @@ class Entry:
         syncer.join()
         dir_sync.join()
         crash_point("after-fsync")
+        if hasattr(filled, "result"):  # the result's hash, taken while it was written and verified
+            try:
+                filled = filled.result()
+            except BaseException:
+                _unlink(temp)
+                if hasher is not None:
+                    hasher.join_quietly()
+                raise
         if isinstance(filled, str) and _SHA.fullmatch(filled):
             after = filled
         elif callable(new_data):

@@ -56,6 +56,32 @@ def test_both_copy_paths_write_the_patched_bytes_and_their_sha256(tmp_path, monk
     assert digest == hashlib.sha256(written).hexdigest()
 
 
+def test_deferred_fill_hashes_after_the_descriptor_is_closed(tmp_path):
+    """fill_deferred returns before its hash is done; write_temp closes its descriptor
+    meanwhile, and the pending digest is still that of the bytes in the file."""
+    src, original, patches = _patched_case(tmp_path)
+    edit = dynedit.FileEdit(str(src), "in-place", [], len(original), patches=patches)
+    out = tmp_path / "out.bin"
+    pending = atomic.write_temp(edit.fill_deferred, str(out), result=True)
+    written = out.read_bytes()
+    assert written == dynedit.apply_patches(original, patches)
+    digest = pending if isinstance(pending, str) else pending.result()
+    assert digest == hashlib.sha256(written).hexdigest()
+
+
+def test_journal_records_the_deferred_hash_of_the_result(tmp_path):
+    from seedance.fix.journal import Journal
+
+    src, original, patches = _patched_case(tmp_path)
+    edit = dynedit.FileEdit(str(src), "in-place", [], len(original), patches=patches,
+                            identity=atomic.file_identity(os.stat(src)))
+    with Journal(tmp_path / "journal").begin("test") as entry:
+        record = entry.replace_file(str(src), edit.fill_deferred, expect=edit.identity)
+    assert record["sha256_after"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    assert record["sha256_before"] == hashlib.sha256(original).hexdigest()
+    assert src.read_bytes() == dynedit.apply_patches(original, patches)
+
+
 def test_fill_across_filesystems(tmp_path):
     """tmpfs to the test's directory: Linux >= 5.19 refuses copy_file_range across
     filesystems (EXDEV) and the fill falls back; older kernels copy.  Same bytes either way."""
