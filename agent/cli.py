@@ -14,6 +14,13 @@ import re
 import sys
 
 from . import __version__
+
+# argparse passes each of its stock strings through gettext, which searches the locale
+# directories for a catalogue on every call (no cache when none exists, and CPython ships
+# none for argparse): ~1 ms a parser, half of a `seedance ldd` parse (issue 13).  seedance
+# speaks English only, so the strings stay as they are, which is what the lookup returned.
+argparse._ = str
+argparse.ngettext = lambda singular, plural, count: singular if count == 1 else plural
 from .errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error, escape_path
 
 # name -> module under seedance.commands.  Order is the order shown in --help.
