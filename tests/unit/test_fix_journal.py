@@ -116,6 +116,30 @@ def test_recovery_rolls_back_an_entry_whose_fixer_died(journal, tmp_path):
     assert journal.load(entry.id).manifest["status"] == "rolled-back"
 
 
+@pytest.mark.parametrize("separators", [(", ", ": "), (",", ":"), (",\n", " :\t")], ids=["json", "compact", "spaced"])
+def test_recovery_finds_the_open_entry_among_finished_ones_whatever_the_json_spacing(journal, tmp_path, separators):
+    """Recovery rules finished entries out from their raw manifest (issue 13); an open one
+    is found however its JSON is spaced, and the finished ones are left as they were."""
+    done = tmp_path / "done.so"
+    done.write_bytes(b"v1")
+    for n in range(3):
+        with journal.begin("test") as finished:
+            finished.replace_file(str(done), b"v%d" % (n + 2))
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = journal.begin("test")
+    entry.replace_file(str(target), b"result")
+    entry.release()  # the fixer dies
+    path = journal.root / entry.id / "manifest.json"
+    path.write_text(json.dumps(json.loads(path.read_text()), separators=separators))
+    before = {e.id: (journal.root / e.id / "manifest.json").read_bytes() for e in journal.entries() if e.id != entry.id}
+    notes = journal.recover()
+    assert len(notes) == 1 and entry.id in notes[0]
+    assert target.read_bytes() == b"original" and done.read_bytes() == b"v4"
+    assert journal.load(entry.id).manifest["status"] == "rolled-back"
+    assert {i: (journal.root / i / "manifest.json").read_bytes() for i in before} == before
+
+
 def test_recovery_skips_an_entry_a_live_fixer_holds(journal, tmp_path):
     target = tmp_path / "lib.so"
     target.write_bytes(b"original")
