@@ -583,23 +583,34 @@ static void (*_cffi_call_python_org)(struct _cffi_externpy_s *, char *);
 /************************************************************/
 
 static void *_cffi_types[] = {
-/*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 13), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t)
-/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 10), // char const *
-/*  2 */ _CFFI_OP(_CFFI_OP_POINTER, 14), // struct sd_fastelf_result *
-/*  3 */ _CFFI_OP(_CFFI_OP_POINTER, 10), // char *
+/*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *)
+/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 18), // char const *
+/*  2 */ _CFFI_OP(_CFFI_OP_POINTER, 21), // struct sd_fastelf_result *
+/*  3 */ _CFFI_OP(_CFFI_OP_POINTER, 18), // char *
 /*  4 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28), // size_t
-/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 15), // unsigned int *
+/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 25), // unsigned int *
 /*  6 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/*  7 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/*  8 */ _CFFI_OP(_CFFI_OP_FUNCTION, 13), // int()(void)
-/*  9 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 10 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
-/* 11 */ _CFFI_OP(_CFFI_OP_ARRAY, 10), // char[512]
-/* 12 */ (_cffi_opcode_t)(512),
-/* 13 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7), // int
-/* 14 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
-/* 15 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
-/* 16 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
+/*  7 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7), // int
+/*  8 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/*  9 */ _CFFI_OP(_CFFI_OP_POINTER, 4), // size_t const *
+/* 10 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 11 */ _CFFI_OP(_CFFI_OP_POINTER, 22), // struct sd_fastelf_symbols *
+/* 12 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 13 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(void)
+/* 14 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 15 */ _CFFI_OP(_CFFI_OP_FUNCTION, 27), // void()(struct sd_fastelf_symbols *)
+/* 16 */ _CFFI_OP(_CFFI_OP_NOOP, 11),
+/* 17 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 18 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
+/* 19 */ _CFFI_OP(_CFFI_OP_ARRAY, 18), // char[512]
+/* 20 */ (_cffi_opcode_t)(512),
+/* 21 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
+/* 22 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_fastelf_symbols
+/* 23 */ _CFFI_OP(_CFFI_OP_POINTER, 24), // unsigned char *
+/* 24 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
+/* 25 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
+/* 26 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
+/* 27 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
 };
 
 static int _cffi_d_sd_fastelf_abi(void)
@@ -628,9 +639,45 @@ _cffi_f_sd_fastelf_abi(PyObject *self, PyObject *noarg)
 #  define _cffi_f_sd_fastelf_abi _cffi_d_sd_fastelf_abi
 #endif
 
-static int _cffi_d_sd_fastelf_read(char const * x0, struct sd_fastelf_result * x1, char * x2, size_t x3, unsigned int * x4, size_t x5)
+static void _cffi_d_sd_fastelf_free_symbols(struct sd_fastelf_symbols * x0)
 {
-  return sd_fastelf_read(x0, x1, x2, x3, x4, x5);
+  sd_fastelf_free_symbols(x0);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_fastelf_free_symbols(PyObject *self, PyObject *arg0)
+{
+  struct sd_fastelf_symbols * x0;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(11), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_fastelf_symbols *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(11), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { sd_fastelf_free_symbols(x0); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  Py_INCREF(Py_None);
+  return Py_None;
+}
+#else
+#  define _cffi_f_sd_fastelf_free_symbols _cffi_d_sd_fastelf_free_symbols
+#endif
+
+static int _cffi_d_sd_fastelf_read(char const * x0, struct sd_fastelf_result * x1, char * x2, size_t x3, unsigned int * x4, size_t x5, int x6, char const * x7, size_t const * x8, size_t x9, struct sd_fastelf_symbols * x10)
+{
+  return sd_fastelf_read(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10);
 }
 #ifndef PYPY_VERSION
 static PyObject *
@@ -642,6 +689,11 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
   size_t x3;
   unsigned int * x4;
   size_t x5;
+  int x6;
+  char const * x7;
+  size_t const * x8;
+  size_t x9;
+  struct sd_fastelf_symbols * x10;
   Py_ssize_t datasize;
   struct _cffi_freeme_s *large_args_free = NULL;
   int result;
@@ -652,8 +704,13 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
   PyObject *arg3;
   PyObject *arg4;
   PyObject *arg5;
+  PyObject *arg6;
+  PyObject *arg7;
+  PyObject *arg8;
+  PyObject *arg9;
+  PyObject *arg10;
 
-  if (!PyArg_UnpackTuple(args, "sd_fastelf_read", 6, 6, &arg0, &arg1, &arg2, &arg3, &arg4, &arg5))
+  if (!PyArg_UnpackTuple(args, "sd_fastelf_read", 11, 11, &arg0, &arg1, &arg2, &arg3, &arg4, &arg5, &arg6, &arg7, &arg8, &arg9, &arg10))
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
@@ -700,9 +757,44 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
   if (x5 == (size_t)-1 && PyErr_Occurred())
     return NULL;
 
+  x6 = _cffi_to_c_int(arg6, int);
+  if (x6 == (int)-1 && PyErr_Occurred())
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg7, (char **)&x7);
+  if (datasize != 0) {
+    x7 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg7, (char **)&x7,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(9), arg8, (char **)&x8);
+  if (datasize != 0) {
+    x8 = ((size_t)datasize) <= 640 ? (size_t const *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(9), arg8, (char **)&x8,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x9 = _cffi_to_c_int(arg9, size_t);
+  if (x9 == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(11), arg10, (char **)&x10);
+  if (datasize != 0) {
+    x10 = ((size_t)datasize) <= 640 ? (struct sd_fastelf_symbols *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(11), arg10, (char **)&x10,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
   Py_BEGIN_ALLOW_THREADS
   _cffi_restore_errno();
-  { result = sd_fastelf_read(x0, x1, x2, x3, x4, x5); }
+  { result = sd_fastelf_read(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10); }
   _cffi_save_errno();
   Py_END_ALLOW_THREADS
 
@@ -719,6 +811,15 @@ static int _cffi_const_SD_FASTELF_ABI(unsigned long long *o)
 {
   int n = (SD_FASTELF_ABI) <= 0;
   *o = (unsigned long long)((SD_FASTELF_ABI) | 0);  /* check that SD_FASTELF_ABI is an integer */
+  if (!_cffi_check_int(*o, n, 2U))
+    n |= 2;
+  return n;
+}
+
+static int _cffi_const_SD_FASTELF_ALL_SYMBOLS(unsigned long long *o)
+{
+  int n = (SD_FASTELF_ALL_SYMBOLS) <= 0;
+  *o = (unsigned long long)((SD_FASTELF_ALL_SYMBOLS) | 0);  /* check that SD_FASTELF_ALL_SYMBOLS is an integer */
   if (!_cffi_check_int(*o, n, 1U))
     n |= 2;
   return n;
@@ -742,11 +843,29 @@ static int _cffi_const_SD_FASTELF_FALLBACK(unsigned long long *o)
   return n;
 }
 
+static int _cffi_const_SD_FASTELF_NO_SYMBOLS(unsigned long long *o)
+{
+  int n = (SD_FASTELF_NO_SYMBOLS) <= 0;
+  *o = (unsigned long long)((SD_FASTELF_NO_SYMBOLS) | 0);  /* check that SD_FASTELF_NO_SYMBOLS is an integer */
+  if (!_cffi_check_int(*o, n, 0))
+    n |= 2;
+  return n;
+}
+
 static int _cffi_const_SD_FASTELF_OK(unsigned long long *o)
 {
   int n = (SD_FASTELF_OK) <= 0;
   *o = (unsigned long long)((SD_FASTELF_OK) | 0);  /* check that SD_FASTELF_OK is an integer */
   if (!_cffi_check_int(*o, n, 0))
+    n |= 2;
+  return n;
+}
+
+static int _cffi_const_SD_FASTELF_PREFIXED_SYMBOLS(unsigned long long *o)
+{
+  int n = (SD_FASTELF_PREFIXED_SYMBOLS) <= 0;
+  *o = (unsigned long long)((SD_FASTELF_PREFIXED_SYMBOLS) | 0);  /* check that SD_FASTELF_PREFIXED_SYMBOLS is an integer */
+  if (!_cffi_check_int(*o, n, 2U))
     n |= 2;
   return n;
 }
@@ -779,81 +898,135 @@ static void _cffi_checkfld_struct_sd_fastelf_result(struct sd_fastelf_result *p)
 }
 struct _cffi_align_struct_sd_fastelf_result { char x; struct sd_fastelf_result y; };
 
+_CFFI_UNUSED_FN
+static void _cffi_checkfld_struct_sd_fastelf_symbols(struct sd_fastelf_symbols *p)
+{
+  /* only to generate compile-time warnings or errors */
+  (void)p;
+  (void)((p->count) | 0);  /* check that 'struct sd_fastelf_symbols.count' is an integer */
+  { char * *tmp = &p->names; (void)tmp; }
+  (void)((p->names_len) | 0);  /* check that 'struct sd_fastelf_symbols.names_len' is an integer */
+  (void)((p->names_cap) | 0);  /* check that 'struct sd_fastelf_symbols.names_cap' is an integer */
+  { unsigned char * *tmp = &p->records; (void)tmp; }
+  (void)((p->records_cap) | 0);  /* check that 'struct sd_fastelf_symbols.records_cap' is an integer */
+  { char * *tmp = &p->versions; (void)tmp; }
+  (void)((p->versions_len) | 0);  /* check that 'struct sd_fastelf_symbols.versions_len' is an integer */
+  (void)((p->versions_cap) | 0);  /* check that 'struct sd_fastelf_symbols.versions_cap' is an integer */
+  (void)((p->n_versions) | 0);  /* check that 'struct sd_fastelf_symbols.n_versions' is an integer */
+}
+struct _cffi_align_struct_sd_fastelf_symbols { char x; struct sd_fastelf_symbols y; };
+
 static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_FASTELF_ABI", (void *)_cffi_const_SD_FASTELF_ABI, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
+  { "SD_FASTELF_ALL_SYMBOLS", (void *)_cffi_const_SD_FASTELF_ALL_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_ERROR", (void *)_cffi_const_SD_FASTELF_ERROR, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_FALLBACK", (void *)_cffi_const_SD_FASTELF_FALLBACK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
+  { "SD_FASTELF_NO_SYMBOLS", (void *)_cffi_const_SD_FASTELF_NO_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_OK", (void *)_cffi_const_SD_FASTELF_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
-  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 8), (void *)_cffi_d_sd_fastelf_abi },
+  { "SD_FASTELF_PREFIXED_SYMBOLS", (void *)_cffi_const_SD_FASTELF_PREFIXED_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
+  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 13), (void *)_cffi_d_sd_fastelf_abi },
+  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 15), (void *)_cffi_d_sd_fastelf_free_symbols },
   { "sd_fastelf_read", (void *)_cffi_f_sd_fastelf_read, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 0), (void *)_cffi_d_sd_fastelf_read },
 };
 
 static const struct _cffi_field_s _cffi_fields[] = {
   { "elf_class", offsetof(struct sd_fastelf_result, elf_class),
                  sizeof(((struct sd_fastelf_result *)0)->elf_class),
-                 _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "little_endian", offsetof(struct sd_fastelf_result, little_endian),
                      sizeof(((struct sd_fastelf_result *)0)->little_endian),
-                     _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                     _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "machine", offsetof(struct sd_fastelf_result, machine),
                sizeof(((struct sd_fastelf_result *)0)->machine),
-               _CFFI_OP(_CFFI_OP_NOOP, 13) },
+               _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "osabi", offsetof(struct sd_fastelf_result, osabi),
              sizeof(((struct sd_fastelf_result *)0)->osabi),
-             _CFFI_OP(_CFFI_OP_NOOP, 13) },
+             _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "e_type", offsetof(struct sd_fastelf_result, e_type),
               sizeof(((struct sd_fastelf_result *)0)->e_type),
-              _CFFI_OP(_CFFI_OP_NOOP, 13) },
+              _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "has_sections", offsetof(struct sd_fastelf_result, has_sections),
                     sizeof(((struct sd_fastelf_result *)0)->has_sections),
-                    _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                    _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "has_dynamic", offsetof(struct sd_fastelf_result, has_dynamic),
                    sizeof(((struct sd_fastelf_result *)0)->has_dynamic),
-                   _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                   _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "has_interp", offsetof(struct sd_fastelf_result, has_interp),
                   sizeof(((struct sd_fastelf_result *)0)->has_interp),
-                  _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "has_soname", offsetof(struct sd_fastelf_result, has_soname),
                   sizeof(((struct sd_fastelf_result *)0)->has_soname),
-                  _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "has_rpath", offsetof(struct sd_fastelf_result, has_rpath),
                  sizeof(((struct sd_fastelf_result *)0)->has_rpath),
-                 _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "has_runpath", offsetof(struct sd_fastelf_result, has_runpath),
                    sizeof(((struct sd_fastelf_result *)0)->has_runpath),
-                   _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                   _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "has_build_id", offsetof(struct sd_fastelf_result, has_build_id),
                     sizeof(((struct sd_fastelf_result *)0)->has_build_id),
-                    _CFFI_OP(_CFFI_OP_NOOP, 13) },
+                    _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "flags", offsetof(struct sd_fastelf_result, flags),
              sizeof(((struct sd_fastelf_result *)0)->flags),
-             _CFFI_OP(_CFFI_OP_NOOP, 16) },
+             _CFFI_OP(_CFFI_OP_NOOP, 26) },
   { "flags_1", offsetof(struct sd_fastelf_result, flags_1),
                sizeof(((struct sd_fastelf_result *)0)->flags_1),
-               _CFFI_OP(_CFFI_OP_NOOP, 16) },
+               _CFFI_OP(_CFFI_OP_NOOP, 26) },
   { "n_sections", offsetof(struct sd_fastelf_result, n_sections),
                   sizeof(((struct sd_fastelf_result *)0)->n_sections),
-                  _CFFI_OP(_CFFI_OP_NOOP, 15) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 25) },
   { "n_needed", offsetof(struct sd_fastelf_result, n_needed),
                 sizeof(((struct sd_fastelf_result *)0)->n_needed),
-                _CFFI_OP(_CFFI_OP_NOOP, 15) },
+                _CFFI_OP(_CFFI_OP_NOOP, 25) },
   { "n_verneed", offsetof(struct sd_fastelf_result, n_verneed),
                  sizeof(((struct sd_fastelf_result *)0)->n_verneed),
-                 _CFFI_OP(_CFFI_OP_NOOP, 15) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 25) },
   { "n_verdef", offsetof(struct sd_fastelf_result, n_verdef),
                 sizeof(((struct sd_fastelf_result *)0)->n_verdef),
-                _CFFI_OP(_CFFI_OP_NOOP, 15) },
+                _CFFI_OP(_CFFI_OP_NOOP, 25) },
   { "strings_len", offsetof(struct sd_fastelf_result, strings_len),
                    sizeof(((struct sd_fastelf_result *)0)->strings_len),
                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
   { "error", offsetof(struct sd_fastelf_result, error),
              sizeof(((struct sd_fastelf_result *)0)->error),
-             _CFFI_OP(_CFFI_OP_NOOP, 11) },
+             _CFFI_OP(_CFFI_OP_NOOP, 19) },
+  { "count", offsetof(struct sd_fastelf_symbols, count),
+             sizeof(((struct sd_fastelf_symbols *)0)->count),
+             _CFFI_OP(_CFFI_OP_NOOP, 4) },
+  { "names", offsetof(struct sd_fastelf_symbols, names),
+             sizeof(((struct sd_fastelf_symbols *)0)->names),
+             _CFFI_OP(_CFFI_OP_NOOP, 3) },
+  { "names_len", offsetof(struct sd_fastelf_symbols, names_len),
+                 sizeof(((struct sd_fastelf_symbols *)0)->names_len),
+                 _CFFI_OP(_CFFI_OP_NOOP, 4) },
+  { "names_cap", offsetof(struct sd_fastelf_symbols, names_cap),
+                 sizeof(((struct sd_fastelf_symbols *)0)->names_cap),
+                 _CFFI_OP(_CFFI_OP_NOOP, 4) },
+  { "records", offsetof(struct sd_fastelf_symbols, records),
+               sizeof(((struct sd_fastelf_symbols *)0)->records),
+               _CFFI_OP(_CFFI_OP_NOOP, 23) },
+  { "records_cap", offsetof(struct sd_fastelf_symbols, records_cap),
+                   sizeof(((struct sd_fastelf_symbols *)0)->records_cap),
+                   _CFFI_OP(_CFFI_OP_NOOP, 4) },
+  { "versions", offsetof(struct sd_fastelf_symbols, versions),
+                sizeof(((struct sd_fastelf_symbols *)0)->versions),
+                _CFFI_OP(_CFFI_OP_NOOP, 3) },
+  { "versions_len", offsetof(struct sd_fastelf_symbols, versions_len),
+                    sizeof(((struct sd_fastelf_symbols *)0)->versions_len),
+                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
+  { "versions_cap", offsetof(struct sd_fastelf_symbols, versions_cap),
+                    sizeof(((struct sd_fastelf_symbols *)0)->versions_cap),
+                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
+  { "n_versions", offsetof(struct sd_fastelf_symbols, n_versions),
+                  sizeof(((struct sd_fastelf_symbols *)0)->n_versions),
+                  _CFFI_OP(_CFFI_OP_NOOP, 25) },
 };
 
 static const struct _cffi_struct_union_s _cffi_struct_unions[] = {
-  { "sd_fastelf_result", 14, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_result", 21, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 0, 20 },
+  { "sd_fastelf_symbols", 22, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 20, 10 },
 };
 
 static const struct _cffi_type_context_s _cffi_type_context = {
@@ -863,12 +1036,12 @@ static const struct _cffi_type_context_s _cffi_type_context = {
   _cffi_struct_unions,
   NULL,  /* no enums */
   NULL,  /* no typenames */
-  6,  /* num_globals */
-  1,  /* num_struct_unions */
+  10,  /* num_globals */
+  2,  /* num_struct_unions */
   0,  /* num_enums */
   0,  /* num_typenames */
   NULL,  /* no includes */
-  17,  /* num_types */
+  28,  /* num_types */
   0,  /* flags */
 };
 

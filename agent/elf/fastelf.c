@@ -42,12 +42,17 @@ typedef __int128 wide;
 #define SHT_NOTE 7
 #define DT_NULL 0
 #define DT_NEEDED 1
+#define DT_HASH 4
 #define DT_STRTAB 5
+#define DT_SYMTAB 6
 #define DT_STRSZ 10
+#define DT_SYMENT 11
 #define DT_SONAME 14
 #define DT_RPATH 15
 #define DT_RUNPATH 29
 #define DT_FLAGS 30
+#define DT_GNU_HASH 0x6FFFFEF5
+#define DT_VERSYM 0x6FFFFFF0
 #define DT_FLAGS_1 0x6FFFFFFB
 #define DT_VERDEF 0x6FFFFFFC
 #define DT_VERDEFNUM 0x6FFFFFFD
@@ -56,6 +61,10 @@ typedef __int128 wide;
 #define VER_FLG_BASE 0x1
 #define VER_FLG_WEAK 0x2
 #define NT_GNU_BUILD_ID 3
+#define STB_LOCAL 0
+#define SHN_UNDEF 0
+/* the symbols' output may grow this far before the Python reader takes over */
+#define MAX_SYMBOL_OUTPUT ((size_t)1 << 30)
 
 #define OK SD_FASTELF_OK
 #define ERR SD_FASTELF_ERROR
@@ -85,6 +94,25 @@ struct parser {
     int build_id_found;
     wide build_id_off;
     wide build_id_len;
+    /* symbols: what is wanted, where they go */
+    int want_symbols;
+    const char *prefix_bytes;
+    const size_t *prefix_lens;
+    size_t n_prefixes;
+    struct sd_fastelf_symbols *syms;
+    /* the first section named .dynsym (reader.py's sections dict keeps the first) */
+    int has_dynsym;
+    wide dynsym_size;
+    wide dynsym_entsize;
+    /* version index (& 0x7FFF) -> its name in the file, as reader.py's version_names */
+    struct version_name *version_names;
+    unsigned *version_slots;  /* version index -> 1 + its place in syms->versions, 0: none yet */
+};
+
+struct version_name {
+    int set;
+    size_t start;
+    size_t len;
 };
 
 /* Python's f"{value:#x}" */
@@ -273,6 +301,7 @@ struct section {
     int named;  /* its name was read (and emitted) */
     wide offset;
     wide size;
+    wide entsize;
     size_t name_pos;  /* in p->strings */
     size_t name_len;
 };
@@ -352,9 +381,11 @@ static int section_headers(struct parser *p, wide shoff, unsigned shentsize, uns
         if (p->is64) {
             secs[i].offset = get(p, base + 24, 8);
             secs[i].size = get(p, base + 32, 8);
+            secs[i].entsize = get(p, base + 56, 8);
         } else {
             secs[i].offset = get(p, base + 16, 4);
             secs[i].size = get(p, base + 20, 4);
+            secs[i].entsize = get(p, base + 36, 4);
         }
         if (i == shstrndx) {
             str_off = secs[i].offset;
@@ -369,6 +400,11 @@ static int section_headers(struct parser *p, wide shoff, unsigned shentsize, uns
             if (cstring(p, str_off + name, str_off + str_size, &start, &len) != OK)
                 continue;  /* a bad name is skipped, not an error */
             secs[i].named = 1;
+            if (!p->has_dynsym && len == 7 && memcmp(p->data + start, ".dynsym", 7) == 0) {
+                p->has_dynsym = 1;
+                p->dynsym_size = secs[i].size;
+                p->dynsym_entsize = secs[i].entsize;
+            }
             secs[i].name_pos = p->out->strings_len;
             secs[i].name_len = len;
             rc = emit(p, p->data + start, len, -1);
@@ -412,6 +448,8 @@ static int emit_build_id(struct parser *p)
 struct tags {
     int has_strtab, has_strsz, has_flags, has_flags_1, has_verneed, has_verneednum, has_verdef, has_verdefnum;
     uint64_t strtab, strsz, flags, flags_1, verneed, verneednum, verdef, verdefnum;
+    int has_symtab, has_hash, has_gnu_hash, has_syment, has_versym;
+    uint64_t symtab, hash, gnu_hash, syment, versym;
     int any_string_tag;
 };
 
@@ -438,6 +476,11 @@ static void note_tag(struct tags *t, int64_t tag, uint64_t value)
     case DT_VERNEEDNUM: FIRST(verneednum, value) break;
     case DT_VERDEF: FIRST(verdef, value) break;
     case DT_VERDEFNUM: FIRST(verdefnum, value) break;
+    case DT_SYMTAB: FIRST(symtab, value) break;
+    case DT_HASH: FIRST(hash, value) break;
+    case DT_GNU_HASH: FIRST(gnu_hash, value) break;
+    case DT_SYMENT: FIRST(syment, value) break;
+    case DT_VERSYM: FIRST(versym, value) break;
     default: break;
     }
 }
@@ -468,7 +511,12 @@ static int verneed(struct parser *p, wide offset, uint64_t count, wide strtab, w
             TRY(need(p, aux_off, 16));
             unsigned flags = (unsigned)get(p, aux_off + 4, 2);
             wide name_off = get(p, aux_off + 8, 4), aux_next = get(p, aux_off + 12, 4);
-            TRY(emit_cstring(p, strtab + name_off, strend, flags & VER_FLG_WEAK ? '1' : '0'));
+            unsigned other = (unsigned)get(p, aux_off + 6, 2);
+            size_t start, len;
+            TRY(cstring(p, strtab + name_off, strend, &start, &len));
+            TRY(emit(p, p->data + start, len, flags & VER_FLG_WEAK ? '1' : '0'));
+            if (p->version_names)
+                p->version_names[other & 0x7FFF] = (struct version_name){1, start, len};
             versions++;
             if (aux_next == 0)
                 break;
@@ -492,13 +540,16 @@ static int verdef(struct parser *p, wide offset, uint64_t count, wide strtab, wi
     for (uint64_t seen = 0; count && seen < limit;) {
         seen++;
         TRY(need(p, offset, 20));
-        unsigned flags = (unsigned)get(p, offset + 2, 2), cnt = (unsigned)get(p, offset + 6, 2);
+        unsigned flags = (unsigned)get(p, offset + 2, 2), ndx = (unsigned)get(p, offset + 4, 2),
+                 cnt = (unsigned)get(p, offset + 6, 2);
         wide aux = get(p, offset + 12, 4), next = get(p, offset + 16, 4);
         if (cnt) {
             TRY(need(p, offset + aux, 8));
             wide name_off = get(p, offset + aux, 4);
             size_t start, len;
             TRY(cstring(p, strtab + name_off, strend, &start, &len));
+            if (p->version_names)
+                p->version_names[ndx & 0x7FFF] = (struct version_name){1, start, len};
             if (!(flags & VER_FLG_BASE)) {
                 TRY(emit(p, p->data + start, len, -1));
                 p->out->n_verdef++;
@@ -507,6 +558,178 @@ static int verdef(struct parser *p, wide offset, uint64_t count, wide strtab, wi
         if (next == 0)
             break;
         offset += next;
+    }
+    return OK;
+}
+
+/* --- dynamic symbols ------------------------------------------------------------------ */
+
+/* _Parser._gnu_hash_count: the highest index reachable through the buckets' chains + 1 */
+static int gnu_hash_count(struct parser *p, wide offset, wide *count)
+{
+    TRY(need(p, offset, 16));
+    wide nbuckets = get(p, offset, 4), symoffset = get(p, offset + 4, 4), bloom_size = get(p, offset + 8, 4);
+    wide buckets = offset + 16 + bloom_size * (p->is64 ? 8 : 4);
+    wide chains = buckets + nbuckets * 4;
+    if (buckets + nbuckets * 4 > p->size)
+        return fail(p, "DT_GNU_HASH buckets past end of file");
+    wide last = 0;
+    for (wide i = 0; i < nbuckets; i++) {
+        wide value = get(p, buckets + 4 * i, 4);
+        if (value > last)
+            last = value;
+    }
+    if (last < symoffset) {
+        *count = symoffset;
+        return OK;
+    }
+    for (wide index = last;;) {
+        wide at = chains + 4 * (index - symoffset);
+        TRY(need(p, at, 4));
+        if (get(p, at, 4) & 1) {
+            *count = index + 1;
+            return OK;
+        }
+        index++;
+        if (index - last > p->size / 4)
+            return fail(p, "DT_GNU_HASH chain does not terminate");
+    }
+}
+
+/* _Parser._symbol_count */
+static int symbol_count(struct parser *p, const struct tags *t, wide *count)
+{
+    *count = 0;
+    if (p->has_dynsym && p->dynsym_entsize) {
+        *count = p->dynsym_size / p->dynsym_entsize;
+        return OK;
+    }
+    wide at;
+    if (t->has_hash) {
+        TRY(vaddr_to_offset(p, t->hash, &at));
+        TRY(need(p, at, 8));
+        *count = get(p, at + 4, 4);
+        return OK;
+    }
+    if (t->has_gnu_hash) {
+        TRY(vaddr_to_offset(p, t->gnu_hash, &at));
+        return gnu_hash_count(p, at, count);
+    }
+    return OK;
+}
+
+/* grow one of the symbol output buffers to hold `more` bytes past `used` */
+static int reserve(char **buffer, size_t *cap, size_t used, size_t more)
+{
+    if (more > MAX_SYMBOL_OUTPUT - used)
+        return FALLBACK;
+    if (used + more <= *cap)
+        return OK;
+    size_t grown = *cap ? *cap : 4096;
+    while (grown < used + more)
+        grown *= 2;
+    char *bigger = realloc(*buffer, grown);
+    if (!bigger)
+        return FALLBACK;
+    *buffer = bigger;
+    *cap = grown;
+    return OK;
+}
+
+static int wanted(const struct parser *p, wide name_start, wide strend)
+{
+    if (p->want_symbols != SD_FASTELF_PREFIXED_SYMBOLS)
+        return 1;
+    /* reader.py keeps the names whose string-table offset is where one of the prefixes
+     * occurs, whole, inside [strtab, strend) */
+    const char *prefix = p->prefix_bytes;
+    for (size_t k = 0; k < p->n_prefixes; prefix += p->prefix_lens[k], k++) {
+        size_t len = p->prefix_lens[k];
+        if (name_start + (wide)len <= strend && memcmp(p->data + (size_t)name_start, prefix, len) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* _Parser._symbols */
+static int symbols(struct parser *p, const struct tags *t, wide strtab, wide strend)
+{
+    struct sd_fastelf_symbols *syms = p->syms;
+    wide count;
+    TRY(symbol_count(p, t, &count));
+    if (count <= 0)
+        return OK;
+    wide symtab;
+    TRY(vaddr_to_offset(p, t->symtab, &symtab));
+    int sym_size = p->is64 ? 24 : 16;
+    wide entsize = t->has_syment ? (wide)t->syment : sym_size;
+    if (entsize == 0)
+        entsize = sym_size;
+    char a[48];
+    if (entsize < sym_size)
+        return fail(p, "DT_SYMENT %llu too small", (unsigned long long)entsize);
+    if (symtab + count * entsize > p->size) {
+        /* a truncated table: read what is there (Python's floor division) */
+        wide room = p->size - symtab;
+        count = room >= 0 ? room / entsize : -((-room + entsize - 1) / entsize);
+    }
+    int has_versym = 0;
+    wide versym = 0;
+    if (t->has_versym) {
+        TRY(vaddr_to_offset(p, t->versym, &versym));
+        has_versym = versym + 2 * count <= p->size;
+    }
+    for (wide index = 1; index < count; index++) {
+        wide at = symtab + index * entsize;
+        wide name_off = get(p, at, 4);
+        unsigned info, shndx;
+        if (p->is64) {
+            info = (unsigned)get(p, at + 4, 1);
+            shndx = (unsigned)get(p, at + 6, 2);
+        } else {
+            info = (unsigned)get(p, at + 12, 1);
+            shndx = (unsigned)get(p, at + 14, 2);
+        }
+        wide name_start = strtab + name_off;
+        if (!wanted(p, name_start, strend))
+            continue;
+        unsigned bind = info >> 4;
+        if (bind == STB_LOCAL)
+            continue;
+        unsigned slot = 0, hidden = 0;
+        if (has_versym) {
+            unsigned ver = (unsigned)get(p, versym + 2 * index, 2);
+            hidden = (ver & 0x8000) != 0;
+            unsigned vindex = ver & 0x7FFF;
+            if (vindex > 1 && p->version_names[vindex].set) {
+                if (!p->version_slots[vindex]) {
+                    const struct version_name *v = &p->version_names[vindex];
+                    TRY(reserve(&syms->versions, &syms->versions_cap, syms->versions_len, v->len + 1));
+                    memcpy(syms->versions + syms->versions_len, p->data + v->start, v->len);
+                    syms->versions[syms->versions_len + v->len] = 0;
+                    syms->versions_len += v->len + 1;
+                    p->version_slots[vindex] = ++syms->n_versions;
+                }
+                slot = p->version_slots[vindex];
+            }
+        }
+        const unsigned char *nul = name_start < strend ?
+            memchr(p->data + (size_t)name_start, 0, (size_t)(strend - name_start)) : NULL;
+        if (!nul)
+            return fail(p, "symbol name at %s outside or unterminated in DT_STRTAB", hex(a, name_off));
+        size_t len = (size_t)(nul - (p->data + (size_t)name_start));
+        TRY(reserve(&syms->names, &syms->names_cap, syms->names_len, len + 1));
+        memcpy(syms->names + syms->names_len, p->data + (size_t)name_start, len + 1);
+        syms->names_len += len + 1;
+        TRY(reserve((char **)&syms->records, &syms->records_cap, syms->count * 8, 8));
+        unsigned char *record = syms->records + syms->count * 8;
+        record[0] = (unsigned char)bind;
+        record[1] = (unsigned char)(info & 0xF);
+        record[2] = shndx != SHN_UNDEF;
+        record[3] = (unsigned char)hidden;
+        uint32_t slot32 = slot;
+        memcpy(record + 4, &slot32, 4);
+        syms->count++;
     }
     return OK;
 }
@@ -585,6 +808,8 @@ static int dynamic(struct parser *p, wide offset, wide filesz)
         TRY(vaddr_to_offset(p, t.verdef, &at));
         TRY(verdef(p, at, t.has_verdefnum ? t.verdefnum : 0, strtab, strend));
     }
+    if (p->want_symbols && t.has_symtab)
+        TRY(symbols(p, &t, strtab, strend));
     return OK;
 }
 
@@ -673,10 +898,23 @@ int sd_fastelf_abi(void)
     return SD_FASTELF_ABI;
 }
 
+void sd_fastelf_free_symbols(struct sd_fastelf_symbols *symbols)
+{
+    free(symbols->names);
+    free(symbols->records);
+    free(symbols->versions);
+    memset(symbols, 0, sizeof *symbols);
+}
+
 int sd_fastelf_read(const char *path, struct sd_fastelf_result *out, char *strings, size_t strings_cap,
-                    unsigned int *vn_counts, size_t vn_counts_cap)
+                    unsigned int *vn_counts, size_t vn_counts_cap, int want_symbols, const char *prefix_bytes,
+                    const size_t *prefix_lens, size_t n_prefixes, struct sd_fastelf_symbols *symbols)
 {
     memset(out, 0, sizeof *out);
+    if (symbols)
+        memset(symbols, 0, sizeof *symbols);
+    if (want_symbols && !symbols)
+        return FALLBACK;
     /* O_NONBLOCK: opening a FIFO must not wait for a writer (reader.py does the same) */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
@@ -718,7 +956,22 @@ int sd_fastelf_read(const char *path, struct sd_fastelf_result *out, char *strin
     p.cap = strings_cap;
     p.vn_counts = vn_counts;
     p.vn_cap = vn_counts_cap;
-    int rc = parse(&p);
+    p.want_symbols = want_symbols;
+    p.prefix_bytes = prefix_bytes;
+    p.prefix_lens = prefix_lens;
+    p.n_prefixes = prefix_bytes && prefix_lens ? n_prefixes : 0;
+    p.syms = symbols;
+    int rc = OK;
+    if (want_symbols) {
+        p.version_names = calloc(0x8000, sizeof *p.version_names);
+        p.version_slots = calloc(0x8000, sizeof *p.version_slots);
+        if (!p.version_names || !p.version_slots)
+            rc = FALLBACK;
+    }
+    if (rc == OK)
+        rc = parse(&p);
+    free(p.version_names);
+    free(p.version_slots);
     munmap(map, (size_t)st.st_size);
     return rc;
 }

@@ -16,7 +16,7 @@
 /* cdef-begin */
 /* Bumped whenever the result layout or the meaning of a field changes: the Python side
  * refuses a module built from another layout (reader.py, _c_reader). */
-#define SD_FASTELF_ABI 1
+#define SD_FASTELF_ABI 2
 
 /* sd_fastelf_read's return codes */
 #define SD_FASTELF_OK 0
@@ -57,9 +57,35 @@ struct sd_fastelf_result {
     char error[512];
 };
 
+/* The dynamic symbols (read_elf(symbols=True or a tuple of name prefixes)), in table
+ * order, LOCAL ones left out as reader.py does.  Allocated by sd_fastelf_read, released
+ * by sd_fastelf_free_symbols (also after an error).
+ *   names: `count` names, each followed by a NUL
+ *   records: 8 bytes per symbol, native order: bind, type, defined, hidden (one byte
+ *     each), then a uint32 version slot: 0 for no version, k for the k-th string of
+ *     `versions` (n_versions NUL-terminated names) */
+struct sd_fastelf_symbols {
+    size_t count;
+    char *names;
+    size_t names_len;
+    size_t names_cap;
+    unsigned char *records;
+    size_t records_cap;
+    char *versions;
+    size_t versions_len;
+    size_t versions_cap;
+    unsigned int n_versions;
+};
+
+#define SD_FASTELF_NO_SYMBOLS 0
+#define SD_FASTELF_ALL_SYMBOLS 1
+#define SD_FASTELF_PREFIXED_SYMBOLS 2  /* names starting with one of the prefixes */
+
 int sd_fastelf_abi(void);
 int sd_fastelf_read(const char *path, struct sd_fastelf_result *out, char *strings, size_t strings_cap,
-                    unsigned int *vn_counts, size_t vn_counts_cap);
+                    unsigned int *vn_counts, size_t vn_counts_cap, int want_symbols, const char *prefix_bytes,
+                    const size_t *prefix_lens, size_t n_prefixes, struct sd_fastelf_symbols *symbols);
+void sd_fastelf_free_symbols(struct sd_fastelf_symbols *symbols);
 /* cdef-end */
 
 #endif

@@ -1,7 +1,8 @@
-"""The C ELF reader (fastelf.c, through cffi) behind reader.read_elf's common case.
+"""The C ELF reader (fastelf.c, through cffi) behind reader.read_elf without fatbins.
 
-read_elf(path) without symbols or fatbins is what a check does for every object of a
-tree; in Python it was ~0.3 s of a ~2 s check of /usr/lib (issue 13).  The C reader
+read_elf(path) is what a check does for every object of a tree; in Python it was ~0.3 s
+of a ~2 s check of /usr/lib, and read_elf(path, symbols=PREFIXES) (the C++ ABI check) was
+~0.7 s of a ~2 s check of site-packages (issue 13).  The C reader
 returns the same ElfInfo, or raises the same ELFError, or answers None ("read it in
 Python"): when its bounded output buffers would overflow, or on an OS condition that
 the Python reader reports as a plain OSError.  reader.py remains the reference; the
@@ -22,7 +23,7 @@ from ..errors import ELFError
 STRINGS_CAPACITY = 1 << 20
 VERNEED_CAPACITY = 1 << 16  # reader.py's MAX_VER_ENTRIES: never exceeded by a real file
 
-ABI = 1  # must equal SD_FASTELF_ABI in fastelf.h
+ABI = 2  # must equal SD_FASTELF_ABI in fastelf.h
 
 _lock = threading.Lock()
 _lib = None  # the loaded module's (ffi, lib), False when unavailable
@@ -58,28 +59,95 @@ def _buffers(ffi):
     buffers = getattr(_local, "buffers", None)
     if buffers is None:
         buffers = (ffi.new("struct sd_fastelf_result *"), ffi.new("char[]", STRINGS_CAPACITY),
-                   ffi.new("unsigned int[]", VERNEED_CAPACITY))
+                   ffi.new("unsigned int[]", VERNEED_CAPACITY), ffi.new("struct sd_fastelf_symbols *"))
         _local.buffers = buffers
     return buffers
 
 
-def read(path: str):
-    """ElfInfo for ``path`` (no symbols, no fatbins), ELFError, or None: use the Python reader."""
+_prefix_cache: dict = {}  # prefixes tuple -> (bytes, lengths, count) as C takes them
+
+
+def _prefixes(ffi, prefixes: tuple):
+    entry = _prefix_cache.get(prefixes)
+    if entry is None:
+        encoded = [p.encode("utf-8", "surrogateescape") for p in prefixes]
+        entry = (ffi.new("char[]", b"".join(encoded) or b"\0"), ffi.new("size_t[]", [len(e) for e in encoded] or [0]),
+                 len(encoded))
+        if len(_prefix_cache) < 64:
+            _prefix_cache[prefixes] = entry
+    return entry
+
+
+def read(path: str, symbols: bool | tuple = False):
+    """ElfInfo for ``path`` (no fatbins), ELFError, or None: use the Python reader.
+    ``symbols`` as read_elf's: False, True, or a tuple of name prefixes."""
     loaded = _lib if _lib is not None else _load()
     if not loaded or "\0" in path:
         return None
     ffi, lib = loaded
-    out, strings, vn_counts = _buffers(ffi)
+    out, strings, vn_counts, syms = _buffers(ffi)
     try:
         encoded = os.fsencode(path)
     except UnicodeError:
         return None
-    rc = lib.sd_fastelf_read(encoded, out, strings, STRINGS_CAPACITY, vn_counts, VERNEED_CAPACITY)
-    if rc == lib.SD_FASTELF_ERROR:
-        raise ELFError(f"{path}: {ffi.string(out.error).decode('utf-8', 'replace')}")
-    if rc != lib.SD_FASTELF_OK:
+    if not symbols:
+        rc = lib.sd_fastelf_read(encoded, out, strings, STRINGS_CAPACITY, vn_counts, VERNEED_CAPACITY,
+                                 lib.SD_FASTELF_NO_SYMBOLS, ffi.NULL, ffi.NULL, 0, ffi.NULL)
+    elif symbols is True:
+        rc = lib.sd_fastelf_read(encoded, out, strings, STRINGS_CAPACITY, vn_counts, VERNEED_CAPACITY,
+                                 lib.SD_FASTELF_ALL_SYMBOLS, ffi.NULL, ffi.NULL, 0, syms)
+    elif type(symbols) is tuple and all(type(p) is str for p in symbols):
+        prefix_bytes, prefix_lens, count = _prefixes(ffi, symbols)
+        rc = lib.sd_fastelf_read(encoded, out, strings, STRINGS_CAPACITY, vn_counts, VERNEED_CAPACITY,
+                                 lib.SD_FASTELF_PREFIXED_SYMBOLS, prefix_bytes, prefix_lens, count, syms)
+    else:
         return None
-    return _info(path, out, ffi.unpack(strings, out.strings_len), vn_counts)
+    try:
+        if rc == lib.SD_FASTELF_ERROR:
+            raise ELFError(f"{path}: {ffi.string(out.error).decode('utf-8', 'replace')}")
+        if rc != lib.SD_FASTELF_OK:
+            return None
+        info = _info(path, out, ffi.unpack(strings, out.strings_len), vn_counts)
+        if symbols:
+            info.__dict__["symbols"] = _symbols(ffi, syms)
+        return info
+    finally:
+        if symbols:
+            lib.sd_fastelf_free_symbols(syms)
+
+
+_names = None  # (binding names, type names) by number, as reader.py spells them
+
+
+def _symbols(ffi, syms) -> tuple:
+    """Symbol objects from the C output, built as _info builds ElfInfo (one __dict__ each:
+    libtorch_cpu has ~75,000 dynamic symbols, and Symbol's frozen __init__ was ~1/3 of
+    reading them)."""
+    global _names
+    import struct
+
+    from .reader import BIND_NAMES, STT_NAMES, Symbol
+
+    if _names is None:
+        _names = ([BIND_NAMES.get(n, str(n)) for n in range(16)], [STT_NAMES.get(n, str(n)) for n in range(16)])
+    bind_names, type_names = _names
+    count = syms.count
+    if not count:
+        return ()
+    names = ffi.unpack(syms.names, syms.names_len).decode("utf-8", "surrogateescape").split("\0")
+    versions = [None]
+    if syms.n_versions:
+        versions += ffi.unpack(syms.versions, syms.versions_len).decode("utf-8", "surrogateescape").split("\0")
+    records = struct.iter_unpack("=BBBBI", ffi.buffer(syms.records, 8 * count))
+    new, set_dict = object.__new__, object.__setattr__
+    out = []
+    append = out.append
+    for name, (bind, kind, defined, hidden, slot) in zip(names, records):
+        symbol = new(Symbol)
+        set_dict(symbol, "__dict__", {"name": name, "defined": defined == 1, "binding": bind_names[bind],
+                                      "type": type_names[kind], "version": versions[slot], "hidden": hidden == 1})
+        append(symbol)
+    return tuple(out)
 
 
 _classes = None  # (ElfInfo, VersionNeed, every ElfInfo field at its default), on first use

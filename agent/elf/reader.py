@@ -130,11 +130,11 @@ def read_elf(path: str, symbols: bool | tuple = False, fatbin: bool = False) -> 
     names out of libtorch_cpu's ~100,000: a Symbol object each was half of a check of
     site-packages, issue 13).
 
-    Without symbols and fatbins the C reader (fastread.py, fastelf.c) answers when it is
-    built: the same ElfInfo or the same ELFError, ~10x faster; this module stays the
-    reference it is tested against, and SEEDANCE_ELF_READER=python selects it."""
-    if not symbols and not fatbin and type(path) is str and _fastread.enabled():
-        info = _fastread.read(path)
+    Without fatbins the C reader (fastread.py, fastelf.c) answers when it is built: the
+    same ElfInfo or the same ELFError, 2-3x faster (bench/bench_elf.py); this module stays
+    the reference it is tested against, and SEEDANCE_ELF_READER=python selects it."""
+    if not fatbin and type(path) is str and _fastread.enabled():
+        info = _fastread.read(path, symbols)
         if info is not None:
             return info
     try:
