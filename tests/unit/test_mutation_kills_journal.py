@@ -1,0 +1,521 @@
+"""Tests written for the mutants of agent/fix/journal.py that the journal tests let through
+(issue 17; bench/mutation-survivors.md lists them).
+
+The oracles are outside the journal: the file system (bytes, mode, owner, symlinks, what is
+left beside a target and in the journal), the kernel (EXDEV between the test's directory and
+/dev/shm, SIGKILL of a child fixer at the documented crash points), and the messages the user
+reads, computed here from the files (sha256 prefixes) and from libc (strerror).
+
+mutmut runs a test for a mutant only when the test reached the mutated function in its own
+process, so a test that kills a fixer in a child also runs the same path once in-process.
+"""
+import errno
+import hashlib
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from seedance.cli import main
+from seedance.errors import BadInput
+from seedance.fix.journal import Journal, RestoreRefused, VerifyFailed
+
+
+def sha(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    """A journal where the CLI looks for it (XDG_STATE_HOME), for history and undo in-process."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return Journal(tmp_path / "state" / "seedance" / "journal")
+
+
+def cli(capsys, *argv):
+    capsys.readouterr()
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def history(capsys):
+    rc, out, err = cli(capsys, "fix", "history", "--json")
+    assert rc == 0, err
+    return {e["id"]: e for e in json.loads(out)}
+
+
+def other_fs_dir(tmp_path):
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or not os.access(shm, os.W_OK) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's tmp dir")
+    return tempfile.TemporaryDirectory(dir=shm)
+
+
+def temps(directory):
+    return sorted(n for n in os.listdir(directory) if ".seedance-tmp" in n)
+
+
+# --- a fixer killed at each crash point (SEEDANCE_FIX_CRASH_AT) ------------------------------------
+
+CHILD = r"""
+import sys
+from seedance.fix.journal import Journal
+root, op, path = sys.argv[1:4]
+with Journal(root).begin("crash-test") as entry:
+    if op == "create":
+        entry.create_file(path, b"X=1\n")
+    elif op == "move":
+        entry.move_into(path)
+    elif op == "modify":
+        entry.replace_file(path, b"result bytes")
+print("finished", flush=True)
+"""
+
+
+def run_child(root, op, path, step):
+    env = {**os.environ, "SEEDANCE_FIX_CRASH_AT": step}
+    return subprocess.run([sys.executable, "-c", CHILD, str(root), op, str(path)], env=env,
+                          capture_output=True, text=True, errors="replace", timeout=120)
+
+
+CREATE_STEPS = ["after-backup", "after-temp-write", "after-fsync", "after-verify", "after-rename", "after-commit"]
+
+
+def test_create_file_killed_at_each_step_is_removed_by_recovery(state, tmp_path, capsys):
+    d = tmp_path / "env.d"
+    d.mkdir()  # an existing directory, as /etc/environment.d is
+    # the same path once in this process, uninterrupted
+    with state.begin("reference") as entry:
+        entry.create_file(str(d / "ref.conf"), b"X=1\n")
+    assert (d / "ref.conf").read_bytes() == b"X=1\n"
+    for step in CREATE_STEPS:
+        target = d / f"{step}.conf"
+        before = set(state.ids())
+        proc = run_child(state.root, "create", target, step)
+        assert proc.returncode == -signal.SIGKILL, (step, proc.returncode, proc.stderr[-2000:])
+        [crashed] = set(state.ids()) - before
+        notes = state.recover()
+        entries = history(capsys)
+        if step == "after-commit":
+            # committed before the kill: the file stays, and undo removes it
+            assert notes == [] and target.read_bytes() == b"X=1\n"
+            assert entries[crashed]["status"] == "committed"
+            state.undo(crashed)
+            assert not target.exists()
+        else:
+            assert entries[crashed]["status"] == "rolled-back", (step, entries[crashed])
+            assert notes and notes[0].startswith(f"{crashed}: interrupted; rolled back on recovery"), (step, notes)
+            assert not target.exists(), step
+        assert temps(d) == [], step
+
+
+MOVE_STEPS = ["after-backup", "after-rename", "after-commit"]
+
+
+def test_move_into_killed_at_each_step_is_put_back_by_recovery(state, tmp_path, capsys):
+    with state.begin("reference") as entry:
+        ref = tmp_path / "ref-cache"
+        ref.mkdir()
+        entry.move_into(str(ref))
+    assert not ref.exists()
+    for step in MOVE_STEPS:
+        cache = tmp_path / f"cache-{step}"
+        cache.mkdir()
+        (cache / "ext.so").write_bytes(b"so " + step.encode())
+        before = set(state.ids())
+        proc = run_child(state.root, "move", cache, step)
+        assert proc.returncode == -signal.SIGKILL, (step, proc.returncode, proc.stderr[-2000:])
+        [crashed] = set(state.ids()) - before
+        state.recover()
+        status = history(capsys)[crashed]["status"]
+        if step == "after-commit":
+            assert status == "committed" and not cache.exists()
+            state.undo(crashed)
+        else:
+            assert status == "rolled-back", (step, status)
+        assert (cache / "ext.so").read_bytes() == b"so " + step.encode(), step
+
+
+def test_replace_file_killed_right_after_the_backup_rolls_back_cleanly(state, tmp_path, capsys):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original bytes")
+    with state.begin("reference") as entry:
+        entry.replace_file(str(target), b"result bytes")
+    state.undo(entry.id)
+    proc = run_child(state.root, "modify", target, "after-backup")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    [result] = state.recover_entries()
+    assert result.refused == "" and target.read_bytes() == b"original bytes"
+    assert history(capsys)[result.id]["status"] == "rolled-back"
+
+
+# --- create_file -----------------------------------------------------------------------------------
+
+def test_create_file_in_an_existing_directory_with_its_mode_and_summary(state, tmp_path):
+    d = tmp_path / "env.d"
+    d.mkdir()
+    with state.begin("test") as entry:
+        entry.create_file(str(d / "a.conf"), b"A=1\n")
+        entry.create_file(str(d / "b.conf"), b"B=1\n", mode=0o600, summary="session preload")
+        with pytest.raises(BadInput, match=rf"{d / 'a.conf'}: already exists; not overwritten"):
+            entry.create_file(str(d / "a.conf"), b"again")
+    assert stat.S_IMODE(os.stat(d / "a.conf").st_mode) == 0o644  # the documented default
+    assert stat.S_IMODE(os.stat(d / "b.conf").st_mode) == 0o600
+    records = state.load(entry.id).files
+    assert [(r["path"], r["mode"], r["summary"]) for r in records] == [
+        (str(d / "a.conf"), 0o644, ""), (str(d / "b.conf"), 0o600, "session preload")]
+    assert (d / "a.conf").read_bytes() == b"A=1\n"
+
+
+def test_a_created_file_edited_after_the_fixer_died_is_kept(state, tmp_path):
+    created = tmp_path / "60-x.conf"
+    entry = state.begin("test")
+    entry.create_file(str(created), b"X=1\n")
+    entry.release()  # the fixer dies after the rename
+    created.write_bytes(b"the user's own line\n")
+    [result] = state.recover_entries()
+    assert result.refused == f"{created}: changed since fix {entry.id}; not removed"
+    assert created.read_bytes() == b"the user's own line\n"
+    assert state.load(entry.id).manifest["status"] == "open"
+
+
+def test_a_created_file_already_gone_when_the_fixer_died_is_not_an_error(state, tmp_path):
+    created = tmp_path / "60-x.conf"
+    entry = state.begin("test")
+    entry.create_file(str(created), b"X=1\n")
+    entry.release()
+    created.unlink()
+    [result] = state.recover_entries()
+    assert result.refused == "" and not created.exists()
+    assert state.load(entry.id).manifest["status"] == "rolled-back"
+
+
+# --- expect_new_dir / created (a rebuilt extension's directory) --------------------------------------
+
+def _build(path):
+    path.mkdir()
+    (path / "ext.so").write_bytes(b"built")
+
+
+def test_a_new_build_directory_is_moved_into_the_journal_by_undo(state, tmp_path, capsys):
+    dest = tmp_path / "torch_extensions" / "ext"
+    dest.parent.mkdir()
+    with state.begin("test") as entry:
+        record = entry.expect_new_dir(str(dest))
+        _build(dest)
+        entry.created(record)
+    [listed] = history(capsys)[entry.id]["files"]
+    assert (listed["action"], listed["path"], listed["state"], listed["summary"]) == (
+        "create-dir", str(dest), "written", "")
+    result = state.undo(entry.id)
+    assert result.restored == [str(dest)] and not dest.exists()
+    assert (state.root / entry.id / "files" / "0" / "ext.so").read_bytes() == b"built"
+    rc, out, _ = cli(capsys, "fix", "history")
+    assert rc == 0 and f"create-dir {dest}" in out  # an undone record is still listed
+
+
+def test_a_build_directory_left_by_a_dead_fixer_is_moved_away_by_recovery(state, tmp_path):
+    dest = tmp_path / "ext"
+    entry = state.begin("test")
+    entry.expect_new_dir(str(dest))
+    _build(dest)
+    entry.release()  # the build ran, the fixer died before created()
+    [result] = state.recover_entries()
+    assert result.refused == "" and not dest.exists()
+    assert (state.root / entry.id / "files" / "0" / "ext.so").read_bytes() == b"built"
+    assert state.load(entry.id).manifest["status"] == "rolled-back"
+
+
+def test_a_build_that_never_created_its_directory_needs_nothing_on_recovery(state, tmp_path):
+    dest = tmp_path / "ext"
+    entry = state.begin("test")
+    entry.expect_new_dir(str(dest))
+    entry.release()
+    [result] = state.recover_entries()
+    assert result.refused == "" and not dest.exists()
+    assert not (state.root / entry.id / "files" / "0").exists()
+    assert state.load(entry.id).manifest["status"] == "rolled-back"
+
+
+def test_undo_of_a_build_directory_whose_journal_is_on_another_filesystem_is_refused(tmp_path):
+    with other_fs_dir(tmp_path) as root:
+        journal = Journal(root)
+        dest = tmp_path / "ext"
+        with journal.begin("test") as entry:
+            record = entry.expect_new_dir(str(dest))
+            _build(dest)
+            entry.created(record)
+        with pytest.raises(RestoreRefused) as refused:
+            journal.undo(entry.id)
+        # rename(2) across filesystems: EXDEV, and a tree is never copied
+        assert str(refused.value) == (f"{dest}: cannot move it into the journal "
+                                      f"({os.strerror(errno.EXDEV).lower()}); nothing moved")
+        assert (dest / "ext.so").read_bytes() == b"built"
+
+
+# --- move_into across filesystems (EXDEV: copy, rename, delete) ---------------------------------------
+
+def _tree(where):
+    where.mkdir()
+    (where / "lib.so").write_bytes(b"\x7fELF lib")
+    os.chmod(where / "lib.so", 0o751)
+    (where / "sub").mkdir()
+    (where / "sub" / "data").write_bytes(b"data")
+    os.symlink("lib.so", where / "link.so")  # must stay a link, not become a copy
+    os.symlink("/nonexistent/target", where / "dangling")
+
+
+def _snapshot(where):
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(where):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, where)
+            if os.path.islink(p):
+                out[rel] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[rel] = ("dir",)
+            else:
+                out[rel] = ("file", open(p, "rb").read(), stat.S_IMODE(os.stat(p).st_mode))
+    return out
+
+
+def test_moves_across_filesystems_keep_links_and_leave_nothing_behind(tmp_path):
+    tree, single, link, dirlink = tmp_path / "cache", tmp_path / "stale.so", tmp_path / "alias.so", tmp_path / "cache-link"
+    _tree(tree)
+    single.write_bytes(b"stale")
+    os.symlink("stale.so", link)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_bytes(b"keep")
+    os.symlink(str(elsewhere), dirlink)  # a symlink to a directory is moved as a link
+    want = _snapshot(tree)
+    with other_fs_dir(tmp_path) as root:
+        journal = Journal(root)
+        with journal.begin("test") as entry:
+            for p in (tree, single, link, dirlink):
+                entry.move_into(str(p))
+        for p in (tree, single, link, dirlink):
+            assert not os.path.lexists(p), p
+        assert (elsewhere / "keep").read_bytes() == b"keep"  # the link's target is not touched
+        files = os.path.join(root, entry.id, "files")
+        assert sorted(os.listdir(files)) == ["0", "1", "2", "3"]  # no .partial left
+        assert _snapshot(os.path.join(files, "0")) == want
+        assert os.readlink(os.path.join(files, "2")) == "stale.so"
+        assert os.readlink(os.path.join(files, "3")) == str(elsewhere)
+        result = journal.undo(entry.id)
+        assert sorted(result.restored) == sorted(map(str, (tree, single, link, dirlink)))
+        assert _snapshot(tree) == want
+        assert single.read_bytes() == b"stale"
+        assert os.readlink(link) == "stale.so" and os.readlink(dirlink) == str(elsewhere)
+        assert os.listdir(files) == []
+
+
+def test_a_partial_copy_left_by_a_crash_is_removed_when_the_move_is_undone(state, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "x").write_bytes(b"x")
+    with state.begin("test") as entry:
+        entry.move_into(str(cache))
+    partial = state.root / entry.id / "files" / "0.partial"  # what a copy killed half-way leaves
+    partial.mkdir()
+    (partial / "x").write_bytes(b"half")
+    state.undo(entry.id)
+    assert (cache / "x").read_bytes() == b"x"
+    assert not partial.exists()
+
+
+def test_a_moved_directory_whose_copy_vanished_is_refused_on_recovery(state, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    entry = state.begin("test")
+    entry.move_into(str(cache))
+    entry.release()
+    backup = state.root / entry.id / "files" / "0"
+    os.rmdir(backup)
+    [result] = state.recover_entries()
+    assert result.refused == f"{cache}: its copy {backup} is missing from the journal; nothing restored"
+    assert state.load(entry.id).manifest["status"] == "open"
+
+
+def test_a_moved_directory_already_back_is_left_alone_by_recovery(state, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    entry = state.begin("test")
+    entry.move_into(str(cache))
+    entry.release()
+    cache.mkdir()
+    (cache / "new").write_bytes(b"rebuilt by the user")
+    [result] = state.recover_entries()
+    assert result.refused == ""
+    assert (cache / "new").read_bytes() == b"rebuilt by the user"
+    assert (state.root / entry.id / "files" / "0").is_dir()  # the journal copy is kept
+
+
+# --- owner and mode come back (root only: chown) -----------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+@needs_root
+@pytest.mark.parametrize("where", ["same-fs-copy", "other-fs"])
+def test_undo_restores_owner_and_mode(tmp_path, where):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    os.chown(target, 1234, 2345)
+    os.chmod(target, 0o640)
+    if where == "same-fs-copy":
+        os.link(target, tmp_path / "second-name.so")  # two names: the backup is a copy, owned by us
+        ctx = tempfile.TemporaryDirectory(dir=tmp_path)
+    else:
+        ctx = other_fs_dir(tmp_path)
+    with ctx as root:
+        journal = Journal(root)
+        with journal.begin("test") as entry:
+            record = entry.replace_file(str(target), b"result")
+        assert record["backup_kind"] == "copy"
+        st = os.stat(target)
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 2345, 0o640)  # the result
+        journal.undo(entry.id)
+        st = os.stat(target)
+        assert target.read_bytes() == b"original"
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 2345, 0o640)
+        assert temps(tmp_path) == []
+
+
+# --- recovery and roll back ---------------------------------------------------------------------------
+
+def test_recovery_puts_back_a_target_deleted_after_the_fixer_died(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = state.begin("test")
+    entry.replace_file(str(target), b"result")
+    entry.release()
+    target.unlink()
+    notes = state.recover()
+    assert target.read_bytes() == b"original"
+    assert notes == [f"{entry.id}: interrupted; rolled back on recovery; put back {target}"]
+
+
+def test_recovery_refusal_messages_show_the_sha256_prefixes(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = state.begin("test")
+    entry.replace_file(str(target), b"result")
+    entry.release()
+    target.write_bytes(b"edited by the user")
+    [result] = state.recover_entries()
+    edited, wrote = hashlib.sha256(b"edited by the user").hexdigest(), hashlib.sha256(b"result").hexdigest()
+    assert result.refused == (f"{target}: changed since fix {entry.id} (sha256 {edited[:12]}, the fix "
+                              f"wrote {wrote[:12]}); nothing restored")
+    target.write_bytes(b"result")
+    backup = state.root / entry.id / "files" / "0"
+    backup.write_bytes(b"damaged")
+    [result] = state.recover_entries()
+    assert result.refused == (f"{target}: backup {backup} is damaged (sha256 "
+                              f"{hashlib.sha256(b'damaged').hexdigest()[:12]}, recorded "
+                              f"{hashlib.sha256(b'original').hexdigest()[:12]}); nothing restored")
+    backup.unlink()
+    [result] = state.recover_entries()
+    assert result.refused == f"{target}: backup {backup} is missing; nothing restored"
+    assert target.read_bytes() == b"result"
+
+
+def test_undo_refusal_message_shows_the_sha256_prefixes(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    with state.begin("test") as entry:
+        entry.replace_file(str(target), b"result")
+    target.write_bytes(b"edited")
+    with pytest.raises(RestoreRefused) as refused:
+        state.undo(entry.id)
+    assert str(refused.value) == (f"{target} changed since fix {entry.id} (sha256 "
+                                  f"{hashlib.sha256(b'edited').hexdigest()[:12]}, expected "
+                                  f"{hashlib.sha256(b'result').hexdigest()[:12]}); nothing restored")
+
+
+def test_a_second_file_failing_verification_rolls_back_the_first(state, tmp_path, capsys):
+    a, b = tmp_path / "a.so", tmp_path / "b.so"
+    a.write_bytes(b"a0")
+    b.write_bytes(b"b0")
+
+    def refuse(temp):
+        raise BadInput("does not load")
+
+    with pytest.raises(VerifyFailed):
+        with state.begin("test") as entry:
+            entry.replace_file(str(a), b"a1")
+            entry.replace_file(str(b), b"b1", verify=refuse)
+    assert a.read_bytes() == b"a0" and b.read_bytes() == b"b0"
+    listed = history(capsys)[entry.id]
+    assert listed["status"] == "rolled-back" and listed["finished"]
+    assert listed["note"] == f"aborted: {b}: verification failed, not rewritten: does not load put back {a}"
+    assert [(f["path"], f["state"]) for f in listed["files"]] == [(str(a), "rolled-back"), (str(b), "verify-failed")]
+    rc, out, _ = cli(capsys, "fix", "history")
+    assert rc == 0 and f"modify     {a}" in out and f"modify     {b}" not in out
+
+
+def test_an_abort_whose_roll_back_is_refused_says_why_and_stays_open(state, tmp_path, capsys):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    with pytest.raises(RestoreRefused):
+        with state.begin("test") as entry:
+            entry.replace_file(str(target), b"result")
+            (state.root / entry.id / "files" / "0").write_bytes(b"spoilt")  # the linked original inode
+            raise RuntimeError("later step failed")
+    listed = state.load(entry.id).manifest  # read before history: its recovery rewrites the note
+    assert listed["status"] == "open"
+    assert listed["note"].startswith("aborted: later step failed; roll back refused: "
+                                     f"{target}: backup ")
+    assert target.read_bytes() == b"result"
+
+
+def test_recovery_waits_while_another_run_holds_a_target_lock(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = state.begin("test")
+    entry.replace_file(str(target), b"result")
+    entry.release()
+    holder = state.begin("other")
+    holder.lock_target(os.path.realpath(target))  # another fix or undo is changing this file now
+    assert state.recover_entries() == []
+    assert target.read_bytes() == b"result"
+    assert state.load(entry.id).manifest["status"] == "open"
+    holder.commit()  # nothing written: it ends rolled-back, and its locks go
+    [result] = state.recover_entries()
+    assert result.refused == "" and target.read_bytes() == b"original"
+
+
+def test_undo_marks_each_record_undone_in_history(state, tmp_path, capsys):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    with state.begin("test") as entry:
+        entry.replace_file(str(target), b"result")
+    state.undo(entry.id)
+    listed = history(capsys)[entry.id]
+    assert listed["status"] == "undone"
+    assert [(f["path"], f["state"]) for f in listed["files"]] == [(str(target), "undone")]
+
+
+# --- damaged manifests in history --json --------------------------------------------------------------
+
+def test_a_truncated_manifest_is_one_damaged_row_in_history_json(state, tmp_path, capsys):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    with state.begin("test", ["fix", "x"], ["a finding"]) as entry:
+        entry.replace_file(str(target), b"result")
+    manifest = state.root / entry.id / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:40])
+    listed = history(capsys)[entry.id]
+    assert listed["status"] == "damaged" and listed["id"] == entry.id
+    assert (listed["command"], listed["argv"], listed["findings"], listed["files"]) == ("", [], [], [])
+    assert re.fullmatch(r"manifest\.json is not valid JSON \(line \d+; truncated\?\)", listed["note"])
+    rc, out, err = cli(capsys, "fix", "undo", entry.id)
+    assert rc == 2 and err.count("\n") == 1 and "not valid JSON" in err
