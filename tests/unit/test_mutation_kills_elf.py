@@ -539,3 +539,32 @@ def test_a_processor_specific_symbol_type_is_reported_by_number(gnu_lib, tmp_pat
         assert ELFFile(handle).get_section_by_name(".dynsym").get_symbol(index)["st_info"]["type"] == "STT_LOPROC"
     types = {s.name: s.type for s in read_elf(str(odd), symbols=True).symbols}
     assert (types["seedance_fn_5"], types["seedance_fn_6"]) == ("13", "FUNC")
+
+
+def test_a_file_shorter_than_an_elf_identification_says_so(tmp_path):
+    short = tmp_path / "short.so"
+    short.write_bytes(b"\x7fELF\x02\x01\x01")  # 7 bytes: e_ident alone is 16
+    with pytest.raises(ELFError) as caught:
+        read_elf(str(short))
+    assert str(caught.value) == f"{short}: not an ELF file (too short)"
+
+
+def test_the_build_id_is_found_in_sections_when_no_segment_is_a_note(gnu_lib, tmp_path):
+    """The GNU build-id note is read from a PT_NOTE segment, or else from the note sections
+    (an object whose PT_NOTE headers were rewritten, as some strip tools leave them).
+    pyelftools gives the note's descriptor."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    with open(gnu_lib["path"], "rb") as handle:
+        elf = ELFFile(handle)
+        build_id = next(n for n in elf.get_section_by_name(".note.gnu.build-id").iter_notes())["n_desc"]
+        phoff, phentsize = elf["e_phoff"], elf["e_phentsize"]
+        notes = [i for i, seg in enumerate(elf.iter_segments()) if seg["p_type"] == "PT_NOTE"]
+    assert notes
+    for index in notes:
+        struct.pack_into("<I", data, phoff + index * phentsize, 0)  # PT_NULL
+    patched = tmp_path / "libnonote.so"
+    patched.write_bytes(bytes(data))
+    with open(patched, "rb") as handle:
+        assert not [s for s in ELFFile(handle).iter_segments() if s["p_type"] == "PT_NOTE"]
+    assert read_elf(str(patched)).build_id == build_id
+    assert read_elf(str(patched), symbols=True).build_id == build_id
