@@ -101,7 +101,7 @@ class Relinker:
         self.runtime = None if runtime in (None, "auto") else int(runtime)
         self.env = dict(os.environ if env is None else env)
         from ..resolve import Resolver
-        self.resolver = Resolver(env=self.env)
+        self._resolver = None  # the check's own, once check() ran (see resolver)
         self._Resolver = Resolver
         self._edits: dict = {}  # (path, renames, version renames) -> dynedit.FileEdit
         # root -> real paths of every object in its closure, as the check saw them (None
@@ -133,8 +133,16 @@ class Relinker:
         scanner.on_closure = seen
         report = scanner.run()
         self.closures = closures
-        self.resolver = scanner.resolver
+        self._resolver = scanner.resolver
         return report
+
+    @property
+    def resolver(self):
+        """The resolver plans are made with: the check's (its reads and searches cached), or
+        a fresh one when no check ran in this Relinker."""
+        if self._resolver is None:
+            self._resolver = self._Resolver(env=self.env)
+        return self._resolver
 
     def recheck(self, before: list, written) -> list:
         """The relevant findings once ``written`` (real paths) were rewritten: a check of the
