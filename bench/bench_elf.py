@@ -101,7 +101,14 @@ def main(argv=None) -> int:
     print(f"seedance read_elf: {best_ours:.2f}s  ({symbols_ours} dynamic symbols)")
     print(f"pyelftools:        {best_ref:.2f}s")
     print(f"ratio (pyelftools / ours): {best_ref / best_ours:.1f}x")
-    c_vs_python(files, max(args.repeat, 5))
+    every = files_under(args.paths, 0)  # every file: what a check reads
+    rounds = max(args.repeat, 5)
+    c_vs_python(every, rounds, False, "read_elf(path)")
+    # the C++ ABI check's read (collect/cxxabi.py), and a read of every symbol
+    from seedance.collect.cxxabi import TORCH_PREFIXES
+
+    c_vs_python(every, rounds, TORCH_PREFIXES, "read_elf(path, symbols=TORCH_PREFIXES)")
+    c_vs_python(files, rounds, True, "read_elf(path, symbols=True)")
     if args.check:
         check_command(args.paths, args.rounds)
     return 0
@@ -112,9 +119,9 @@ def _load() -> str:
     return f"{os.cpu_count()} cores, load {one:.1f}/{five:.1f} (1/5 min)"
 
 
-def c_vs_python(files, rounds: int) -> None:
-    """read_elf(path) over the files with the C reader and with the Python reader, in
-    interleaved rounds (the order alternating), in this process."""
+def c_vs_python(files, rounds: int, symbols, label: str) -> None:
+    """read_elf(path, symbols) over the files with the C reader and with the Python reader,
+    in interleaved rounds (the order alternating), in this process."""
     import statistics
 
     from seedance.elf import fastread, read_elf
@@ -131,13 +138,16 @@ def c_vs_python(files, rounds: int) -> None:
                     os.environ["SEEDANCE_ELF_READER"] = "python"
                 start = time.perf_counter()
                 for path in files:
-                    read_elf(path)
+                    try:
+                        read_elf(path, symbols=symbols)
+                    except Exception:  # same verdict either way (tests/unit/test_elf_fastread.py)
+                        pass
                 times[name].append(time.perf_counter() - start)
                 os.environ.pop("SEEDANCE_ELF_READER", None)
     finally:
         if saved is not None:
             os.environ["SEEDANCE_ELF_READER"] = saved
-    print(f"read_elf(path), no symbols, {len(files)} files, {rounds} interleaved rounds; {_load()}")
+    print(f"{label}, {len(files)} files, {rounds} interleaved rounds; {_load()}")
     for name, values in times.items():
         print(f"  {name + ' reader':<16} best {min(values) * 1e3:8.1f} ms  median {statistics.median(values) * 1e3:8.1f} ms"
               f"  ({min(values) / len(files) * 1e6:.0f} us/file)")
