@@ -568,3 +568,21 @@ def test_the_build_id_is_found_in_sections_when_no_segment_is_a_note(gnu_lib, tm
         assert not [s for s in ELFFile(handle).iter_segments() if s["p_type"] == "PT_NOTE"]
     assert read_elf(str(patched)).build_id == build_id
     assert read_elf(str(patched), symbols=True).build_id == build_id
+
+
+def test_a_cut_lz4_block_is_reported_as_truncated(compressed_libs):
+    """nvcc's own LZ4 block (the PTX image of the LZ4 build) cut inside the 2-byte match
+    offset of its first sequence (token, literals, offset: lz4's Block_format.md): the
+    pure-Python decoder (used when the lz4 module is absent) runs out of input there.  The
+    whole block decodes to the uncompressed build's PTX."""
+    from seedance.elf import fatbin_payload
+
+    entry = next(e for e, _ in _images(compressed_libs["speed"]) if e.kind == "ptx" and e.codec == "lz4")
+    block = compressed_libs["speed"].read_bytes()[entry.offset:entry.offset + entry.stored]
+    plain = next(i for e, i in _images(compressed_libs["none"]) if e.kind == "ptx")
+    assert fatbin_payload.lz4_block(block, entry.usize).rstrip(b"\0") == plain.rstrip(b"\0")
+    literals = block[0] >> 4
+    assert literals < 15  # no length extension bytes before the literals
+    with pytest.raises(fatbin_payload.PayloadError) as caught:
+        fatbin_payload.lz4_block(block[:1 + literals + 1], entry.usize)
+    assert str(caught.value) == "truncated LZ4 block"
