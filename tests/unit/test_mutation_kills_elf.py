@@ -586,3 +586,25 @@ def test_a_cut_lz4_block_is_reported_as_truncated(compressed_libs):
     with pytest.raises(fatbin_payload.PayloadError) as caught:
         fatbin_payload.lz4_block(block[:1 + literals + 1], entry.usize)
     assert str(caught.value) == "truncated LZ4 block"
+
+
+def test_a_nobits_fatbin_section_has_no_images(compressed_libs, tmp_path):
+    """SHT_NOBITS "occupies no space in the file" (gABI; objcopy --only-keep-debug leaves
+    sections so): whatever bytes lie at its sh_offset are not its contents.  The
+    uncompressed build with .nv_fatbin retyped NOBITS: pyelftools reads only zeros from
+    it, and the reader must find no image there."""
+    lib = compressed_libs["none"]
+    with open(lib, "rb") as handle:
+        elf = ELFFile(handle)
+        index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == ".nv_fatbin")
+        at = elf["e_shoff"] + index * elf["e_shentsize"] + 4  # Elf64_Shdr: sh_name, sh_type
+    data = bytearray(lib.read_bytes())
+    struct.pack_into("<I", data, at, 8)  # SHT_NOBITS
+    nobits = tmp_path / "libnobits.so"
+    nobits.write_bytes(bytes(data))
+    with open(nobits, "rb") as handle:
+        section = ELFFile(handle).get_section_by_name(".nv_fatbin")
+        # pyelftools gives a NOBITS section's memory image (zeros), never the file's bytes
+        assert section["sh_type"] == "SHT_NOBITS" and section.data() == bytes(section["sh_size"])
+    assert read_elf(str(lib), fatbin=True).fatbin  # the images are there before the retyping
+    assert read_elf(str(nobits), fatbin=True).fatbin == ()
