@@ -435,7 +435,11 @@ def main(argv=None) -> int:
         if args.recheck:
             stored = results.get(module) or {}
             names = sorted(stored.get("sample_survivors") or stored.get("survivors") or {})
-            stored["recheck"] = recheck_rules(names) if module == "rules" else recheck(module, names)
+            # a mutant an earlier recheck killed stays killed (the kill tests only grow): only
+            # the others are run again
+            previous = {n: v for n, v in (stored.get("recheck") or {}).items() if n in names}
+            todo = [n for n in names if previous.get(n) != "killed"]
+            stored["recheck"] = {**previous, **(recheck_rules(todo) if module == "rules" else recheck(module, todo))}
             stored["recheck_killed"] = sum(1 for v in stored["recheck"].values() if v == "killed")
             merged = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
             merged[module] = stored
