@@ -496,6 +496,56 @@ def test_python_reader_when_forced_or_not_built(tmp_path, monkeypatch):
     assert forced.needed == ("libc.so.6",)
 
 
+def _report(command: list, reader: str | None) -> tuple:
+    env = {k: v for k, v in os.environ.items() if k != "SEEDANCE_ELF_READER"}
+    if reader:
+        env["SEEDANCE_ELF_READER"] = reader
+    done = subprocess.run(command, env=env, capture_output=True, text=True, errors="replace", timeout=600)
+
+    def without_times(value):
+        if isinstance(value, dict):
+            return {k: without_times(v) for k, v in value.items() if k != "duration_s"}
+        if isinstance(value, list):
+            return [without_times(v) for v in value]
+        return value
+
+    return done.returncode, without_times(json.loads(done.stdout))
+
+
+@needs_c
+def test_check_reports_the_same_with_either_reader(tmp_path):
+    """The whole `seedance check --json` on a tree with findings (a missing library, a
+    version node its provider lacks) and on /usr/lib: one report, either reader."""
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not installed")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tmp_path / "dep.c").write_text("int dep_v1(void){return 1;} int dep_v2(void){return 2;}\n")
+    (tmp_path / "dep2.map").write_text("DEP_1 { global: dep_v1; local: *; };\nDEP_2 { global: dep_v2; } DEP_1;\n")
+    (tmp_path / "dep1.map").write_text("DEP_1 { global: dep_v1; dep_v2; local: *; };\n")
+    (tmp_path / "use.c").write_text("int dep_v1(void); int dep_v2(void); int use(void){return dep_v1()+dep_v2();}\n")
+    gcc = ["gcc", "-shared", "-fPIC"]
+    subprocess.run([*gcc, "-o", str(tmp_path / "libdep.so.1"), str(tmp_path / "dep.c"), "-Wl,-soname,libdep.so.1",
+                    f"-Wl,--version-script,{tmp_path / 'dep2.map'}"], check=True)
+    subprocess.run([*gcc, "-o", str(tree / "libuse.so"), str(tmp_path / "use.c"), str(tmp_path / "libdep.so.1"),
+                    "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed", "-lm"], check=True)
+    # the provider next to it defines DEP_1 only; and a library nothing provides
+    subprocess.run([*gcc, "-o", str(tree / "libdep.so.1"), str(tmp_path / "dep.c"), "-Wl,-soname,libdep.so.1",
+                    f"-Wl,--version-script,{tmp_path / 'dep1.map'}"], check=True)
+    subprocess.run([*gcc, "-o", str(tree / "liblost.so"), str(tmp_path / "use.c"), "-Wl,-rpath,$ORIGIN/none",
+                    str(tmp_path / "libdep.so.1")], check=True)
+    seedance = [sys.executable, "-m", "seedance", "check", "--no-progress", "--json"]
+    for target in (str(tree), "/usr/lib/x86_64-linux-gnu"):
+        if not os.path.isdir(target):
+            continue
+        ours, theirs = _report([*seedance, target], None), _report([*seedance, target], "python")
+        assert ours == theirs
+    code, report = _report([*seedance, str(tree)], None)
+    assert code == 1, report  # the findings are there to be compared
+    rules = {finding.get("rule") for finding in report.get("findings", [])}
+    assert {"symbol-version-missing", "needed-missing"} & rules, rules
+
+
 @needs_c
 def test_generated_cffi_wrapper_is_current():
     pytest.importorskip("cffi")
