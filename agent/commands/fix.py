@@ -208,6 +208,7 @@ def _cuda_mismatch(args) -> int:
     if not runnable:
         print("nothing relinked")
         return 1
+    relinker.drop_mappings()  # the plans are made; nothing of ours maps a target from here on
     relinker.start_verifier()  # its interpreter starts while the pre-flight checks run
     try:
         mapped = atomic.MappedIndex.scan()

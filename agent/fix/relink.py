@@ -110,6 +110,7 @@ class Relinker:
         self._verifier = None  # a DlopenChild started ahead of the next verify()
         self._layouts: dict = {}  # path -> dynedit.MappedLayout, parsed once for plan and edit
         self.rechecked: list | None = None  # the roots recheck() checked again (None: all)
+        self._identities: dict = {}  # real path -> atomic.file_identity() when the check read it
 
     # --- check ---------------------------------------------------------------------------------
     def check(self, progress=None):
@@ -126,6 +127,10 @@ class Relinker:
             for path in result.objects:
                 if path not in real:
                     real[path] = os.path.realpath(path)
+                    try:
+                        self._identities[real[path]] = atomic.file_identity(os.stat(real[path]))
+                    except OSError:
+                        pass
                 paths.add(real[path])
             closures[root] = frozenset(paths)
 
@@ -297,6 +302,11 @@ class Relinker:
         except (ELFError, OSError) as exc:
             action.refusal = str(exc) if isinstance(exc, ELFError) else f"{path}: {exc.strerror}"
             return action
+        seen = self._identities.get(os.path.realpath(path))
+        if seen is not None and seen != action.identity:
+            # the plan walks the check's cached closures: a file rewritten since (by a
+            # concurrent fix) would be planned from what it was
+            raise BadInput(f"{path}: changed since this fix planned its edit (another fix ran?); not rewritten")
         problems = []
         for name in names:
             family = family_of(name)
@@ -433,14 +443,20 @@ class Relinker:
             self._layouts[path] = dynedit.MappedLayout(path)
         return self._layouts[path]
 
+    def drop_mappings(self) -> None:
+        """Unmap the libraries the plan read.  Before any pre-flight check: a library mapped
+        by a process is refused as busy by every other fixer (atomic.MappedIndex), so a
+        mapping kept through the fix made concurrent fixes of one library all refuse."""
+        for mapped in self._layouts.values():
+            mapped.close()
+        self._layouts.clear()
+
     def close(self) -> None:
         """End the waiting dlopen child and drop the mappings."""
         if self._verifier is not None:
             self._verifier.close()
             self._verifier = None
-        for mapped in self._layouts.values():
-            mapped.close()
-        self._layouts.clear()
+        self.drop_mappings()
 
     def edit(self, action: RelinkAction) -> dynedit.FileEdit:
         """Plan the byte edit (in place when it fits, LIEF otherwise); fills strategy/growth.
