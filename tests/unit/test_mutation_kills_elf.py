@@ -608,3 +608,19 @@ def test_a_nobits_fatbin_section_has_no_images(compressed_libs, tmp_path):
         assert section["sh_type"] == "SHT_NOBITS" and section.data() == bytes(section["sh_size"])
     assert read_elf(str(lib), fatbin=True).fatbin  # the images are there before the retyping
     assert read_elf(str(nobits), fatbin=True).fatbin == ()
+
+
+def test_a_version_need_pointing_past_the_file_is_a_read_past_its_end(gnu_lib, tmp_path):
+    """The first Elf64_Verneed's vn_aux (byte 8) moved 64 KiB on: its Vernaux would be read
+    past the end of the file.  The error names the read, the offset and the file size."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    with open(gnu_lib["path"], "rb") as handle:
+        offset = ELFFile(handle).get_section_by_name(".gnu.version_r")["sh_offset"]
+    struct.pack_into("<I", data, offset + 8, 0x10000)
+    bad = tmp_path / "libbadaux.so"
+    bad.write_bytes(bytes(data))
+    assert offset + 0x10000 > len(data)
+    with pytest.raises(ELFError) as caught:
+        read_elf(str(bad))
+    assert str(caught.value) == (f"{bad}: malformed ELF: read of 16 bytes at {offset + 0x10000:#x} "
+                                 f"past end of file ({len(data):#x})")
