@@ -29,6 +29,20 @@ def _policy(name, cpu, burst=None, below=None, label="app=encoder"):
     return text
 
 
+def _host_cpu_pressure():
+    """/proc/pressure/cpu "some avg10" (percent), read independently of seedance's psi module."""
+    try:
+        with open("/proc/pressure/cpu", encoding="ascii", errors="replace") as handle:
+            first = handle.readline().split()
+    except OSError:
+        return None
+    fields = dict(item.split("=", 1) for item in first[1:] if "=" in item)
+    try:
+        return float(fields["avg10"])
+    except (KeyError, ValueError):
+        return None
+
+
 @pytest.fixture
 def env(tmp_path):
     environ = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "state"))
@@ -144,7 +158,13 @@ def test_quota_holds_half_a_core_and_remove_restores(env, burners, tmp_path):
 def test_burst_raises_the_share_while_pressure_is_low(env, burners, tmp_path):
     pids = burners(2)
     policy = tmp_path / "p.yaml"
-    # a threshold of 100 is never reached: pressure is always "low" for this policy
+    # The highest threshold (100) bursts while pressure is below 95 (the hysteresis band).
+    # The host-wide cpu "some" pressure (what a v1 host offers) can itself sit above that
+    # on a host busy with other work (88-97 was seen under load 8 on two cores): then the
+    # precondition cannot be set up here, which is not a verdict on the controller.
+    host = _host_cpu_pressure()
+    if host is not None and host >= 70:
+        pytest.skip(f"host CPU pressure some avg10 is {host:.0f}%: too busy to set up 'pressure is low'")
     policy.write_text(_policy("encoders", "500m", burst="1500m", below=100))
     done = _seedance(env, "quota", "apply", str(policy), "--json")
     assert done.returncode == 0, done.stderr
