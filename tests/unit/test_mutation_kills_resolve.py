@@ -475,3 +475,87 @@ def test_undefined_symbols_with_the_host_program_in_scope(tmp_path):
     host = str(tmp_path / "host")
     assert "seedance_host_fn" in str(resolver.undefined(closure))
     assert "seedance_host_fn" not in str(resolver.undefined(closure, scope={host: read_elf(host)}))
+
+
+def test_an_intel_cpu_with_the_haswell_features_gets_the_haswell_platform(tmp_path):
+    """sysdeps/x86/cpu-features.c (glibc 2.26-2.36): an Intel CPU with AVX2, FMA, BMI1,
+    BMI2, LZCNT ("abm" in cpuinfo), MOVBE and POPCNT usable gets the "haswell" platform
+    (a legacy search subdirectory); another vendor keeps the kernel's AT_PLATFORM."""
+    from seedance.resolve import hwcaps
+
+    flags = "avx avx2 fma bmi1 bmi2 abm movbe popcnt f16c xsave cx16 lahf_lm sse4_1 sse4_2 ssse3"
+    for vendor, platform in (("GenuineIntel", "haswell"), ("AuthenticAMD", os.uname().machine)):
+        info = tmp_path / "cpuinfo"
+        info.write_text(f"vendor_id\t: {vendor}\nflags\t\t: {flags}\n")
+        caps = hwcaps.detect(str(info), libc=(2, 36))
+        assert caps.platform == platform
+        assert platform in caps.legacy_subdirs
+
+
+def _process_fixtures():
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+    import process_fixtures
+
+    return process_fixtures
+
+
+def test_dlopen_of_a_name_nothing_provides_fails_as_dlopen_does(tmp_path):
+    """A bare name no search finds: dlopen fails with dlerror's text (the real dlopen in a
+    child is the oracle) and nothing joins the process, so nothing is shadowed or unbound."""
+    import sys
+
+    from seedance.resolve.process import RTLD_NOW, Load, Simulator
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    F = _process_fixtures()
+    host = F.host_program(str(tmp_path / "host"))
+    for target in ("libseedance_nothing_here.so", str(tmp_path / "nowhere" / "libgone.so")):
+        real = subprocess.run([sys.executable, "-c", "import ctypes, sys\ntry:\n ctypes.CDLL(sys.argv[1])\n"
+                               "except OSError as exc:\n print(exc)", target], capture_output=True, text=True,
+                              errors="replace", timeout=60)
+        sim = Simulator(Resolver(env={}), host)
+        sim.start()
+        before = list(sim.model.link_map)
+        step = sim.dlopen(Load(target, "dlopen", RTLD_NOW))
+        assert (step.ok, step.error) == (False, real.stdout.strip())
+        assert (step.new_objects, step.shadowed, step.unbound) == ((), (), ())
+        assert sim.model.link_map == before
+
+
+def test_a_shadowing_copy_names_the_symbols_both_copies_define(tmp_path):
+    """libver.so.1 v1 (ver@VER_1) loaded first; then a library whose own RUNPATH copy, v2,
+    defines ver@VER_1 and ver2@VER_2 and which calls both.  ld.so refuses it (VER_2 not
+    found: the real dlopen sequence is the oracle), and the shadowing names ver@VER_1 as
+    the symbol bound to the loaded copy that its own copy defines too (nm -D says both
+    define it)."""
+    from seedance.resolve.process import RTLD_NOW, Load, Simulator
+
+    if shutil.which("gcc") is None or shutil.which("nm") is None:
+        pytest.skip("gcc and nm needed")
+    F = _process_fixtures()
+    root = str(tmp_path)
+    host = F.host_program(os.path.join(root, "host"))
+    v1 = F.shared_lib(os.path.join(root, "v1", "libver.so.1"), "int ver(void){return 1;}\n", soname="libver.so.1",
+                      version_script="VER_1 { global: ver; local: *; };\n")
+    v2 = F.shared_lib(os.path.join(root, "v2", "libver.so.1"),
+                      "int ver(void){return 1;}\nint ver2(void){return 2;}\n", soname="libver.so.1",
+                      version_script="VER_1 { global: ver; local: *; };\nVER_2 { global: ver2; } VER_1;\n")
+    both = F.shared_lib(os.path.join(root, "v2", "libboth.so"),
+                        "extern int ver(void), ver2(void);\nint b(void){return ver() + ver2();}\n",
+                        soname="libboth.so", links=(f"-L{root}/v2", "-l:libver.so.1"), rpath="$ORIGIN")
+    real = subprocess.run([host, v1, both], capture_output=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert real.returncode != 0 and b"VER_2" in real.stdout, real.stdout
+    for lib in (v1, v2):
+        nm = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True).stdout
+        assert "ver@@VER_1" in nm
+    sim = Simulator(Resolver(env={}), host)
+    sim.start()
+    assert sim.dlopen(Load(v1, "dlopen", RTLD_NOW)).ok
+    step = sim.dlopen(Load(both, "dlopen", RTLD_NOW))
+    assert not step.ok
+    shadow = [s for s in step.shadowed if s.name == "libver.so.1"]
+    assert [(s.used, s.alone) for s in shadow] == [(v1, v2)]
+    assert [(name, version) for name, version, _provider in shadow[0].other_copy] == [("ver", "VER_1")]
