@@ -519,3 +519,327 @@ def test_a_truncated_manifest_is_one_damaged_row_in_history_json(state, tmp_path
     assert re.fullmatch(r"manifest\.json is not valid JSON \(line \d+; truncated\?\)", listed["note"])
     rc, out, err = cli(capsys, "fix", "undo", entry.id)
     assert rc == 2 and err.count("\n") == 1 and "not valid JSON" in err
+
+
+# --- undo's choices and checks ----------------------------------------------------------------------
+
+def _commit_fix(journal, target, data=b"result"):
+    with journal.begin("test") as entry:
+        entry.replace_file(str(target), data)
+    return entry
+
+
+def _next_second():
+    """Entry ids order by their UTC second: wait for the next one."""
+    import time
+    start = int(time.time())
+    while int(time.time()) == start:
+        time.sleep(0.05)
+
+
+def test_undo_without_an_id_takes_a_newer_interrupted_fix_first(state, tmp_path):
+    a, b = tmp_path / "a.so", tmp_path / "b.so"
+    a.write_bytes(b"a0")
+    b.write_bytes(b"b0")
+    committed = _commit_fix(state, a, b"a1")
+    _next_second()
+    died = state.begin("test")
+    died.replace_file(str(b), b"b1")
+    died.release()
+    result = state.undo()  # the interrupted fix is rolled back: that is the undo asked for
+    assert result.id == died.id and result.restored == [str(b)]
+    assert a.read_bytes() == b"a1" and b.read_bytes() == b"b0"
+    assert state.load(committed.id).manifest["status"] == "committed"
+
+
+def test_undo_without_an_id_takes_a_commit_newer_than_an_interrupted_fix(state, tmp_path):
+    a, b = tmp_path / "a.so", tmp_path / "b.so"
+    a.write_bytes(b"a0")
+    b.write_bytes(b"b0")
+    died = state.begin("test")
+    died.replace_file(str(b), b"b1")
+    died.release()
+    _next_second()
+    committed = _commit_fix(state, a, b"a1")
+    result = state.undo()
+    assert result.id == committed.id and result.restored == [str(a)]
+    assert a.read_bytes() == b"a0" and b.read_bytes() == b"b0"  # b by recovery, a by the undo
+    assert state.load(died.id).manifest["status"] == "rolled-back"
+
+
+def _damaged_entry(journal, entry_id):
+    (journal.root / entry_id / "files").mkdir(parents=True)
+    (journal.root / entry_id / "manifest.json").write_bytes(b'{"schema": "seedance.journal/v1", "id": ')
+
+
+def test_undo_without_an_id_passes_over_an_older_damaged_entry(state, tmp_path):
+    a = tmp_path / "a.so"
+    a.write_bytes(b"a0")
+    entry = _commit_fix(state, a)
+    _damaged_entry(state, "20000101-000000-000000")
+    assert state.undo().id == entry.id and a.read_bytes() == b"a0"
+
+
+def test_undo_without_an_id_stops_at_a_damaged_entry_newer_than_the_last_commit(state, tmp_path):
+    a, b = tmp_path / "a.so", tmp_path / "b.so"
+    a.write_bytes(b"a0")
+    b.write_bytes(b"b0")
+    first = _commit_fix(state, a)
+    _next_second()
+    second = _commit_fix(state, b)
+    between = first.id[:16] + "ffffff"
+    assert first.id < between < second.id
+    _damaged_entry(state, between)
+    assert state.undo().id == second.id  # the damaged one is older than the newest commit
+    with pytest.raises(BadInput, match=rf"journal entry {between}: .*nothing restored \(name the entry"):
+        state.undo()  # now it is newer than the newest commit
+    assert a.read_bytes() == b"result"
+    # an entry undone since is not "damaged": it never stops undo of an older commit
+    (state.root / between / "manifest.json").unlink()
+    os.rmdir(state.root / between / "files")
+    os.rmdir(state.root / between)
+    assert state.undo().id == first.id and a.read_bytes() == b"a0"
+
+
+def test_undo_refuses_an_entry_a_live_fixer_holds_and_releases_its_own_lock(state, tmp_path):
+    import fcntl
+    live = state.begin("test")  # open, no file touched yet, its fixer alive
+    with pytest.raises(BadInput, match=rf"^journal entry {live.id} is in use by a running fixer$"):
+        state.undo(live.id)
+    assert state.recover_entries() == []  # nor does recovery take it
+    assert state.load(live.id).manifest["status"] == "open"
+    live.commit()
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = _commit_fix(state, target)
+    result = state.undo(entry.id)
+    assert result.id == entry.id
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", state.load(entry.id).manifest["undone"])
+    fd = os.open(state.root / entry.id / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # undo let go of the entry
+    finally:
+        os.close(fd)
+
+
+def test_a_lock_file_with_a_second_name_is_refused(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = _commit_fix(state, target)
+    [lock] = os.listdir(state.root / "locks")
+    os.link(state.root / "locks" / lock, tmp_path / "planted")
+    with pytest.raises(BadInput, match=rf"{target}: its lock .* is not a private regular file; not touched"):
+        state.undo(entry.id)
+    assert target.read_bytes() == b"result"
+
+
+USER_LINE, E_LINE = b"the user's line\n", b"E=1\n"
+
+
+def test_undo_of_created_files_judges_them_first(state, tmp_path):
+    kept, edited = tmp_path / "kept.conf", tmp_path / "edited.conf"
+    with state.begin("test") as entry:
+        entry.create_file(str(kept), b"K=1\n")
+        entry.create_file(str(edited), E_LINE)
+    edited.write_bytes(USER_LINE)
+    with pytest.raises(RestoreRefused) as refused:
+        state.undo(entry.id)
+    assert str(refused.value) == (f"{edited} changed since fix {entry.id} (sha256 "
+                                  f"{hashlib.sha256(USER_LINE).hexdigest()[:12]}, "
+                                  f"expected {hashlib.sha256(E_LINE).hexdigest()[:12]}); nothing restored")
+    assert kept.exists() and state.load(entry.id).manifest["status"] == "committed"
+    edited.unlink()  # gone is fine for a created file: nothing to remove
+    result = state.undo(entry.id)
+    assert result.restored == [str(kept)] and result.unchanged == [str(edited)] and not kept.exists()
+
+
+def test_undo_refuses_a_modified_file_the_user_deleted(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = _commit_fix(state, target)
+    target.unlink()
+    with pytest.raises(RestoreRefused, match=rf"^{target} changed since fix {entry.id} \(sha256 None,"):
+        state.undo(entry.id)
+    assert not target.exists()
+
+
+def test_undo_of_moves_is_judged_before_anything_is_written(state, tmp_path):
+    again, lost = tmp_path / "again", tmp_path / "lost"
+    for p in (again, lost):
+        p.mkdir()
+    with state.begin("test") as entry:
+        entry.move_into(str(again))
+        entry.move_into(str(lost))
+    again.mkdir()  # rebuilt by the user since
+    with pytest.raises(RestoreRefused, match=rf"^{again} exists again since fix {entry.id}; move it away first"):
+        state.undo(entry.id)
+    assert not lost.exists() and state.load(entry.id).manifest["status"] == "committed"
+    os.rmdir(again)
+    os.rmdir(state.root / entry.id / "files" / "1")
+    with pytest.raises(RestoreRefused) as refused:
+        state.undo(entry.id)
+    assert str(refused.value) == (f"{lost}: its copy {state.root / entry.id / 'files' / '1'} is missing from "
+                                  f"the journal; nothing restored")
+    assert not again.exists() and state.load(entry.id).manifest["status"] == "committed"
+
+
+def test_undo_of_a_build_directory_the_user_removed_is_not_an_error(state, tmp_path):
+    dest = tmp_path / "ext"
+    with state.begin("test") as entry:
+        record = entry.expect_new_dir(str(dest))
+        _build(dest)
+        entry.created(record)
+    (dest / "ext.so").unlink()
+    dest.rmdir()
+    result = state.undo(entry.id)
+    assert result.restored == [] and result.unchanged == [str(dest)]
+
+
+def test_a_stale_build_moved_away_and_rebuilt_in_place_is_undone(state, tmp_path):
+    """fix torch-ext: the stale build is moved into the journal, the rebuild creates the same
+    path; undo moves the rebuild away and puts the stale build back."""
+    build = tmp_path / "ext"
+    build.mkdir()
+    (build / "ext.so").write_bytes(b"stale")
+    with state.begin("test") as entry:
+        entry.move_into(str(build))
+        record = entry.expect_new_dir(str(build))
+        build.mkdir()
+        (build / "ext.so").write_bytes(b"rebuilt")
+        entry.created(record)
+    result = state.undo(entry.id)
+    assert (build / "ext.so").read_bytes() == b"stale"
+    assert (state.root / entry.id / "files" / "1" / "ext.so").read_bytes() == b"rebuilt"
+    assert result.restored == [str(build), str(build)]
+
+
+def test_an_undo_stopped_half_way_is_completed_by_recovery(tmp_path):
+    """An undo that was refused after it began (the rebuilt directory cannot be renamed into a
+    journal on another filesystem) is finished by the next recovery once the cause is gone."""
+    target, dest = tmp_path / "lib.so", tmp_path / "ext"
+    target.write_bytes(b"original")
+    with other_fs_dir(tmp_path) as root:
+        journal = Journal(root)
+        with journal.begin("test") as entry:
+            entry.replace_file(str(target), b"result")
+            record = entry.expect_new_dir(str(dest))
+            _build(dest)
+            entry.created(record)
+        with pytest.raises(RestoreRefused, match="cannot move it into the journal"):
+            journal.undo(entry.id)
+        assert target.read_bytes() == b"result"
+        (dest / "ext.so").unlink()
+        dest.rmdir()  # the user removes the build
+        [result] = journal.recover_entries()
+        assert (result.id, result.refused, result.notes) == (entry.id, "", ["undo interrupted; completed on recovery"])
+        assert target.read_bytes() == b"original"
+        assert journal.load(entry.id).manifest["status"] == "undone"
+
+
+def test_recovery_reports_what_it_touched_and_goes_on_past_a_held_entry(state, tmp_path):
+    a, b = tmp_path / "a.so", tmp_path / "b.so"
+    a.write_bytes(b"a0")
+    b.write_bytes(b"b0")
+    first = state.begin("test")
+    first.replace_file(str(a), b"a1")
+    first.release()
+    _next_second()
+    second = state.begin("test")
+    second.replace_file(str(b), b"b1")
+    second.release()
+    holder = state.begin("other")
+    holder.lock_target(os.path.realpath(a))
+    [result] = state.recover_entries()  # the first waits, the second is rolled back
+    assert (result.id, result.restored, result.refused) == (second.id, [str(b)], "")
+    assert result.notes == [f"interrupted; rolled back on recovery; put back {b}"]
+    holder.commit()
+    (state.root / first.id / "files" / "0").write_bytes(b"spoilt")
+    [result] = state.recover_entries()
+    assert (result.id, result.restored) == (first.id, [])
+    assert result.notes == [f"recovery refused: {result.refused}"] and str(a) in result.refused
+
+
+def test_a_commit_records_when_it_finished(state, tmp_path, capsys):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = _commit_fix(state, target)
+    listed = history(capsys)[entry.id]
+    assert listed["status"] == "committed"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", listed["finished"])
+
+
+# --- manifests that do not describe an entry ------------------------------------------------------------
+
+def _set(path, key, value):
+    def change(m):
+        m["files"][0][key] = value
+    return change
+
+
+def _top(key, value):
+    def change(m):
+        m[key] = value
+    return change
+
+
+MANIFEST_CASES = [
+    (lambda m: m.clear() or m.update({"x": 1}), "names another entry ('None')"),
+    (_top("id", "20990101-000000-abcdef"), "names another entry ('20990101-000000-abcdef')"),
+    (_top("status", "s" * 30), "has an unknown status '" + "s" * 20 + "'"),
+    (_top("files", "f" * 30), "has no list of files (files: \"" + "f" * 19 + ")"),
+    (_top("files", [1]), "file record 0 is not an object"),
+    (_set(None, "path", "relative/lib.so"), "file record 0 has no absolute path"),
+    (_set(None, "path", "/abs/with\0nul"), "file record 0 has no absolute path"),
+    (_set(None, "path", 5), "file record 0 has no absolute path"),
+    (_set(None, "action", "delete"), "file record 0 has an unknown action"),
+    (_set(None, "backup", "../../etc/passwd"), "file record 0 has a bad backup name"),
+    (_set(None, "backup", 5), "file record 0 has a bad backup name"),
+    (_set(None, "state", None), "file record 0 has no state"),
+    (_set(None, "sha256_before", "abc"), "file record 0 has a bad sha256_before"),
+    (_set(None, "sha256_after", "A" * 64), "file record 0 has a bad sha256_after"),
+    (_set(None, "mode", 0o10000), "file record 0 has a bad mode"),
+    (_set(None, "mode", -1), "file record 0 has a bad mode"),
+    (_set(None, "mode", True), "file record 0 has a bad mode"),
+    (_set(None, "mode", "420"), "file record 0 has a bad mode"),
+    (_set(None, "uid", 2**32), "file record 0 has a bad uid"),  # uid_t is 32 bits
+    (_set(None, "gid", 2**32), "file record 0 has a bad gid"),
+    (_set(None, "temp", "/elsewhere/.lib.so.seedance-tmp"), "file record 0 has a bad temp name"),
+    (_set(None, "temp", 5), "file record 0 has a bad temp name"),
+    (_set(None, "sha256_after", None), "file record 0 lacks its sha256"),
+]
+
+
+@pytest.mark.parametrize("change,why", MANIFEST_CASES, ids=[w for _, w in MANIFEST_CASES])
+def test_a_manifest_that_does_not_describe_an_entry_is_damaged(state, tmp_path, change, why):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = _commit_fix(state, target)
+    path = state.root / entry.id / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+    assert state.read(entry.id).damaged == f"manifest.json {why}"
+
+
+def test_a_temp_name_in_the_targets_directory_but_not_a_temp_is_damaged(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = _commit_fix(state, target)
+    path = state.root / entry.id / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["files"][0]["temp"] = str(tmp_path / "lib.so")  # rollback would unlink the target itself
+    path.write_text(json.dumps(manifest))
+    assert state.read(entry.id).damaged == "manifest.json file record 0 has a bad temp name"
+
+
+@pytest.mark.parametrize("key,value", [("mode", 0o7777), ("mode", 0), ("uid", 2**32 - 1), ("gid", 2**32 - 1),
+                                       ("uid", 1234), ("gid", 1234), ("temp", None)])
+def test_the_edges_of_a_valid_manifest_are_accepted(state, tmp_path, key, value):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = _commit_fix(state, target)
+    path = state.root / entry.id / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["files"][0][key] = value
+    path.write_text(json.dumps(manifest))
+    assert state.read(entry.id).damaged == ""
