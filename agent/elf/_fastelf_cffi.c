@@ -583,34 +583,35 @@ static void (*_cffi_call_python_org)(struct _cffi_externpy_s *, char *);
 /************************************************************/
 
 static void *_cffi_types[] = {
-/*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *)
-/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 18), // char const *
-/*  2 */ _CFFI_OP(_CFFI_OP_POINTER, 21), // struct sd_fastelf_result *
-/*  3 */ _CFFI_OP(_CFFI_OP_POINTER, 18), // char *
+/*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *, unsigned char *, size_t)
+/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 20), // char const *
+/*  2 */ _CFFI_OP(_CFFI_OP_POINTER, 23), // struct sd_fastelf_result *
+/*  3 */ _CFFI_OP(_CFFI_OP_POINTER, 20), // char *
 /*  4 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28), // size_t
-/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 25), // unsigned int *
+/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 26), // unsigned int *
 /*  6 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
 /*  7 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7), // int
 /*  8 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
 /*  9 */ _CFFI_OP(_CFFI_OP_POINTER, 4), // size_t const *
 /* 10 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 11 */ _CFFI_OP(_CFFI_OP_POINTER, 22), // struct sd_fastelf_symbols *
-/* 12 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 13 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(void)
+/* 11 */ _CFFI_OP(_CFFI_OP_POINTER, 24), // struct sd_fastelf_symbols *
+/* 12 */ _CFFI_OP(_CFFI_OP_POINTER, 25), // unsigned char *
+/* 13 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
 /* 14 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 15 */ _CFFI_OP(_CFFI_OP_FUNCTION, 27), // void()(struct sd_fastelf_symbols *)
-/* 16 */ _CFFI_OP(_CFFI_OP_NOOP, 11),
-/* 17 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 18 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
-/* 19 */ _CFFI_OP(_CFFI_OP_ARRAY, 18), // char[512]
-/* 20 */ (_cffi_opcode_t)(512),
-/* 21 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
-/* 22 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_fastelf_symbols
-/* 23 */ _CFFI_OP(_CFFI_OP_POINTER, 24), // unsigned char *
-/* 24 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
-/* 25 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
-/* 26 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
-/* 27 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
+/* 15 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(void)
+/* 16 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 17 */ _CFFI_OP(_CFFI_OP_FUNCTION, 28), // void()(struct sd_fastelf_symbols *)
+/* 18 */ _CFFI_OP(_CFFI_OP_NOOP, 11),
+/* 19 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 20 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
+/* 21 */ _CFFI_OP(_CFFI_OP_ARRAY, 20), // char[512]
+/* 22 */ (_cffi_opcode_t)(512),
+/* 23 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
+/* 24 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_fastelf_symbols
+/* 25 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
+/* 26 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
+/* 27 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
+/* 28 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
 };
 
 static int _cffi_d_sd_fastelf_abi(void)
@@ -675,9 +676,9 @@ _cffi_f_sd_fastelf_free_symbols(PyObject *self, PyObject *arg0)
 #  define _cffi_f_sd_fastelf_free_symbols _cffi_d_sd_fastelf_free_symbols
 #endif
 
-static int _cffi_d_sd_fastelf_read(char const * x0, struct sd_fastelf_result * x1, char * x2, size_t x3, unsigned int * x4, size_t x5, int x6, char const * x7, size_t const * x8, size_t x9, struct sd_fastelf_symbols * x10)
+static int _cffi_d_sd_fastelf_read(char const * x0, struct sd_fastelf_result * x1, char * x2, size_t x3, unsigned int * x4, size_t x5, int x6, char const * x7, size_t const * x8, size_t x9, struct sd_fastelf_symbols * x10, unsigned char * x11, size_t x12)
 {
-  return sd_fastelf_read(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10);
+  return sd_fastelf_read(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12);
 }
 #ifndef PYPY_VERSION
 static PyObject *
@@ -694,6 +695,8 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
   size_t const * x8;
   size_t x9;
   struct sd_fastelf_symbols * x10;
+  unsigned char * x11;
+  size_t x12;
   Py_ssize_t datasize;
   struct _cffi_freeme_s *large_args_free = NULL;
   int result;
@@ -709,8 +712,10 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
   PyObject *arg8;
   PyObject *arg9;
   PyObject *arg10;
+  PyObject *arg11;
+  PyObject *arg12;
 
-  if (!PyArg_UnpackTuple(args, "sd_fastelf_read", 11, 11, &arg0, &arg1, &arg2, &arg3, &arg4, &arg5, &arg6, &arg7, &arg8, &arg9, &arg10))
+  if (!PyArg_UnpackTuple(args, "sd_fastelf_read", 13, 13, &arg0, &arg1, &arg2, &arg3, &arg4, &arg5, &arg6, &arg7, &arg8, &arg9, &arg10, &arg11, &arg12))
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
@@ -792,9 +797,22 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
       return NULL;
   }
 
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(12), arg11, (char **)&x11);
+  if (datasize != 0) {
+    x11 = ((size_t)datasize) <= 640 ? (unsigned char *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(12), arg11, (char **)&x11,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x12 = _cffi_to_c_int(arg12, size_t);
+  if (x12 == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+
   Py_BEGIN_ALLOW_THREADS
   _cffi_restore_errno();
-  { result = sd_fastelf_read(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10); }
+  { result = sd_fastelf_read(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12); }
   _cffi_save_errno();
   Py_END_ALLOW_THREADS
 
@@ -811,7 +829,7 @@ static int _cffi_const_SD_FASTELF_ABI(unsigned long long *o)
 {
   int n = (SD_FASTELF_ABI) <= 0;
   *o = (unsigned long long)((SD_FASTELF_ABI) | 0);  /* check that SD_FASTELF_ABI is an integer */
-  if (!_cffi_check_int(*o, n, 2U))
+  if (!_cffi_check_int(*o, n, 3U))
     n |= 2;
   return n;
 }
@@ -924,8 +942,8 @@ static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_FASTELF_NO_SYMBOLS", (void *)_cffi_const_SD_FASTELF_NO_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_OK", (void *)_cffi_const_SD_FASTELF_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_PREFIXED_SYMBOLS", (void *)_cffi_const_SD_FASTELF_PREFIXED_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
-  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 13), (void *)_cffi_d_sd_fastelf_abi },
-  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 15), (void *)_cffi_d_sd_fastelf_free_symbols },
+  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 15), (void *)_cffi_d_sd_fastelf_abi },
+  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 17), (void *)_cffi_d_sd_fastelf_free_symbols },
   { "sd_fastelf_read", (void *)_cffi_f_sd_fastelf_read, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 0), (void *)_cffi_d_sd_fastelf_read },
 };
 
@@ -968,28 +986,28 @@ static const struct _cffi_field_s _cffi_fields[] = {
                     _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "flags", offsetof(struct sd_fastelf_result, flags),
              sizeof(((struct sd_fastelf_result *)0)->flags),
-             _CFFI_OP(_CFFI_OP_NOOP, 26) },
+             _CFFI_OP(_CFFI_OP_NOOP, 27) },
   { "flags_1", offsetof(struct sd_fastelf_result, flags_1),
                sizeof(((struct sd_fastelf_result *)0)->flags_1),
-               _CFFI_OP(_CFFI_OP_NOOP, 26) },
+               _CFFI_OP(_CFFI_OP_NOOP, 27) },
   { "n_sections", offsetof(struct sd_fastelf_result, n_sections),
                   sizeof(((struct sd_fastelf_result *)0)->n_sections),
-                  _CFFI_OP(_CFFI_OP_NOOP, 25) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 26) },
   { "n_needed", offsetof(struct sd_fastelf_result, n_needed),
                 sizeof(((struct sd_fastelf_result *)0)->n_needed),
-                _CFFI_OP(_CFFI_OP_NOOP, 25) },
+                _CFFI_OP(_CFFI_OP_NOOP, 26) },
   { "n_verneed", offsetof(struct sd_fastelf_result, n_verneed),
                  sizeof(((struct sd_fastelf_result *)0)->n_verneed),
-                 _CFFI_OP(_CFFI_OP_NOOP, 25) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 26) },
   { "n_verdef", offsetof(struct sd_fastelf_result, n_verdef),
                 sizeof(((struct sd_fastelf_result *)0)->n_verdef),
-                _CFFI_OP(_CFFI_OP_NOOP, 25) },
+                _CFFI_OP(_CFFI_OP_NOOP, 26) },
   { "strings_len", offsetof(struct sd_fastelf_result, strings_len),
                    sizeof(((struct sd_fastelf_result *)0)->strings_len),
                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
   { "error", offsetof(struct sd_fastelf_result, error),
              sizeof(((struct sd_fastelf_result *)0)->error),
-             _CFFI_OP(_CFFI_OP_NOOP, 19) },
+             _CFFI_OP(_CFFI_OP_NOOP, 21) },
   { "count", offsetof(struct sd_fastelf_symbols, count),
              sizeof(((struct sd_fastelf_symbols *)0)->count),
              _CFFI_OP(_CFFI_OP_NOOP, 4) },
@@ -1004,7 +1022,7 @@ static const struct _cffi_field_s _cffi_fields[] = {
                  _CFFI_OP(_CFFI_OP_NOOP, 4) },
   { "records", offsetof(struct sd_fastelf_symbols, records),
                sizeof(((struct sd_fastelf_symbols *)0)->records),
-               _CFFI_OP(_CFFI_OP_NOOP, 23) },
+               _CFFI_OP(_CFFI_OP_NOOP, 12) },
   { "records_cap", offsetof(struct sd_fastelf_symbols, records_cap),
                    sizeof(((struct sd_fastelf_symbols *)0)->records_cap),
                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
@@ -1019,13 +1037,13 @@ static const struct _cffi_field_s _cffi_fields[] = {
                     _CFFI_OP(_CFFI_OP_NOOP, 4) },
   { "n_versions", offsetof(struct sd_fastelf_symbols, n_versions),
                   sizeof(((struct sd_fastelf_symbols *)0)->n_versions),
-                  _CFFI_OP(_CFFI_OP_NOOP, 25) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 26) },
 };
 
 static const struct _cffi_struct_union_s _cffi_struct_unions[] = {
-  { "sd_fastelf_result", 21, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_result", 23, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 0, 20 },
-  { "sd_fastelf_symbols", 22, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_symbols", 24, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 20, 10 },
 };
 
@@ -1041,7 +1059,7 @@ static const struct _cffi_type_context_s _cffi_type_context = {
   0,  /* num_enums */
   0,  /* num_typenames */
   NULL,  /* no includes */
-  28,  /* num_types */
+  29,  /* num_types */
   0,  /* flags */
 };
 

@@ -16,7 +16,7 @@
 /* cdef-begin */
 /* Bumped whenever the result layout or the meaning of a field changes: the Python side
  * refuses a module built from another layout (reader.py, _c_reader). */
-#define SD_FASTELF_ABI 2
+#define SD_FASTELF_ABI 3
 
 /* sd_fastelf_read's return codes */
 #define SD_FASTELF_OK 0
@@ -82,9 +82,11 @@ struct sd_fastelf_symbols {
 #define SD_FASTELF_PREFIXED_SYMBOLS 2  /* names starting with one of the prefixes */
 
 int sd_fastelf_abi(void);
+/* scratch: a file no larger than scratch_cap is read into it instead of being mapped */
 int sd_fastelf_read(const char *path, struct sd_fastelf_result *out, char *strings, size_t strings_cap,
                     unsigned int *vn_counts, size_t vn_counts_cap, int want_symbols, const char *prefix_bytes,
-                    const size_t *prefix_lens, size_t n_prefixes, struct sd_fastelf_symbols *symbols);
+                    const size_t *prefix_lens, size_t n_prefixes, struct sd_fastelf_symbols *symbols,
+                    unsigned char *scratch, size_t scratch_cap);
 void sd_fastelf_free_symbols(struct sd_fastelf_symbols *symbols);
 /* cdef-end */
 

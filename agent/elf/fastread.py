@@ -22,8 +22,9 @@ from ..errors import ELFError
 # Output capacity per call; real objects use a few KB (libtorch_cpu: ~2 KB of names).
 STRINGS_CAPACITY = 1 << 20
 VERNEED_CAPACITY = 1 << 16  # reader.py's MAX_VER_ENTRIES: never exceeded by a real file
+SCRATCH_CAPACITY = 1 << 16  # files up to this size are read, not mapped (fastelf.c says why)
 
-ABI = 2  # must equal SD_FASTELF_ABI in fastelf.h
+ABI = 3  # must equal SD_FASTELF_ABI in fastelf.h
 
 _lock = threading.Lock()
 _lib = None  # the loaded module's (ffi, lib), False when unavailable
@@ -59,7 +60,8 @@ def _buffers(ffi):
     buffers = getattr(_local, "buffers", None)
     if buffers is None:
         buffers = (ffi.new("struct sd_fastelf_result *"), ffi.new("char[]", STRINGS_CAPACITY),
-                   ffi.new("unsigned int[]", VERNEED_CAPACITY), ffi.new("struct sd_fastelf_symbols *"))
+                   ffi.new("unsigned int[]", VERNEED_CAPACITY), ffi.new("struct sd_fastelf_symbols *"),
+                   ffi.new("unsigned char[]", SCRATCH_CAPACITY))
         _local.buffers = buffers
     return buffers
 
@@ -85,21 +87,23 @@ def read(path: str, symbols: bool | tuple = False):
     if not loaded or "\0" in path:
         return None
     ffi, lib = loaded
-    out, strings, vn_counts, syms = _buffers(ffi)
+    out, strings, vn_counts, syms, scratch = _buffers(ffi)
     try:
         encoded = os.fsencode(path)
     except UnicodeError:
         return None
     if not symbols:
         rc = lib.sd_fastelf_read(encoded, out, strings, STRINGS_CAPACITY, vn_counts, VERNEED_CAPACITY,
-                                 lib.SD_FASTELF_NO_SYMBOLS, ffi.NULL, ffi.NULL, 0, ffi.NULL)
+                                 lib.SD_FASTELF_NO_SYMBOLS, ffi.NULL, ffi.NULL, 0, ffi.NULL, scratch,
+                                 SCRATCH_CAPACITY)
     elif symbols is True:
         rc = lib.sd_fastelf_read(encoded, out, strings, STRINGS_CAPACITY, vn_counts, VERNEED_CAPACITY,
-                                 lib.SD_FASTELF_ALL_SYMBOLS, ffi.NULL, ffi.NULL, 0, syms)
+                                 lib.SD_FASTELF_ALL_SYMBOLS, ffi.NULL, ffi.NULL, 0, syms, scratch, SCRATCH_CAPACITY)
     elif type(symbols) is tuple and all(type(p) is str for p in symbols):
         prefix_bytes, prefix_lens, count = _prefixes(ffi, symbols)
         rc = lib.sd_fastelf_read(encoded, out, strings, STRINGS_CAPACITY, vn_counts, VERNEED_CAPACITY,
-                                 lib.SD_FASTELF_PREFIXED_SYMBOLS, prefix_bytes, prefix_lens, count, syms)
+                                 lib.SD_FASTELF_PREFIXED_SYMBOLS, prefix_bytes, prefix_lens, count, syms, scratch,
+                                 SCRATCH_CAPACITY)
     else:
         return None
     try:
