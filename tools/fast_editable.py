@@ -48,8 +48,10 @@ def install():
 '''
 
 
-def main() -> int:
-    site = sysconfig.get_paths()["purelib"]
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # --site DIR: another site-packages than this interpreter's (the tests use one of their own)
+    site = argv[1] if len(argv) == 2 and argv[0] == "--site" else sysconfig.get_paths()["purelib"]
     finders = glob.glob(os.path.join(site, "__editable___seedance_*_finder.py"))
     pths = glob.glob(os.path.join(site, "__editable__.seedance-*.pth"))
     if len(finders) != 1 or len(pths) != 1:
