@@ -559,3 +559,112 @@ def test_a_shadowing_copy_names_the_symbols_both_copies_define(tmp_path):
     shadow = [s for s in step.shadowed if s.name == "libver.so.1"]
     assert [(s.used, s.alone) for s in shadow] == [(v1, v2)]
     assert [(name, version) for name, version, _provider in shadow[0].other_copy] == [("ver", "VER_1")]
+
+
+def test_the_interpreter_goes_before_a_missing_library_in_ldds_order(tmp_path):
+    """NEEDED [libc.so.6, libgone.so] with libgone.so missing: rtld.c puts ld.so back into
+    the chain after the object before it, leaving out not-found placeholders; ldd lists
+    libc, ld.so, then "libgone.so => not found".  The load order must be ldd's."""
+    if shutil.which("gcc") is None or shutil.which("ldd") is None:
+        pytest.skip("gcc and ldd needed")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "g.c").write_text("int g(void){return 1;}\n")
+    (tmp_path / "m.c").write_text("int g(void); int main(void){return g();}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "lib" / "libgone.so", tmp_path / "g.c",
+                    "-Wl,-soname,libgone.so"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", "-Wl,--no-as-needed", "-lc",
+                    tmp_path / "lib" / "libgone.so"], check=True)
+    (tmp_path / "lib" / "libgone.so").unlink()
+    out = subprocess.run(["ldd", str(tmp_path / "app")], capture_output=True, text=True, errors="replace",
+                         env=CLEAN).stdout
+    listed = [line.split()[0] for line in out.splitlines() if line.strip() and "linux-vdso" not in line]
+    assert listed[-1] == "libgone.so"
+    closure = Resolver(env={}).closure(str(tmp_path / "app"))
+    assert [name for name, _path, _first in closure.load_order] == listed
+
+
+def test_a_second_name_for_a_loaded_file_is_remembered(tmp_path):
+    """libbb needs "libalias.so", a symlink to the liba.so the program already loaded (libcc
+    needs "liba.so" itself): ld.so finds the same file (same inode) and adds the name to the
+    loaded object, which then provides libbb's version need ALIAS_1 of "libalias.so"
+    (dl-version.c finds the provider by that name).  LD_DEBUG=libs counts the searches; the
+    program bound at start-up is the oracle for the version need."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "a.c").write_text("int a(void){return 1;}\n")
+    (tmp_path / "b.c").write_text("int a(void); int b(void){return a();}\n")
+    (tmp_path / "c.c").write_text("int a(void); int c(void){return a();}\n")
+    (tmp_path / "m.c").write_text("int a(void), b(void), c(void); int main(void){return a()+b()+c()-3;}\n")
+    (tmp_path / "a.map").write_text("ALIAS_1 { global: a; local: *; };\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "liba.so", tmp_path / "a.c",
+                    f"-Wl,--version-script,{tmp_path / 'a.map'}"], check=True)
+    os.symlink("liba.so", tmp_path / "libalias.so")
+    for name, link in (("b", "-lalias"), ("c", "-la")):  # liba.so has no SONAME: NEEDED is the name linked
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / f"lib{name}{name}.so", tmp_path / f"{name}.c",
+                        f"-L{tmp_path}", link, f"-Wl,-soname,lib{name}{name}.so", f"-Wl,-rpath,{tmp_path}"],
+                       check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", f"-L{tmp_path}", "-la", "-lbb", "-lcc",
+                    f"-Wl,-rpath,{tmp_path}"], check=True)
+    searches: dict = {}
+    for line in _ld_debug_lines(tmp_path / "app"):
+        if line.startswith("find library="):
+            name = line[len("find library="):].split(" ", 1)[0]
+            searches[name] = searches.get(name, 0) + 1
+    assert searches.get("libalias.so") == 1
+    # every version need (ALIAS_1 of "libalias.so") is met: the program runs, bound at start
+    ran = subprocess.run([str(tmp_path / "app")], env={**CLEAN, "LD_BIND_NOW": "1"}, timeout=60)
+    assert ran.returncode == 0
+    closure = Resolver(env={}).closure(str(tmp_path / "app"))
+    ours: dict = {}
+    for res in closure.resolutions:
+        if res.source != "loaded":
+            ours[res.name] = ours.get(res.name, 0) + 1
+    assert ours == searches
+    alias = [c for c in closure.version_checks if c.file == "libalias.so"]
+    assert alias and all(c.defined and c.provider == str(tmp_path / "liba.so") for c in alias), alias
+
+
+def test_a_version_need_on_a_missing_library_does_not_stop_the_closure(tmp_path):
+    """The program needs GONE_1 of libgone.so, which is not there: ld.so stops at the
+    missing library ("cannot open shared object file"); the closure says not-found and
+    its version checks still complete."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "g.c").write_text("int g(void){return 1;}\n")
+    (tmp_path / "v.map").write_text("GONE_1 { global: g; local: *; };\n")
+    (tmp_path / "m.c").write_text("int g(void); int main(void){return g()-1;}\n")
+    lib = tmp_path / "lib" / "libgone.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, tmp_path / "g.c", "-Wl,-soname,libgone.so",
+                    f"-Wl,--version-script,{tmp_path / 'v.map'}"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", str(lib)], check=True)
+    lib.unlink()
+    proc = subprocess.run([str(tmp_path / "app")], capture_output=True, text=True, errors="replace", env=CLEAN,
+                          timeout=60)
+    assert "libgone.so: cannot open shared object file" in proc.stderr
+    closure = Resolver(env={}).closure(str(tmp_path / "app"))
+    assert [r.source for r in closure.resolutions if r.name == "libgone.so"] == ["not-found"]
+    assert any(c.requester == str(tmp_path / "app") for c in closure.version_checks)
+
+
+def test_origin_of_a_program_named_by_a_relative_path(tmp_path, monkeypatch):
+    """$ORIGIN of a program run as "sub/app" is its directory (ld.so takes it from the
+    kernel's absolute path): LD_DEBUG=libs shows the file it tried."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "sub" / "lib").mkdir(parents=True)
+    (tmp_path / "o.c").write_text("int o(void){return 1;}\n")
+    (tmp_path / "m.c").write_text("int o(void); int main(void){return o()-1;}\n")
+    lib = tmp_path / "sub" / "lib" / "libo.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, tmp_path / "o.c", "-Wl,-soname,libo.so"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "sub" / "app", tmp_path / "m.c", str(lib), "-Wl,-rpath,$ORIGIN/lib"],
+                   check=True)
+    monkeypatch.chdir(tmp_path)
+    proc = subprocess.run(["sub/app"], capture_output=True, text=True, errors="replace", timeout=60,
+                          env={**CLEAN, "LD_DEBUG": "libs"})
+    assert proc.returncode == 0, proc.stderr
+    tried = [line.split("trying file=", 1)[1].strip() for line in proc.stderr.splitlines() if "trying file=" in line
+             and "libo.so" in line]
+    res = next(r for r in Resolver(env={}).closure("sub/app").resolutions if r.name == "libo.so")
+    assert os.path.realpath(res.path) == os.path.realpath(tried[-1])
+    assert os.path.dirname(res.path).endswith("sub/lib")
