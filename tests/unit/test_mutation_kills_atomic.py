@@ -1,0 +1,265 @@
+"""Tests written for the mutants of agent/fix/atomic.py that its tests let through (issue 17;
+bench/mutation-survivors.md lists them).
+
+Oracles: published SHA-256 test vectors and coreutils' sha256sum, the file system (names,
+modes, owners, what is left), the kernel's own answers (fsync of /dev/null is EINVAL, SIGKILL
+at a crash point), and strace's record of the syscalls (what is fsynced, and before which
+rename): durability cannot be seen in the files without a power cut, but the order of fsync and
+rename can.
+"""
+import errno
+import hashlib
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from seedance.errors import BadInput
+from seedance.fix import atomic
+
+
+def open_fds():
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+# --- hashing ---------------------------------------------------------------------------------------
+
+# FIPS 180-2 appendix B.1 and the empty message
+ABC = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+EMPTY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def test_sha256_of_files_and_bytes_against_the_published_vectors_and_sha256sum(tmp_path):
+    (tmp_path / "abc").write_bytes(b"abc")
+    (tmp_path / "empty").write_bytes(b"")
+    big = tmp_path / "big"  # several of the reader's blocks, and not a multiple of one
+    big.write_bytes(os.urandom((3 << 20) + 12345))
+    assert atomic.sha256_file(str(tmp_path / "abc")) == ABC
+    assert atomic.sha256_file(str(tmp_path / "empty")) == EMPTY
+    assert atomic.sha256_bytes(b"abc") == ABC and atomic.sha256_bytes(b"") == EMPTY
+    if shutil.which("sha256sum"):
+        want = subprocess.run(["sha256sum", str(big)], capture_output=True, text=True, check=True).stdout.split()[0]
+    else:
+        want = hashlib.sha256(big.read_bytes()).hexdigest()
+    assert atomic.sha256_file(str(big)) == want
+
+
+# --- names -----------------------------------------------------------------------------------------
+
+def test_temp_names_sit_beside_the_target(tmp_path, monkeypatch):
+    assert atomic.temp_path_for("/a/b/lib.so") == "/a/b/.lib.so.seedance-tmp"
+    assert atomic.temp_path_for("/a/b/lib.so", "20260101-000000-abcdef") == "/a/b/.lib.so.seedance-tmp-20260101-000000-abcdef"
+    monkeypatch.chdir(tmp_path)
+    assert atomic.temp_path_for("lib.so") == str(tmp_path / ".lib.so.seedance-tmp")
+
+
+def test_file_identity_changes_when_the_file_is_replaced(tmp_path):
+    target = tmp_path / "f"
+    target.write_bytes(b"one")
+    first = atomic.file_identity(os.stat(target))
+    assert first == atomic.file_identity(os.stat(target))
+    atomic.atomic_write(str(target), b"two")
+    assert atomic.file_identity(os.stat(target)) != first
+
+
+# --- write_temp --------------------------------------------------------------------------------------
+
+def test_write_temp_defaults(tmp_path):
+    temp = str(tmp_path / ".f.seedance-tmp")
+    assert atomic.write_temp(b"data", temp) == temp  # the path, unless result= is asked
+    assert open(temp, "rb").read() == b"data"
+    assert stat.S_IMODE(os.stat(temp).st_mode) == 0o644
+    # a leftover of a crashed run, even a planted symlink, is replaced, never followed
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"victim")
+    os.unlink(temp)
+    os.symlink(victim, temp)
+    atomic.write_temp(b"fresh", temp, mode=0o600)
+    assert not os.path.islink(temp) and open(temp, "rb").read() == b"fresh"
+    assert stat.S_IMODE(os.stat(temp).st_mode) == 0o600
+    assert victim.read_bytes() == b"victim"
+
+
+def test_write_temp_with_a_fill_returns_what_it_returned(tmp_path):
+    temp = str(tmp_path / ".f.seedance-tmp")
+
+    def fill(fd):
+        os.write(fd, b"filled")
+        return "digest"
+
+    assert atomic.write_temp(fill, temp, result=True) == "digest"
+    assert atomic.write_temp(fill, temp) == temp
+    assert atomic.write_temp(b"bytes", temp, result=True) is None
+    assert open(temp, "rb").read() == b"bytes"
+
+
+def test_a_fill_that_fails_leaves_no_temp_and_no_open_file(tmp_path):
+    temp = str(tmp_path / ".f.seedance-tmp")
+    before = open_fds()
+
+    def fill(fd):
+        os.write(fd, b"half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic.write_temp(fill, temp)
+    assert not os.path.lexists(temp)
+    assert open_fds() == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_write_temp_and_atomic_write_set_the_owner(tmp_path):
+    temp = str(tmp_path / ".f.seedance-tmp")
+    atomic.write_temp(b"x", temp, owner=(1234, 2345))
+    assert (os.stat(temp).st_uid, os.stat(temp).st_gid) == (1234, 2345)
+    target = tmp_path / "g"
+    atomic.atomic_write(str(target), b"y", mode=0o640, owner=(3456, 4567))
+    st = os.stat(target)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (3456, 4567, 0o640)
+
+
+def test_atomic_write_defaults_and_leaves_one_name(tmp_path):
+    target = tmp_path / "f"
+    atomic.atomic_write(str(target), b"data")
+    assert target.read_bytes() == b"data" and stat.S_IMODE(os.stat(target).st_mode) == 0o644
+    assert os.listdir(tmp_path) == ["f"]
+
+
+# --- crash points ------------------------------------------------------------------------------------
+
+STEPS_CHILD = r"""
+import os, sys
+from seedance.fix import atomic
+what, d = sys.argv[1], sys.argv[2]
+t = os.path.join(d, ".t.seedance-tmp")
+if what == "write-default":
+    atomic.write_temp(b"x", t)
+elif what == "write-crash":
+    atomic.write_temp(b"x", t, crash=True)
+elif what == "write-crash-nosync":
+    atomic.write_temp(b"x", t, crash=True, sync=False)
+elif what == "replace-default":
+    atomic.write_temp(b"x", t); atomic.replace(t, os.path.join(d, "target"))
+elif what == "replace-crash":
+    atomic.write_temp(b"x", t); atomic.replace(t, os.path.join(d, "target"), crash=True)
+elif what == "point":
+    atomic.crash_point("after-commit")
+print("alive", flush=True)
+"""
+
+
+@pytest.mark.parametrize("what,step,dies", [
+    ("write-default", "after-temp-write", False),  # crash points are armed only when asked
+    ("write-default", "after-fsync", False),
+    ("write-crash", "after-temp-write", True),
+    ("write-crash", "after-fsync", True),
+    ("write-crash-nosync", "after-fsync", False),  # no fsync, no "after-fsync"
+    ("replace-default", "after-rename", False),
+    ("replace-crash", "after-rename", True),
+    ("point", "after-commit", True),
+    ("point", "after-rename", False),
+])
+def test_crash_points(tmp_path, monkeypatch, what, step, dies):
+    monkeypatch.delenv(atomic.CRASH_ENV, raising=False)
+    atomic.crash_point(step)  # not asked for in this process: returns
+    monkeypatch.setenv(atomic.CRASH_ENV, "some-other-step")
+    atomic.crash_point(step)
+    atomic.write_temp(b"x", str(tmp_path / ".in-process.seedance-tmp"), crash=True)
+    atomic.replace(str(tmp_path / ".in-process.seedance-tmp"), str(tmp_path / "in-process"), crash=True)
+    env = {**os.environ, atomic.CRASH_ENV: step}
+    proc = subprocess.run([sys.executable, "-c", STEPS_CHILD, what, str(tmp_path)], env=env,
+                          capture_output=True, text=True, errors="replace", timeout=120)
+    if dies:
+        assert proc.returncode == -signal.SIGKILL and "alive" not in proc.stdout, proc.stderr[-2000:]
+        if step == "after-rename":
+            assert (tmp_path / "target").read_bytes() == b"x"  # killed after the rename, not before
+    else:
+        assert proc.returncode == 0 and proc.stdout.strip() == "alive", proc.stderr[-2000:]
+
+
+# --- durability, as strace sees it -------------------------------------------------------------------
+
+TRACE_CHILD = r"""
+import os, sys
+from seedance.fix import atomic
+d = sys.argv[1]
+atomic.atomic_write(os.path.join(d, "target"), b"data")
+print("MARK", flush=True)
+atomic.atomic_write(os.path.join(d, "nosync"), b"data", sync=False)
+"""
+
+
+def _trace(tmp_path, code, *args):
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed")
+    log = tmp_path / "strace.log"
+    proc = subprocess.run(["strace", "-f", "-y", "-qq", "-e", "signal=none", "-e",
+                           "trace=fsync,fdatasync,rename,renameat,renameat2,write", "-o", str(log),
+                           sys.executable, "-c", code, *args], capture_output=True, text=True, errors="replace",
+                          timeout=120)
+    if proc.returncode != 0 and "ptrace" in proc.stderr:
+        pytest.skip(f"strace cannot trace here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return log.read_text(errors="replace").splitlines()
+
+
+def _events(lines, d):
+    """(call, path) of the fsyncs and renames inside ``d``, in order; 'MARK' where the child printed it."""
+    out = []
+    for line in lines:
+        if re.search(r"\bwrite\(1<[^>]*>, \"MARK", line):
+            out.append(("MARK", ""))
+            continue
+        m = re.search(r"\b(fsync|fdatasync)\(\d+<([^>]*)>\)\s+=\s+0", line)
+        if m and m.group(2).startswith(str(d)):
+            out.append(("fsync", m.group(2)))
+        m = re.search(r"\brename(?:at2?)?\((?:[^,]+, )?\"([^\"]+)\", (?:[^,]+, )?\"([^\"]+)\"", line)
+        if m and str(d) in m.group(2):
+            out.append(("rename", os.path.basename(m.group(2))))
+    return out
+
+
+def test_atomic_write_fsyncs_the_data_before_the_rename_and_the_directory_after(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    atomic.atomic_write(str(d / "in-process"), b"data")  # the same path once here
+    events = _events(_trace(tmp_path, TRACE_CHILD, str(d)), d)
+    assert events == [("fsync", str(d / ".target.seedance-tmp")), ("rename", "target"), ("fsync", str(d)),
+                      ("MARK", ""), ("rename", "nosync")], events
+
+
+def test_background_sync_fsyncs_the_file_and_reports_failure(tmp_path, monkeypatch):
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    target = tmp_path / "f"
+    target.write_bytes(b"data")
+    before = open_fds()
+    atomic.BackgroundSync(str(target)).join()
+    assert raised == [] and open_fds() == before
+    # the kernel refuses fsync on a character device: the error comes back from join()
+    syncer = atomic.BackgroundSync("/dev/null")
+    with pytest.raises(OSError) as failed:
+        syncer.join()
+    assert failed.value.errno == errno.EINVAL
+    assert raised == [] and open_fds() == before
+
+
+TRACE_SYNC = r"""
+import sys
+from seedance.fix import atomic
+atomic.BackgroundSync(sys.argv[1]).join()
+"""
+
+
+def test_background_sync_really_fsyncs(tmp_path):
+    target = tmp_path / "f"
+    target.write_bytes(b"data")
+    atomic.BackgroundSync(str(target)).join()
+    events = _events(_trace(tmp_path, TRACE_SYNC, str(target)), tmp_path)
+    assert events == [("fsync", str(target))], events
