@@ -668,3 +668,41 @@ def test_origin_of_a_program_named_by_a_relative_path(tmp_path, monkeypatch):
     res = next(r for r in Resolver(env={}).closure("sub/app").resolutions if r.name == "libo.so")
     assert os.path.realpath(res.path) == os.path.realpath(tried[-1])
     assert os.path.dirname(res.path).endswith("sub/lib")
+
+
+def test_a_cache_entry_for_an_unsupported_hwcaps_level_is_passed_over(tmp_path):
+    """libhw.so.1 in a directory and in its glibc-hwcaps/x86-64-v2, x86-64-v4 and aaa-other
+    (a name no ld.so knows, which ldconfig records all the same and sorts first), cached by
+    ldconfig with the hwcaps extension.  ld.so passes over the subdirectories this CPU does
+    not support and takes the best one it does (dl-cache.c search_cache).  Oracle: the
+    program in a private mount namespace with that cache bound over /etc/ld.so.cache,
+    LD_DEBUG=libs naming the file it tried."""
+    if os.uname().machine != "x86_64" or shutil.which("gcc") is None or shutil.which("unshare") is None \
+            or not os.path.exists(LDCONFIG):
+        pytest.skip("x86-64 with gcc, ldconfig and unshare needed")
+    top = tmp_path / "lib"
+    (tmp_path / "h.c").write_text("int hw(void){return 0;}\n")
+    (tmp_path / "m.c").write_text("int hw(void); int main(void){return hw();}\n")
+    for sub in ("", "glibc-hwcaps/x86-64-v2/", "glibc-hwcaps/x86-64-v4/", "glibc-hwcaps/aaa-other/"):
+        (top / sub).mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", top / sub / "libhw.so.1", tmp_path / "h.c",
+                        "-Wl,-soname,libhw.so.1"], check=True)
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", top / "libhw.so.1"], check=True)
+    (tmp_path / "ld.so.conf").write_text(f"{top}\n")
+    cache_file = tmp_path / "ld.so.cache"
+    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(tmp_path / "ld.so.conf")], check=True,
+                   capture_output=True)
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind "$1" /etc/ld.so.cache && exec "$2"', "sh",
+                           str(cache_file), str(tmp_path / "app")], capture_output=True, text=True,
+                          errors="replace", env={**CLEAN, "LD_DEBUG": "libs"}, timeout=60)
+    if "unshare:" in proc.stderr or "mount:" in proc.stderr:
+        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
+    start = lines.index("find library=libhw.so.1 [0]; searching")
+    assert lines[start + 1] == "search cache=/etc/ld.so.cache", proc.stderr
+    chosen = lines[start + 2].split("trying file=", 1)[1]
+    assert "aaa-other" not in chosen
+    res = next(r for r in Resolver(env={}, cache_path=str(cache_file)).closure(str(tmp_path / "app")).resolutions
+               if r.name == "libhw.so.1")
+    assert (res.source, res.path) == ("ld.so.cache", chosen)
