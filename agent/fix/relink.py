@@ -302,10 +302,17 @@ class Relinker:
         except (ELFError, OSError) as exc:
             action.refusal = str(exc) if isinstance(exc, ELFError) else f"{path}: {exc.strerror}"
             return action
+        # the plan walks the check's cached closures: a file rewritten since (by a concurrent
+        # fix) would be planned from what it was.  Its identity then differs from the one
+        # seen after the check, or (rewritten while the check ran) what the check read of it
+        # (the resolver's cached parse) differs from the file now
         seen = self._identities.get(os.path.realpath(path))
-        if seen is not None and seen != action.identity:
-            # the plan walks the check's cached closures: a file rewritten since (by a
-            # concurrent fix) would be planned from what it was
+        try:
+            checked = self.resolver.read(path)
+        except ELFError:
+            checked = info
+        if (seen is not None and seen != action.identity) or \
+                (checked.needed, checked.version_needs) != (info.needed, info.version_needs):
             raise BadInput(f"{path}: changed since this fix planned its edit (another fix ran?); not rewritten")
         problems = []
         for name in names:
@@ -486,7 +493,24 @@ class Relinker:
         return dynamic_diff(read_elf(action.path), edit.result_info())
 
     def verify(self, action: RelinkAction, temp: str) -> None:
-        """Re-parse, check the intended edit, resolve again, dlopen in a child process."""
+        """Re-parse, check the intended edit, resolve again, dlopen in a child process.  The
+        child has the path first and loads it while the rest is checked here."""
+        child, self._verifier = self._verifier, None
+        child = child or DlopenChild(self.env)
+        child.send(temp)
+        try:
+            self._verify_static(action, temp)
+        except BaseException:
+            child.kill()
+            raise
+        error = child.result()
+        if error:
+            original_error = dlopen_in_child(action.path, self.env)
+            names = set(action.renames) | set(action.renames.values()) | set(action.version_renames.values())
+            if not original_error or any(n in error for n in names):
+                raise BadInput(f"dlopen in a child process failed: {error}")
+
+    def _verify_static(self, action: RelinkAction, temp: str) -> None:
         info = read_elf(temp)
         for old, new in action.renames.items():
             if new not in info.needed or old in info.needed:
@@ -509,13 +533,6 @@ class Relinker:
         for check in closure.version_checks:
             if check.requester == temp and not check.defined and not check.weak:
                 raise BadInput(f"version {check.version} is not defined by {check.provider}")
-        child, self._verifier = self._verifier, None
-        error = (child or DlopenChild(self.env)).load(temp)
-        if error:
-            original_error = dlopen_in_child(action.path, self.env)
-            names = set(action.renames) | set(action.renames.values()) | set(action.version_renames.values())
-            if not original_error or any(n in error for n in names):
-                raise BadInput(f"dlopen in a child process failed: {error}")
 
 
 def _evidence_paths(evidence) -> set:
@@ -554,15 +571,40 @@ class DlopenChild:
     def __init__(self, env: dict):
         # -I -S: no site-packages, .pth hooks or PYTHON* variables: the child only needs ctypes,
         # and skipping site halves its start-up (issue 13); LD_* still come from ``env``
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", self.CODE], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-
-    def load(self, path: str, timeout: float = 60) -> str:
-        """'' when ``path`` loaded, else the loader's message (one line)."""
+        read, self._path_pipe = os.pipe()  # our own pipe: send() writes the path and closes it
         try:
-            out, err = self.proc.communicate(os.fsencode(path), timeout=timeout)
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", self.CODE], stdin=read,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        except BaseException:
+            os.close(self._path_pipe)
+            raise
+        finally:
+            os.close(read)
+
+    def send(self, path: str) -> None:
+        """Give it the path to load (it starts at once; result() collects the verdict)."""
+        if self._path_pipe is None:
+            raise ValueError("this child was already given a path")
+        try:
+            data = os.fsencode(path)
+            while data:  # a path fits in the pipe's buffer: this never blocks
+                data = data[os.write(self._path_pipe, data):]
+        except BrokenPipeError:
+            pass  # it died before reading: result() reports its exit
+        finally:
+            self._end_input()
+
+    def _end_input(self) -> None:
+        if self._path_pipe is not None:
+            os.close(self._path_pipe)
+            self._path_pipe = None
+
+    def result(self, timeout: float = 60) -> str:
+        """'' when the path loaded, else the loader's message (one line)."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.close()
+            self.kill()
             return f"dlopen did not return within {timeout:g} s"
         if self.proc.returncode == 0:
             return ""
@@ -570,14 +612,25 @@ class DlopenChild:
         err = err.decode("utf-8", "replace").strip()
         return out or (err.splitlines() or [f"exit {self.proc.returncode}"])[-1]
 
+    def load(self, path: str, timeout: float = 60) -> str:
+        """'' when ``path`` loads, else the loader's message (one line)."""
+        self.send(path)
+        return self.result(timeout)
+
+    def kill(self) -> None:
+        self._end_input()
+        if self.proc.returncode is None:
+            self.proc.kill()
+        self.proc.communicate()
+
     def close(self) -> None:
-        """End a child that was not used (EOF on stdin: it exits without loading anything)."""
+        """End a child that was not given a path (EOF on stdin: it exits loading nothing)."""
+        self._end_input()
         if self.proc.returncode is None:
             try:
-                self.proc.communicate(b"", timeout=5)
+                self.proc.communicate(timeout=5)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
 
 
 def require_elf(paths) -> None:
