@@ -559,6 +559,17 @@ def test_a_shadowing_copy_names_the_symbols_both_copies_define(tmp_path):
     shadow = [s for s in step.shadowed if s.name == "libver.so.1"]
     assert [(s.used, s.alone) for s in shadow] == [(v1, v2)]
     assert [(name, version) for name, version, _provider in shadow[0].other_copy] == [("ver", "VER_1")]
+    # the same copy already in the process at start (adopted, as an interpreter's start-up
+    # modules are): the shadowing names that start-up, given by the caller, as the load
+    # that brought it in and the one it was loaded for
+    sim = Simulator(Resolver(env={}), host)
+    sim.start()
+    sim.adopt([v1], "interpreter start-up")
+    step = sim.dlopen(Load(both, "dlopen", RTLD_NOW))
+    assert not step.ok
+    shadow = [s for s in step.shadowed if s.name == "libver.so.1"]
+    assert [(s.used, s.loaded_by, s.loaded_for) for s in shadow] == [(v1, "interpreter start-up",
+                                                                       "interpreter start-up")]
 
 
 def test_the_interpreter_goes_before_a_missing_library_in_ldds_order(tmp_path):
