@@ -717,3 +717,23 @@ def test_a_cache_entry_for_an_unsupported_hwcaps_level_is_passed_over(tmp_path):
     res = next(r for r in Resolver(env={}, cache_path=str(cache_file)).closure(str(tmp_path / "app")).resolutions
                if r.name == "libhw.so.1")
     assert (res.source, res.path) == ("ld.so.cache", chosen)
+
+
+def test_a_missing_preload_is_ignored_as_ld_so_ignores_it(tmp_path):
+    """rtld.c do_preload: a preload that cannot be opened is reported ("cannot be preloaded
+    ... ignored") and the program runs; ldd lists no "not found" line for it.  The load order
+    must be ldd's, without a placeholder for the preload."""
+    if shutil.which("gcc") is None or shutil.which("ldd") is None:
+        pytest.skip("gcc and ldd needed")
+    (tmp_path / "m.c").write_text("int main(void){return 0;}\n")
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c"], check=True)
+    env = {"LD_PRELOAD": "libseedance_nothere.so"}
+    proc = subprocess.run(["ldd", str(tmp_path / "app")], capture_output=True, text=True, errors="replace",
+                          env={**CLEAN, **env})
+    said = proc.stdout + proc.stderr  # ld.so's message goes to ldd's stdout
+    assert "libseedance_nothere.so' from LD_PRELOAD cannot be preloaded" in said and "ignored" in said, said
+    listed = [line.split()[0] for line in proc.stdout.splitlines()
+              if line.strip() and "linux-vdso" not in line and "cannot be preloaded" not in line]
+    closure = Resolver(env=env).closure(str(tmp_path / "app"))
+    assert [name for name, _path, _first in closure.load_order] == listed
+    assert [r.source for r in closure.resolutions if r.name == "libseedance_nothere.so"] == ["not-found"]
