@@ -139,7 +139,11 @@ def _mutmut_env(where: Path) -> dict:
         (where / "mutants" / ".venv").symlink_to(ROOT / ".venv")
     if not (where / "mutants" / "agent").exists():
         (where / "mutants" / "agent").symlink_to("seedance")
-    return {**os.environ, "PYTHONPATH": str(where / "mutants"), "PYTHONDONTWRITEBYTECODE": "1"}
+    # SEEDANCE_ELF_READER=python: the mutants are in the Python reader, the reference; the
+    # C reader (seedance.elf._fastelf, tested equal to it) would otherwise answer read_elf
+    # in the tests and leave most of reader.py's mutants unreached
+    return {**os.environ, "PYTHONPATH": str(where / "mutants"), "PYTHONDONTWRITEBYTECODE": "1",
+            "SEEDANCE_ELF_READER": "python"}
 
 
 def mutmut_status(where: Path) -> dict:
