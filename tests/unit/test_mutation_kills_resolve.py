@@ -237,8 +237,11 @@ def test_hwcaps_levels_with_a_feature_masked_match_ld_so(tmp_path, feature):
         pytest.skip(f"this CPU has no {flag}")
     masked = tmp_path / "cpuinfo"
     masked.write_text(re.sub(rf"(^flags\s*:.*?) {flag}\b", r"\1", cpuinfo, flags=re.M))
+    level = "x86-64-v3" if feature == "AVX2" else "x86-64-v2"
+    if level not in _glibc_hwcaps_searched():
+        pytest.skip(f"ld.so does not search {level} on this CPU: masking {feature} changes nothing")
     expected = _glibc_hwcaps_searched({"GLIBC_TUNABLES": f"glibc.cpu.hwcaps=-{feature}"})
-    assert expected != _glibc_hwcaps_searched()  # the tunable took
+    assert level not in expected  # the tunable took
     assert list(hwcaps.detect(str(masked)).hwcaps_subdirs) == expected
 
 
