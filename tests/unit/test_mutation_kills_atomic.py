@@ -263,3 +263,183 @@ def test_background_sync_really_fsyncs(tmp_path):
     atomic.BackgroundSync(str(target)).join()
     events = _events(_trace(tmp_path, TRACE_SYNC, str(target)), tmp_path)
     assert events == [("fsync", str(target))], events
+
+
+# --- pre-flight refusals -------------------------------------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chattr and mount need root")
+
+
+def _chattr(flag, path):
+    if not shutil.which("chattr"):
+        pytest.skip("chattr is not installed")
+    proc = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True, errors="replace")
+    if proc.returncode != 0:
+        pytest.skip(f"chattr {flag} refused here: {proc.stderr.strip()[:200]}")
+
+
+def test_fsync_dir_wants_a_directory(tmp_path):
+    (tmp_path / "f").write_bytes(b"")
+    atomic.fsync_dir(str(tmp_path))
+    with pytest.raises(NotADirectoryError):
+        atomic.fsync_dir(str(tmp_path / "f"))
+
+
+def test_check_rewritable_messages(tmp_path):
+    missing = tmp_path / "missing.so"
+    with pytest.raises(BadInput) as refused:
+        atomic.check_rewritable(str(missing))
+    assert str(refused.value) == f"{missing}: {os.strerror(errno.ENOENT).lower()}"
+    rx = tmp_path / "rx.so"  # r-x for everyone: nobody may write it, root included by choice
+    rx.write_bytes(b"x")
+    os.chmod(rx, 0o555)
+    with pytest.raises(BadInput, match=r"file is read-only \(mode 0555\); not rewritten"):
+        atomic.check_rewritable(str(rx))
+    os.chmod(rx, 0o755)
+    assert atomic.check_rewritable(str(rx)).st_ino == os.stat(rx).st_ino
+
+
+def test_is_immutable_on_files_without_flags():
+    assert atomic._is_immutable("/nonexistent/file") is False  # cannot open: judged elsewhere
+    assert atomic._is_immutable("/proc/self/status") is False  # procfs has no inode flags (ENOTTY)
+
+
+@needs_root
+def test_an_immutable_file_and_a_file_in_an_immutable_directory_are_refused(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    target = d / "lib.so"
+    target.write_bytes(b"x")
+    _chattr("+i", target)
+    try:
+        lsattr = subprocess.run(["lsattr", str(target)], capture_output=True, text=True, errors="replace").stdout
+        assert "i" in lsattr.split()[0]  # the oracle: e2fsprogs reads the same flag
+        with pytest.raises(BadInput) as refused:
+            atomic.check_rewritable(str(target))
+        assert str(refused.value) == f"{target}: file is immutable (chattr +i); not rewritten"
+    finally:
+        _chattr("-i", target)
+    assert atomic._is_immutable(str(target)) is False
+    _chattr("+i", d)
+    try:
+        with pytest.raises(BadInput) as refused:
+            atomic.check_rewritable(str(target))
+        assert str(refused.value) == f"{d}: directory is not writable; {target} not rewritten"
+    finally:
+        _chattr("-i", d)
+
+
+@needs_root
+def test_a_file_on_a_read_only_filesystem_is_refused(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (mnt / "lib.so").write_bytes(b"x")
+        if subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode:
+            pytest.skip("cannot remount read-only here")
+        with pytest.raises(BadInput) as refused:
+            atomic.check_rewritable(str(mnt / "lib.so"))
+        assert str(refused.value) == f"{mnt / 'lib.so'}: on a read-only filesystem; not rewritten"
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+# --- which processes map a file -------------------------------------------------------------------------
+
+MAPPER = r"""
+import ctypes, mmap, sys, time
+if len(sys.argv) > 2:  # a comm that is not UTF-8 (PR_SET_NAME = 15)
+    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(bytes.fromhex(sys.argv[2])), 0, 0, 0)
+f = open(sys.argv[1], "rb")
+m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+class Mappers:
+    def __init__(self, path, n, comm_hex=None):
+        extra = [comm_hex] if comm_hex else []
+        self.procs = [subprocess.Popen([sys.executable, "-c", MAPPER, str(path), *extra], stdout=subprocess.PIPE,
+                                       text=True) for _ in range(n)]
+        for p in self.procs:
+            assert p.stdout.readline().strip() == "up"
+        self.pids = [p.pid for p in self.procs]
+
+    def comm(self, pid):
+        with open(f"/proc/{pid}/comm", "rb") as handle:
+            return handle.read().decode("utf-8", "replace").strip()
+
+    def close(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+
+
+def _lib(tmp_path, name="lib.so"):
+    lib = tmp_path / name
+    lib.write_bytes(os.urandom(8192))
+    return lib
+
+
+@pytest.mark.parametrize("n,more", [(3, ""), (4, " and 1 more")])
+def test_busy_names_three_processes_and_counts_the_rest(tmp_path, n, more):
+    import mmap
+    lib = _lib(tmp_path)
+    with open(lib, "rb") as f:
+        mine = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)  # this process maps it too: never counted
+        mappers = Mappers(lib, n)
+        try:
+            index = atomic.MappedIndex.scan()
+            users = index.users(str(lib))
+            assert sorted(pid for pid, _ in users) == sorted(mappers.pids)
+            assert all(comm == mappers.comm(pid) for pid, comm in users)
+            with pytest.raises(BadInput) as refused:
+                atomic.check_rewritable(str(lib), index)
+            named = re.findall(r"pid (\d+) \(([^)]*)\)", str(refused.value))
+            assert len(named) == 3 and all(int(pid) in mappers.pids and comm == mappers.comm(int(pid))
+                                           for pid, comm in named)
+            assert str(refused.value).endswith(f"{', '.join(f'pid {p} ({c})' for p, c in named)}{more}; "
+                                               f"not rewritten: stop that process, re-run the fix, then restart it")
+        finally:
+            mappers.close()
+            mine.close()
+
+
+def test_a_mapping_through_another_name_of_the_same_inode_counts(tmp_path):
+    lib = _lib(tmp_path)
+    other = tmp_path / "hardlink.so"
+    os.link(lib, other)
+    mappers = Mappers(other, 1)
+    try:
+        assert [pid for pid, _ in atomic.MappedIndex.scan().users(str(lib))] == mappers.pids
+    finally:
+        mappers.close()
+
+
+def test_a_process_still_on_the_replaced_inode_does_not_block_the_new_file(tmp_path):
+    lib = tmp_path / "dir with space" / "lib.so"  # a path with a space: maps lines split on whitespace
+    lib.parent.mkdir()
+    lib.write_bytes(os.urandom(8192))
+    mappers = Mappers(lib, 1)
+    try:
+        assert [pid for pid, _ in atomic.MappedIndex.scan().users(str(lib))] == mappers.pids
+        atomic.atomic_write(str(lib), os.urandom(8192))  # the mapper keeps the old, now deleted, inode
+        with open(f"/proc/{mappers.pids[0]}/maps", "rb") as handle:
+            assert b" (deleted)" in handle.read()  # the kernel's own view of it
+        assert atomic.MappedIndex.scan().users(str(lib)) == []
+    finally:
+        mappers.close()
+
+
+def test_a_command_name_that_is_not_utf8_is_shown_replaced(tmp_path):
+    lib = _lib(tmp_path)
+    mappers = Mappers(lib, 1, comm_hex=b"map\xff\xfeper".hex())
+    try:
+        [(pid, comm)] = atomic.MappedIndex.scan().users(str(lib))
+        assert pid == mappers.pids[0] and comm == "map\ufffd\ufffdper"
+    finally:
+        mappers.close()
