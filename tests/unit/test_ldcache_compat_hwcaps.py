@@ -1,0 +1,152 @@
+"""A library both in a plain directory and in its glibc-hwcaps/x86-64-v2 subdirectory, cached
+by the real ldconfig in each of the formats it writes (`ldconfig -c new|compat|old`): seedance
+must take from the cache the copy the real ld.so loads.
+
+Why the formats differ (glibc 2.36; read, not assumed - ld.so is the oracle here):
+- new: search_cache() prefers the glibc-hwcaps entry by subdirectory priority.
+- compat (old entries, then the new table): ld.so searches the new table, but
+  glibc_hwcaps_compare() (elf/dl-cache.c) reads the subdirectory names at `cache + index`, the
+  file start, while ldconfig (elf/cache.c write_extensions) stores them relative to the new
+  table.  Every name then reads as some other string (`ldconfig -p` shows it too:
+  `hwcap: "u/libmenuw.so.6"`), no name matches a usable subdirectory, each hwcaps entry gets
+  priority 0 and is passed over: the plain copy loads.
+- old: no hwcap data at all; ldconfig still lists the glibc-hwcaps entries (their legacy
+  hwcap is 0) and sorts them first, and the first entry with the right flags wins.
+
+Oracle: the program itself, run by ld.so in a private mount namespace with the test cache
+bound over /etc/ld.so.cache.  Each copy returns a different value, and LD_DEBUG=libs names
+the file ld.so tried; both must agree before seedance is compared with them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from seedance.resolve import Resolver
+from seedance.resolve.ldcache import LdCache
+from tests.conftest import BIN
+
+LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
+RTLD = "/lib64/ld-linux-x86-64.so.2"
+CLEAN = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+LIB = "libseedwhich.so.1"
+# the value each copy's function returns: what the program prints tells which copy ran
+COPIES = {"": 1, "glibc-hwcaps/x86-64-v2/": 2}
+FORMAT_NAMES = {"new": "new", "compat": "old+new", "old": "old"}
+
+
+def _x86_64_v2_searched() -> bool:
+    """ld.so --help lists the glibc-hwcaps subdirectories it searches on this CPU."""
+    try:
+        out = subprocess.run([RTLD, "--help"], capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    text = out.decode("utf-8", "replace")
+    return any(line.split()[:1] == ["x86-64-v2"] and "searched" in line for line in text.splitlines())
+
+
+def _skip_reason():
+    if os.uname().machine != "x86_64":
+        return "x86-64 only (glibc-hwcaps/x86-64-v2)"
+    if os.geteuid() != 0:
+        return "needs root to bind a cache over /etc/ld.so.cache in a private mount namespace"
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return "needs unshare and mount (util-linux)"
+    if shutil.which("gcc") is None or not os.path.exists(LDCONFIG) or not os.path.exists(RTLD):
+        return "needs gcc, ldconfig and the x86-64 ld.so"
+    if not _x86_64_v2_searched():
+        return "this CPU lacks x86-64-v2: ld.so would not search glibc-hwcaps/x86-64-v2"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    base = tmp_path_factory.mktemp("compat_hwcaps")
+    top = base / "lib"
+    for sub, value in COPIES.items():
+        (top / sub).mkdir(parents=True, exist_ok=True)
+        src = base / f"which{value}.c"
+        src.write_text(f"int seed_which(void){{return {value};}}\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(top / sub / LIB), str(src),
+                        f"-Wl,-soname,{LIB}"], check=True)
+    (base / "m.c").write_text('#include <stdio.h>\nint seed_which(void);\n'
+                              'int main(void){printf("which=%d\\n", seed_which());return 0;}\n')
+    # no RPATH/RUNPATH: the NEEDED name can only come from the cache (or the default dirs,
+    # which do not hold it)
+    subprocess.run(["gcc", "-o", str(base / "app"), str(base / "m.c"), str(top / LIB)], check=True)
+    (base / "ld.so.conf").write_text(f"{top}\n")
+    return base
+
+
+def _write_cache(base: Path, fmt: str) -> Path:
+    cache_file = base / f"ld.so.cache.{fmt}"
+    proc = subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(base / "ld.so.conf"),
+                           "-c", fmt], capture_output=True, timeout=120)
+    if proc.returncode != 0 or not cache_file.exists():
+        pytest.skip(f"this ldconfig does not write the {fmt} format: "
+                    f"{proc.stderr.decode('utf-8', 'replace').strip()[:200]}")
+    return cache_file
+
+
+def _in_namespace(cache_file: Path, *argv, env=None) -> subprocess.CompletedProcess:
+    """argv run with cache_file bound over /etc/ld.so.cache, in a mount namespace of its own
+    (private propagation: the bind never reaches the host's /etc)."""
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           'mount --bind "$1" /etc/ld.so.cache && shift && exec "$@"', "sh",
+                           str(cache_file), *map(str, argv)],
+                          capture_output=True, text=True, errors="replace", env=env or CLEAN, timeout=120)
+    if proc.stderr.startswith(("unshare:", "mount:")):
+        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+def _ld_so_choice(base: Path, cache_file: Path) -> str:
+    """The copy ld.so loads: the path LD_DEBUG=libs says it tried from the cache, checked
+    against the value the program printed."""
+    proc = _in_namespace(cache_file, base / "app", env={**CLEAN, "LD_DEBUG": "libs"})
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
+    start = lines.index(f"find library={LIB} [0]; searching")
+    assert lines[start + 1] == "search cache=/etc/ld.so.cache", proc.stderr
+    tried = lines[start + 2]
+    assert tried.startswith("trying file="), proc.stderr
+    path = tried.split("=", 1)[1]
+    sub = str(Path(path).parent.relative_to(base / "lib"))
+    printed = proc.stdout.strip()
+    assert printed == f"which={COPIES['' if sub == '.' else sub + '/']}", (path, printed)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["new", "compat", "old"])
+def test_the_cached_copy_is_the_one_ld_so_loads(tree, fmt):
+    cache_file = _write_cache(tree, fmt)
+    chosen = _ld_so_choice(tree, cache_file)
+
+    cache = LdCache.load(str(cache_file))
+    assert cache.format == FORMAT_NAMES[fmt]
+    res = next(r for r in Resolver(env={}, cache_path=str(cache_file)).closure(str(tree / "app")).resolutions
+               if r.name == LIB)
+    assert (res.source, res.path) == ("ld.so.cache", chosen)
+
+    # the command a user runs, reading the same cache at its real place
+    exe = BIN / "seedance"
+    if exe.exists():
+        proc = _in_namespace(cache_file, exe, "ldd", tree / "app")
+        assert proc.returncode == 0, proc.stderr
+        assert f"\t{LIB} => {chosen}" in proc.stdout.splitlines(), proc.stdout
+
+
+def test_the_formats_really_differ_here(tree):
+    """Guards the test above against passing vacuously: if ld.so took the same copy from
+    every format, the comparison would not exercise the hwcaps choice at all."""
+    choices = {fmt: _ld_so_choice(tree, _write_cache(tree, fmt)) for fmt in ("new", "compat")}
+    if choices["new"] == choices["compat"]:
+        pytest.skip(f"this glibc takes the same copy from both formats: {choices['new']}")
+    assert "glibc-hwcaps/x86-64-v2/" in choices["new"]
