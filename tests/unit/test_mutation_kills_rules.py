@@ -197,3 +197,39 @@ def test_torch_symbol_missing_is_left_to_the_abi_rule_when_the_abi_explains_it(r
     symbols = [f for f in facts if f.kind == "torch_symbols"]
     assert [f.data["count"] for f in symbols] == [1]
     assert fired(rules, facts, "torch-symbol-missing") is fires
+
+
+def test_plugin_glibc_version_missing_fires_only_for_a_glibc_node_the_host_lacks(rules, tmp_path):
+    """A C library built here needs GLIBC_2.2.5 (puts, x86-64's first node): it loads, so
+    the rule is quiet.  The same library with that node's name rewritten in .dynstr to
+    GLIBC_9.2.5 does not load (ld.so: "version `GLIBC_9.2.5' not found"): the rule fires.
+    A missing C++ runtime node is the other rule's finding, not this one's."""
+    import shutil
+    import subprocess
+
+    from seedance.elf import read_elf
+
+    if shutil.which("gcc") is None or not sys.platform.startswith("linux"):
+        pytest.skip("gcc on Linux needed")
+    (tmp_path / "p.c").write_text("#include <stdio.h>\nint p(const char *s) { return puts(s); }\n")
+    lib = tmp_path / "libp.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-s", "-o", lib, tmp_path / "p.c"], check=True)  # -s: .dynstr only
+    load = "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], os.RTLD_NOW)"
+    manifest = load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml")
+    assert subprocess.run([sys.executable, "-c", load, str(lib)], capture_output=True).returncode == 0
+    facts = layers.symbol_version_facts(manifest, {str(lib): read_elf(str(lib))})
+    if not any(f.data["node"] == "GLIBC_2.2.5" for f in facts):
+        pytest.skip("this libc does not give puts the GLIBC_2.2.5 node")
+    assert not fired(rules, facts, "plugin-glibc-version-missing")
+    data = lib.read_bytes()
+    assert data.count(b"GLIBC_2.2.5\0") == 1
+    bad = tmp_path / "libbad.so"
+    bad.write_bytes(data.replace(b"GLIBC_2.2.5\0", b"GLIBC_9.2.5\0"))
+    refused = subprocess.run([sys.executable, "-c", load, str(bad)], capture_output=True, text=True, errors="replace")
+    assert "GLIBC_9.2.5' not found" in refused.stderr, refused.stderr
+    facts = layers.symbol_version_facts(manifest, {str(bad): read_elf(str(bad))})
+    assert fired(rules, facts, "plugin-glibc-version-missing")
+    cxx = [f for f in facts if f.data["family"] != "GLIBC"]
+    glibc = next(f for f in facts if f.data["family"] == "GLIBC")
+    assert not fired(rules, [replace(glibc, data={**glibc.data, "family": "GLIBCXX", "node": "GLIBCXX_9.9",
+                                                   "defined": False})] + cxx, "plugin-glibc-version-missing")
