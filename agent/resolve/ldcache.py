@@ -8,7 +8,10 @@ new-format part is present, glibc searches only that part; so do we.
 Lookup follows search_cache(): a binary search with _dl_cache_libcmp ordering (digit runs
 compare numerically), back up to the first entry with an equal key, then scan forward for
 the first entry whose flags match this ABI and whose hwcap bits are usable, preferring
-glibc-hwcaps entries by subdirectory priority.
+glibc-hwcaps entries by subdirectory priority.  Those priorities come per index into the
+cache's list of subdirectory names, merged the way glibc_hwcaps_priorities_init() merges
+them (see hwcaps_index_priorities), so a compat cache, whose names ld.so misreads, gets
+ld.so's answer (tests/unit/test_ldcache_compat_hwcaps.py has the real loader as oracle).
 """
 from __future__ import annotations
 
@@ -90,10 +93,15 @@ def libcmp(left: str, right: str) -> int:
 class LdCache:
     """A parsed ld.so.cache; ``entries`` in file order (ldconfig's sorted order)."""
 
-    def __init__(self, entries: list, fmt: str, path: str):
+    def __init__(self, entries: list, fmt: str, path: str, hwcaps_names: list | None = None):
         self.entries = entries
         self.format = fmt  # 'new', 'old', 'old+new' or 'missing'
         self.path = path
+        if hwcaps_names is None:  # built from entries alone: the names they point at
+            by_index = {e.hwcap & 0xFFFFFFFF: e.hwcaps_subdir for e in entries if e.hwcaps_subdir is not None}
+            hwcaps_names = [by_index.get(i) for i in range(max(by_index, default=-1) + 1)]
+        self.hwcaps_names = hwcaps_names  # the extension's glibc-hwcaps list, in file order
+        self._merged: dict = {}
 
     @classmethod
     def load(cls, path: str = "/etc/ld.so.cache") -> "LdCache":
@@ -104,10 +112,10 @@ class LdCache:
         except OSError:
             return cls([], "missing", path)
         try:
-            entries, fmt = parse(data)
+            entries, names, fmt = _parse(data)
         except BadInput:
             return cls([], "corrupt", path)
-        return cls(entries, fmt, path)
+        return cls(entries, fmt, path, names)
 
     def lookup(self, name: str, abi: str = "x86_64", hwcaps_priority: dict | None = None,
                hwcap_bits: int = 0, platform: str | None = None) -> str | None:
@@ -127,8 +135,8 @@ class LdCache:
             if cmp == 0:
                 while middle > 0 and libcmp(name, entries[middle - 1].name) == 0:
                     middle -= 1
-                return self._select(entries, middle, name, want_flags, hwcaps_priority or {},
-                                    hwcap_bits, platform)
+                return self._select(entries, middle, name, want_flags,
+                                    self._index_priorities(hwcaps_priority or {}), hwcap_bits, platform)
             # ldconfig sorts entries in descending _dl_cache_libcmp order.
             if cmp < 0:
                 left = middle + 1
@@ -136,8 +144,15 @@ class LdCache:
                 right = middle - 1
         return None
 
+    def _index_priorities(self, priorities: dict) -> list:
+        key = tuple(sorted(priorities.items()))
+        merged = self._merged.get(key)
+        if merged is None:
+            merged = self._merged[key] = hwcaps_index_priorities(self.hwcaps_names, priorities)
+        return merged
+
     @staticmethod
-    def _select(entries, start, name, want_flags, priorities, hwcap_bits, platform):
+    def _select(entries, start, name, want_flags, index_priority, hwcap_bits, platform):
         platform_bit = None
         if platform in X86_PLATFORMS:
             platform_bit = 1 << (48 + X86_PLATFORMS.index(platform))
@@ -149,8 +164,12 @@ class LdCache:
             if entry.flags != want_flags:
                 continue
             named = is_hwcaps_extension(entry.hwcap)
-            if named and entry.hwcaps_subdir not in priorities:
-                continue  # not usable on this CPU (isa-level / priority 0)
+            priority = 0
+            if named:
+                index = entry.hwcap & 0xFFFFFFFF  # glibc_hwcaps_priority(): past the list is 0
+                priority = index_priority[index] if index < len(index_priority) else 0
+                if not priority:
+                    continue  # not usable on this CPU, or its name never matched (priority 0)
             if not named and best is not None:
                 break
             if not named and entry.hwcap & exclude:
@@ -159,7 +178,6 @@ class LdCache:
             if not named and plat and plat != platform_bit:
                 continue
             if named:
-                priority = priorities[entry.hwcaps_subdir]
                 if best is not None and priority <= best_priority:
                     continue
                 best_priority = priority
@@ -167,6 +185,41 @@ class LdCache:
             if not named:
                 break  # flags already equal the ABI's default id: nothing better follows
         return best
+
+
+def hwcaps_index_priorities(names: list, priorities: dict) -> list:
+    """The priority of each index into the cache's glibc-hwcaps name list (0: never use).
+
+    glibc_hwcaps_priorities_init() (elf/dl-cache.c; the same in 2.33, 2.36 and master) does not look each
+    name up: it walks the cache's list and the usable subdirectories (sorted by name,
+    sort_priorities_by_name in elf/dl-hwcaps.c) side by side, as a merge of two sorted
+    lists, comparing bytes then length (glibc_hwcaps_compare), which is Python's bytes order.
+    A name the walk steps past gets 0 even if it is usable, which happens when the list is
+    out of order: ldconfig writes it sorted, but in a compat cache ld.so reads every name at
+    the wrong offset (glibc_hwcaps_compare adds the index to the file start, ldconfig's
+    write_extensions made it relative to the new-format table), so the names it compares are
+    whatever strings lie there, in no order.  ``priorities``: name -> priority, higher wins.
+    """
+    def key(text):
+        return text.encode("utf-8", "surrogateescape")
+
+    right = sorted((key(n), p) for n, p in priorities.items())
+    result = [0] * len(names)
+    i = j = 0
+    while i < len(names) and j < len(right):
+        if names[i] is None:  # an index no name was read for (only in caches built by hand)
+            i += 1
+            continue
+        left = key(names[i])
+        if left == right[j][0]:
+            result[i] = right[j][1]
+            i += 1
+            j += 1
+        elif left < right[j][0]:
+            i += 1
+        else:
+            j += 1
+    return result
 
 
 def _string(data: bytes, base: int, offset: int) -> str:
@@ -181,8 +234,14 @@ def _string(data: bytes, base: int, offset: int) -> str:
 
 def parse(data: bytes) -> tuple:
     """(entries, format) from the bytes of a cache file; BadInput if it is not one."""
+    entries, _names, fmt = _parse(data)
+    return entries, fmt
+
+
+def _parse(data: bytes) -> tuple:
+    """(entries, the glibc-hwcaps subdirectory names in file order, format)."""
     if data.startswith(MAGIC_NEW):
-        return _parse_new(data, 0), "new"
+        return (*_parse_new(data, 0), "new")
     if data.startswith(MAGIC_OLD):
         if len(data) < OLD_HEADER.size:
             raise BadInput("ld.so.cache: truncated header")
@@ -192,17 +251,18 @@ def parse(data: bytes) -> tuple:
         end_old = OLD_HEADER.size + nlibs * OLD_ENTRY.size
         new_start = (end_old + 7) & ~7  # ALIGN_CACHE: __alignof__ (struct cache_file_new)
         if data[new_start:new_start + len(MAGIC_NEW)] == MAGIC_NEW:
-            return _parse_new(data, new_start), "old+new"
+            return (*_parse_new(data, new_start), "old+new")
         entries = []
         for index in range(nlibs):
             flags, key, value = OLD_ENTRY.unpack_from(data, OLD_HEADER.size + index * OLD_ENTRY.size)
             entries.append(CacheEntry(_string(data, end_old, key), _string(data, end_old, value),
                                       flags, 0, None))
-        return entries, "old"
+        return entries, [], "old"
     raise BadInput("ld.so.cache: unknown format")
 
 
-def _parse_new(data: bytes, base: int) -> list:
+def _parse_new(data: bytes, base: int) -> tuple:
+    """(entries, glibc-hwcaps names) of the new-format table at ``base``."""
     if len(data) - base < NEW_HEADER.size:
         raise BadInput("ld.so.cache: truncated header")
     _magic, nlibs, _len_strings, flags, ext_offset = NEW_HEADER.unpack_from(data, base)
@@ -221,7 +281,7 @@ def _parse_new(data: bytes, base: int) -> list:
             subdir = subdirs[idx] if idx < len(subdirs) else None
         entries.append(CacheEntry(_string(data, base, key), _string(data, base, value),
                                   e_flags, hwcap, subdir))
-    return entries
+    return entries, subdirs
 
 
 def _hwcaps_names(data: bytes, _base: int, ext_offset: int) -> list:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -150,3 +151,64 @@ def test_the_formats_really_differ_here(tree):
     if choices["new"] == choices["compat"]:
         pytest.skip(f"this glibc takes the same copy from both formats: {choices['new']}")
     assert "glibc-hwcaps/x86-64-v2/" in choices["new"]
+
+
+def _swap_hwcaps_names(path: Path) -> list:
+    """Swap the first two entries of a new-format cache's glibc-hwcaps name list (extension
+    section tag 1; offsets from the file start, dl-cache.h); the names before the swap."""
+    data = bytearray(path.read_bytes())
+    assert data[:20] == b"glibc-ld.so.cache1.1"
+    (ext,) = struct.unpack_from("<I", data, 32)  # struct cache_file_new.extension_offset
+    magic, count = struct.unpack_from("<II", data, ext)
+    assert magic == 0xEAA42174, hex(magic)
+    for index in range(count):
+        tag, _flags, offset, size = struct.unpack_from("<IIII", data, ext + 8 + 16 * index)
+        if tag == 1:
+            break
+    else:
+        raise AssertionError("ldconfig wrote no glibc-hwcaps section")
+    offsets = list(struct.unpack_from(f"<{size // 4}I", data, offset))
+    names = [bytes(data[o:data.index(b"\0", o)]).decode("ascii", "replace") for o in offsets]
+    struct.pack_into("<II", data, offset, offsets[1], offsets[0])
+    path.write_bytes(bytes(data))
+    return names
+
+
+def test_an_out_of_order_hwcaps_name_list_is_merged_as_ld_so_merges_it(tmp_path):
+    """glibc_hwcaps_priorities_init() merges the cache's name list with the usable names as two
+    sorted lists; a usable name after one that sorts past every usable name is never reached
+    and gets priority 0 (how a compat cache's misread names behave).  Here the list ldconfig
+    wrote, [x86-64-v2, zzz-other], is swapped by hand, so the entries ldconfig made for
+    glibc-hwcaps/zzz-other/ now point at the name "x86-64-v2".  A lookup by name would take
+    that copy; ld.so, which walks the merge, loads the plain one."""
+    top = tmp_path / "lib"
+    for sub, value in (("", 1), ("glibc-hwcaps/x86-64-v2/", 2), ("glibc-hwcaps/zzz-other/", 3)):
+        (top / sub).mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"o{value}.c").write_text(f"int seed_only(void){{return {value};}}\n")
+        names = ["libseedonly.so.1"] if sub != "glibc-hwcaps/x86-64-v2/" else []
+        names += [LIB] if sub != "glibc-hwcaps/zzz-other/" else []  # keeps x86-64-v2 in the list
+        for lib in names:
+            subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(top / sub / lib), str(tmp_path / f"o{value}.c"),
+                            f"-Wl,-soname,{lib}"], check=True)
+    (tmp_path / "m.c").write_text('#include <stdio.h>\nint seed_only(void);\n'
+                                  'int main(void){printf("which=%d\\n", seed_only());return 0;}\n')
+    subprocess.run(["gcc", "-o", str(tmp_path / "app"), str(tmp_path / "m.c"), str(top / "libseedonly.so.1")],
+                   check=True)
+    (tmp_path / "ld.so.conf").write_text(f"{top}\n")
+    cache_file = tmp_path / "ld.so.cache"
+    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(tmp_path / "ld.so.conf"), "-c", "new"],
+                   check=True, capture_output=True, timeout=120)
+    assert _swap_hwcaps_names(cache_file) == ["x86-64-v2", "zzz-other"]
+
+    proc = _in_namespace(cache_file, tmp_path / "app", env={**CLEAN, "LD_DEBUG": "libs"})
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
+    start = lines.index("find library=libseedonly.so.1 [0]; searching")
+    assert lines[start + 1] == "search cache=/etc/ld.so.cache", proc.stderr
+    chosen = lines[start + 2].split("trying file=", 1)[1]
+    value = {str(top / "libseedonly.so.1"): 1, str(top / "glibc-hwcaps/zzz-other/libseedonly.so.1"): 3}[chosen]
+    assert proc.stdout.strip() == f"which={value}", (chosen, proc.stdout)
+
+    res = next(r for r in Resolver(env={}, cache_path=str(cache_file)).closure(str(tmp_path / "app")).resolutions
+               if r.name == "libseedonly.so.1")
+    assert (res.source, res.path) == ("ld.so.cache", chosen)
