@@ -644,6 +644,16 @@ def _patch_range(patches: list, start: int, end: int):
             yield lo, patch.data[lo - patch.offset:hi - patch.offset]
 
 
+def _hash_range(digest, fd: int, start: int, end: int) -> None:
+    """digest.update() with the bytes of ``fd`` in [start, end), read back (page cache)."""
+    while start < end:
+        block = os.pread(fd, min(end - start, 1 << 20), start)
+        if not block:
+            raise ELFError("the copy is shorter than the original")
+        digest.update(block)
+        start += len(block)
+
+
 class ReadBackHash:
     """sha256 of ranges of a file read back from the page cache, in a thread, in the order
     given: add() each range once its bytes are final, then end(); result() waits and returns
@@ -668,13 +678,7 @@ class ReadBackHash:
                 if item is None:
                     return
                 if self.error is None:
-                    start, end = item
-                    while start < end:
-                        block = os.pread(self._fd, min(end - start, 1 << 20), start)
-                        if not block:
-                            raise ELFError("the copy is shorter than the original")
-                        self.digest.update(block)
-                        start += len(block)
+                    _hash_range(self.digest, self._fd, *item)
         except BaseException as exc:
             self.error = exc
             while self._ranges.get() is not None:  # let the writer finish its puts
@@ -703,7 +707,8 @@ class ReadBackHash:
 
 def _kernel_copy(src: int, fd: int, size: int, patches: list):
     """Copy [0, size) of ``src`` into ``fd`` with copy_file_range and patch it; returns the
-    ReadBackHash of the result (ended), or None, with nothing written, when the kernel
+    sha256 hex digest of the result (one chunk) or its ReadBackHash (ended, several chunks:
+    hashed while the next is copied), or None, with nothing written, when the kernel
     cannot copy between these files (no copy_file_range, another filesystem, a filesystem
     that does not support it)."""
     copy = getattr(os, "copy_file_range", None)
@@ -730,6 +735,11 @@ def _kernel_copy(src: int, fd: int, size: int, patches: list):
                 offset += n
             for at, data in _patch_range(patches, start, end):
                 os.pwrite(fd, data, at)
+            if end == size and hasher is None:
+                # one chunk (most libraries): nothing to overlap, so no thread to start
+                digest = hashlib.sha256()
+                _hash_range(digest, fd, 0, size)
+                return digest.hexdigest()
             if hasher is None:
                 hasher = ReadBackHash(fd)
             hasher.add(start, end)  # hashed in the thread while the next chunk is copied
@@ -738,7 +748,7 @@ def _kernel_copy(src: int, fd: int, size: int, patches: list):
             hasher.abandon()
         raise
     if hasher is None:  # an empty file
-        hasher = ReadBackHash(fd)
+        return hashlib.sha256().hexdigest()
     hasher.end()
     return hasher
 
