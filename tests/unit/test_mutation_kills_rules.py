@@ -233,3 +233,37 @@ def test_plugin_glibc_version_missing_fires_only_for_a_glibc_node_the_host_lacks
     glibc = next(f for f in facts if f.data["family"] == "GLIBC")
     assert not fired(rules, [replace(glibc, data={**glibc.data, "family": "GLIBCXX", "node": "GLIBCXX_9.9",
                                                    "defined": False})] + cxx, "plugin-glibc-version-missing")
+
+
+def test_soname_shadowed_fires_for_a_shadowing_and_not_for_a_plain_failure(rules, tmp_path):
+    """Two dlopen sequences run by a gcc-built host (the oracle) and predicted by the process
+    model: libver.so.1 v1 loaded first shadows the v2 copy a later library needs (it fails:
+    "VER_2 not found"), and a dlopen of a file that is not there (it fails: "cannot open").
+    Only the first is a shadowing."""
+    import os
+    import shutil
+    import subprocess
+
+    from seedance.collect.python_env import predict_dlopens, shadowing_facts
+    from seedance.resolve.process import RTLD_NOW
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+    import process_fixtures as F
+
+    root = str(tmp_path)
+    host = F.host_program(os.path.join(root, "host"))
+    v1 = F.shared_lib(os.path.join(root, "v1", "libver.so.1"), "int ver(void){return 1;}\n", soname="libver.so.1",
+                      version_script="VER_1 { global: ver; local: *; };\n")
+    F.shared_lib(os.path.join(root, "v2", "libver.so.1"), "int ver(void){return 1;}\nint ver2(void){return 2;}\n",
+                 soname="libver.so.1", version_script="VER_1 { global: ver; local: *; };\nVER_2 { global: ver2; } VER_1;\n")
+    needs = F.shared_lib(os.path.join(root, "v2", "libneeds.so"), "extern int ver2(void);\nint n(void){return ver2();}\n",
+                         soname="libneeds.so", links=(f"-L{root}/v2", "-l:libver.so.1"), rpath="$ORIGIN")
+    gone = os.path.join(root, "nowhere", "libgone.so")
+    for sequence, says, shadowed in (([v1, needs], b"VER_2", True), ([gone], b"cannot open", False)):
+        real = subprocess.run([host, *sequence], capture_output=True, timeout=60, env={"PATH": os.environ["PATH"]})
+        assert real.returncode != 0 and says in real.stdout, real.stdout
+        facts = shadowing_facts(predict_dlopens(host, sequence, RTLD_NOW))
+        assert facts  # a finding either way: the load fails
+        assert fired(rules, facts, "soname-shadowed") is shadowed
