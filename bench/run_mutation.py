@@ -4,6 +4,9 @@
     .venv/bin/python bench/run_mutation.py                 # every module, one after another
     .venv/bin/python bench/run_mutation.py elf resolve     # some of them
     .venv/bin/python bench/run_mutation.py --report        # scores of the last runs only
+    .venv/bin/python bench/run_mutation.py elf --sample 80 --seed 2026 --fresh   # a new sample of every mutant
+    .venv/bin/python bench/run_mutation.py elf --retime 9  # its timeouts again with a 9x limit
+    .venv/bin/python bench/run_mutation.py elf --recheck   # its survivors against the kill tests of now
 
 Why mutmut 3 runs in a staged copy, not in the checkout:
   * mutmut 3 names a mutant after the file's path (agent/elf/reader.py -> agent.elf.reader.x_f__mutmut_1)
