@@ -12,6 +12,8 @@ glibc-hwcaps entries by subdirectory priority.  Those priorities come per index 
 cache's list of subdirectory names, merged the way glibc_hwcaps_priorities_init() merges
 them (see hwcaps_index_priorities), so a compat cache, whose names ld.so misreads, gets
 ld.so's answer (tests/unit/test_ldcache_compat_hwcaps.py has the real loader as oracle).
+A glibc-hwcaps entry whose recorded x86 ISA level the CPU lacks is passed over, as
+dl_cache_hwcap_isa_level_compatible() makes glibc 2.36 do (tests/unit/test_ldcache_isa_level.py).
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ HWCAP_TLS = 1 << 63
 ISA_LEVEL_MASK = (1 << 10) - 1
 HWCAP_PLATFORM_MASK = ((1 << 4) - 1) << 48  # x86: _DL_FIRST_PLATFORM 48, 4 platforms
 X86_PLATFORMS = ("i586", "i686", "haswell", "xeon_phi")
+# GNU_PROPERTY_X86_ISA_1_* bits (elf/elf.h): baseline is bit 0, x86-64-vN is bit N-1.
+ISA_1_BASELINE = 1 << 0
+ISA_1_LEVEL_BITS = {"x86-64-v2": 1 << 1, "x86-64-v3": 1 << 2, "x86-64-v4": 1 << 3}
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,32 @@ def is_hwcaps_extension(hwcap: int) -> bool:
     """dl_cache_hwcap_extension(): only bit 62 set above the low 32 bits, ignoring the ISA
     level bits (32..41) that ldconfig stores next to it."""
     return ((hwcap >> 32) & ~ISA_LEVEL_MASK) == (HWCAP_EXTENSION >> 32)
+
+
+def isa_1_from_hwcaps(priorities: dict) -> int:
+    """cpu_features->isa_1, the ISA levels this CPU supports, as GNU_PROPERTY_X86_ISA_1 bits.
+
+    glibc 2.36 derives both the usable glibc-hwcaps subdirectories
+    (sysdeps/x86_64/dl-hwcaps-subdirs.c) and isa_1 (sysdeps/x86/cpu-features.c) from the same
+    get_isa_level(), so the usable x86-64-vN names are exactly the supported levels above the
+    baseline, which every x86-64 CPU meets (CMOV, CX8, FPU, FXSR, MMX, SSE, SSE2).
+    """
+    bits = ISA_1_BASELINE
+    for name in priorities:
+        bits |= ISA_1_LEVEL_BITS.get(name, 0)
+    return bits
+
+
+def isa_level_compatible(hwcap: int, isa_1: int) -> bool:
+    """dl_cache_hwcap_isa_level_compatible() (sysdeps/x86/dl-isa-level.h, glibc 2.36).
+
+    ldconfig stores in bits 32..41 of a glibc-hwcaps entry the index of the highest bit of
+    the library's GNU_PROPERTY_X86_ISA_1_NEEDED note (elf-read-prop.h read_gnu_property, a
+    bsr; elf/cache.c compute_hwcap_value), 0 without a note; ld.so passes over an entry whose
+    level bit the CPU lacks, e.g. a library linked with -z x86-64-v4 on a CPU without v4.
+    """
+    level_bit = 1 << ((hwcap >> 32) & ISA_LEVEL_MASK)
+    return level_bit & isa_1 == level_bit
 
 
 def libcmp(left: str, right: str) -> int:
@@ -135,8 +166,9 @@ class LdCache:
             if cmp == 0:
                 while middle > 0 and libcmp(name, entries[middle - 1].name) == 0:
                     middle -= 1
-                return self._select(entries, middle, name, want_flags,
-                                    self._index_priorities(hwcaps_priority or {}), hwcap_bits, platform)
+                priorities = hwcaps_priority or {}
+                return self._select(entries, middle, name, want_flags, self._index_priorities(priorities),
+                                    hwcap_bits, platform, isa_1_from_hwcaps(priorities))
             # ldconfig sorts entries in descending _dl_cache_libcmp order.
             if cmp < 0:
                 left = middle + 1
@@ -152,7 +184,7 @@ class LdCache:
         return merged
 
     @staticmethod
-    def _select(entries, start, name, want_flags, index_priority, hwcap_bits, platform):
+    def _select(entries, start, name, want_flags, index_priority, hwcap_bits, platform, isa_1):
         platform_bit = None
         if platform in X86_PLATFORMS:
             platform_bit = 1 << (48 + X86_PLATFORMS.index(platform))
@@ -170,6 +202,10 @@ class LdCache:
                 priority = index_priority[index] if index < len(index_priority) else 0
                 if not priority:
                     continue  # not usable on this CPU, or its name never matched (priority 0)
+                # search_cache() (elf/dl-cache.c, 2.36) skips a glibc-hwcaps entry whose
+                # recorded ISA level this CPU lacks, and only those: plain entries carry none.
+                if not isa_level_compatible(entry.hwcap, isa_1):
+                    continue
             if not named and best is not None:
                 break
             if not named and entry.hwcap & exclude:
