@@ -320,6 +320,9 @@ def test_an_immutable_file_and_a_file_in_an_immutable_directory_are_refused(tmp_
     finally:
         _chattr("-i", target)
     assert atomic._is_immutable(str(target)) is False
+    _chattr("+s", target)  # FS_SECRM_FL, the flag beside FS_IMMUTABLE_FL: not immutable
+    assert atomic.check_rewritable(str(target)).st_ino == os.stat(target).st_ino
+    _chattr("-s", target)
     _chattr("+i", d)
     try:
         with pytest.raises(BadInput) as refused:
