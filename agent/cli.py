@@ -93,7 +93,8 @@ def build_parser(prog: str = "seedance", only: str | None = None) -> argparse.Ar
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"seedance {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    names = [only] if only in COMMANDS else list(COMMANDS)
+    # only="": no command at all (--version needs none of them)
+    names = [only] if only in COMMANDS else ([] if only == "" else list(COMMANDS))
     for name in names:
         mod = importlib.import_module(f"seedance.commands.{COMMANDS[name]}")
         mod.configure_parser(sub)
@@ -103,7 +104,10 @@ def build_parser(prog: str = "seedance", only: str | None = None) -> argparse.Ar
 def _command_named(argv: list[str]) -> str | None:
     """The command argv runs, when its first word names one.  The top-level parser has no
     option that takes a value, so the first word is either an option (--help, --version)
-    or the command."""
+    or the command.  "" for --version, which argparse answers before any command is
+    looked at: importing every command for it was most of `seedance --version`."""
+    if argv[:1] == ["--version"]:
+        return ""
     return argv[0] if argv and argv[0] in COMMANDS else None
 
 

@@ -136,7 +136,15 @@ class LdCache:
 
     @classmethod
     def load(cls, path: str = "/etc/ld.so.cache") -> "LdCache":
-        """A missing or unusable cache is an empty one, exactly as ld.so treats it."""
+        """A missing or unusable cache is an empty one, exactly as ld.so treats it.
+
+        One parse per file version per process: a check asked for it up to five times (the
+        host's roots, the NVML probe, each resolver), ~3 ms each (issue 13).  ldconfig
+        replaces the file (a new inode and mtime), which cache_stamp sees."""
+        stamp = cache_stamp(path)
+        known = _LOADED.get(path)
+        if stamp is not None and known is not None and known[0] == stamp:
+            return known[1]
         try:
             with open(path, "rb") as handle:
                 data = handle.read()
@@ -145,8 +153,14 @@ class LdCache:
         try:
             entries, names, fmt = _parse(data)
         except BadInput:
-            return cls([], "corrupt", path)
-        return cls(entries, fmt, path, names)
+            loaded = cls([], "corrupt", path)
+        else:
+            loaded = cls(entries, fmt, path, names)
+        if stamp is not None:
+            if len(_LOADED) > 16:
+                _LOADED.clear()
+            _LOADED[path] = (stamp, loaded)
+        return loaded
 
     def lookup(self, name: str, abi: str = "x86_64", hwcaps_priority: dict | None = None,
                hwcap_bits: int = 0, platform: str | None = None) -> str | None:
@@ -345,6 +359,9 @@ def _hwcaps_names(data: bytes, _base: int, ext_offset: int) -> list:
             (str_off,) = struct.unpack_from("<I", data, base + offset + 4 * item)
             names.append(_string(data, base, str_off))
     return names
+
+
+_LOADED: dict = {}  # path -> (cache_stamp, LdCache)
 
 
 def cache_stamp(path: str):
