@@ -446,3 +446,22 @@ def test_a_command_name_that_is_not_utf8_is_shown_replaced(tmp_path):
         assert pid == mappers.pids[0] and comm == "map\ufffd\ufffdper"
     finally:
         mappers.close()
+
+
+TRACE_REPLACE = r"""
+import os, sys
+from seedance.fix import atomic
+d = sys.argv[1]
+t = os.path.join(d, ".target.seedance-tmp")
+atomic.write_temp(b"data", t)
+atomic.replace(t, os.path.join(d, "target"))  # as the journal calls it: durable by default
+"""
+
+
+def test_replace_makes_the_rename_durable_by_default(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    atomic.write_temp(b"x", str(d / ".in-process.seedance-tmp"))
+    atomic.replace(str(d / ".in-process.seedance-tmp"), str(d / "in-process"))
+    events = _events(_trace(tmp_path, TRACE_REPLACE, str(d)), d)
+    assert events == [("fsync", str(d / ".target.seedance-tmp")), ("rename", "target"), ("fsync", str(d))], events
