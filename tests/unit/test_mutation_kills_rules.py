@@ -267,3 +267,24 @@ def test_soname_shadowed_fires_for_a_shadowing_and_not_for_a_plain_failure(rules
         facts = shadowing_facts(predict_dlopens(host, sequence, RTLD_NOW))
         assert facts  # a finding either way: the load fails
         assert fired(rules, facts, "soname-shadowed") is shadowed
+
+
+def test_plugin_cuda_runtime_declared_without_a_linked_runtime_is_no_contradiction(rules, tmp_path):
+    """A manifest declaring CUDA 13 whose library links no CUDA runtime at all (its NEEDED,
+    read from a gcc build, names no libcudart): nothing contradicts the declaration."""
+    import shutil
+    import subprocess
+
+    from seedance.elf import read_elf
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "n.c").write_text("int n(void){return 0;}\n")
+    lib = tmp_path / "libn.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, tmp_path / "n.c"], check=True)
+    info = read_elf(str(lib))
+    assert not [name for name in info.needed if "cudart" in name]
+    manifest = replace(load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml"), cuda_runtime=13)
+    facts, _ = layers.cuda_runtime_facts(manifest, {str(lib): info}, NO_GPU)
+    assert [(f.data["declared_major"], f.data["linked_major"]) for f in facts if "declared_major" in f.data] == [(13, 0)]
+    assert not fired(rules, facts, "plugin-cuda-runtime-declared")
