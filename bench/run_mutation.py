@@ -358,8 +358,8 @@ def recheck_rules(names: list) -> dict:
         try:
             path.write_text(text[:match.start()] + f'{match.group(1)}"{mutant}"' + text[match.end():])
             shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
-            proc = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout", "300",
-                                   str(Path("tests") / "unit" / tests.name)], cwd=where, env=env,
+            proc = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                   "--timeout", "300", str(Path("tests") / "unit" / tests.name)], cwd=where, env=env,
                                   capture_output=True, text=True, errors="replace")
             verdicts[name] = "killed" if proc.returncode == 1 else "survived" if proc.returncode == 0 \
                 else f"error (pytest exit {proc.returncode})"
@@ -399,13 +399,17 @@ def recheck(module: str, names: list) -> dict:
 
 
 def report(results: dict) -> None:
-    print(f"{'module':10} {'mutants':>8} {'killed':>7} {'score':>7} {'time':>7}  survivors")
+    print(f"{'module':10} {'mutants':>8} {'killed':>7} {'score':>7} {'time':>7}  survivors  sample after --recheck")
     for module in ORDER:
         r = results.get(module)
         if not r:
             continue
         score = "-" if r["score"] is None else f"{r['score']:.1f}%"
-        print(f"{module:10} {r['total']:8} {r['killed']:7} {score:>7} {r['seconds']:6}s  {len(r['survivors'])}")
+        after = ""
+        if r.get("sample") and "recheck_killed" in r and "sample_killed" in r:
+            n, k = r["sample"], r["sample_killed"] + r["recheck_killed"]
+            after = f"  {k}/{n} = {100.0 * k / n:.0f}% ±{100.0 / n ** 0.5:.0f} (seed {r.get('seed', 17)})"
+        print(f"{module:10} {r['total']:8} {r['killed']:7} {score:>7} {r['seconds']:6}s  {len(r['survivors']):9}{after}")
 
 
 def main(argv=None) -> int:

@@ -257,8 +257,10 @@ def test_soname_shadowed_fires_for_a_shadowing_and_not_for_a_plain_failure(rules
     v1 = F.shared_lib(os.path.join(root, "v1", "libver.so.1"), "int ver(void){return 1;}\n", soname="libver.so.1",
                       version_script="VER_1 { global: ver; local: *; };\n")
     F.shared_lib(os.path.join(root, "v2", "libver.so.1"), "int ver(void){return 1;}\nint ver2(void){return 2;}\n",
-                 soname="libver.so.1", version_script="VER_1 { global: ver; local: *; };\nVER_2 { global: ver2; } VER_1;\n")
-    needs = F.shared_lib(os.path.join(root, "v2", "libneeds.so"), "extern int ver2(void);\nint n(void){return ver2();}\n",
+                 soname="libver.so.1",
+                 version_script="VER_1 { global: ver; local: *; };\nVER_2 { global: ver2; } VER_1;\n")
+    needs = F.shared_lib(os.path.join(root, "v2", "libneeds.so"),
+                         "extern int ver2(void);\nint n(void){return ver2();}\n",
                          soname="libneeds.so", links=(f"-L{root}/v2", "-l:libver.so.1"), rpath="$ORIGIN")
     gone = os.path.join(root, "nowhere", "libgone.so")
     for sequence, says, shadowed in (([v1, needs], b"VER_2", True), ([gone], b"cannot open", False)):
@@ -286,5 +288,6 @@ def test_plugin_cuda_runtime_declared_without_a_linked_runtime_is_no_contradicti
     assert not [name for name in info.needed if "cudart" in name]
     manifest = replace(load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml"), cuda_runtime=13)
     facts, _ = layers.cuda_runtime_facts(manifest, {str(lib): info}, NO_GPU)
-    assert [(f.data["declared_major"], f.data["linked_major"]) for f in facts if "declared_major" in f.data] == [(13, 0)]
+    declared = [(f.data["declared_major"], f.data["linked_major"]) for f in facts if "declared_major" in f.data]
+    assert declared == [(13, 0)]
     assert not fired(rules, facts, "plugin-cuda-runtime-declared")
