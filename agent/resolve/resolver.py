@@ -275,8 +275,12 @@ class Resolver:
         header = self._header(path)
         if header is None:
             return "skip", "not readable"
-        if len(header) < 20 or header[:4] != b"\x7fELF":
-            return "fatal", "invalid ELF header" if len(header) >= 20 else "file too short"
+        # dl-load.c open_verify: fewer bytes than the loader's own ElfW(Ehdr) (64 for a
+        # 64-bit ld.so, 52 for a 32-bit one) is "file too short", before e_ident is looked at
+        if len(header) < (64 if abi.elf_class == 64 else 52):
+            return "fatal", "file too short"
+        if header[:4] != b"\x7fELF":
+            return "fatal", "invalid ELF header"
         elf_class = {1: 32, 2: 64}.get(header[4])
         if elf_class != abi.elf_class:
             return "skip", f"wrong ELF class: ELFCLASS{elf_class or header[4]}"
