@@ -843,3 +843,43 @@ def test_the_edges_of_a_valid_manifest_are_accepted(state, tmp_path, key, value)
     manifest["files"][0][key] = value
     path.write_text(json.dumps(manifest))
     assert state.read(entry.id).damaged == ""
+
+
+MODIFY_STEPS = ["after-backup", "after-temp-write", "after-fsync", "after-verify", "after-rename", "after-commit"]
+
+
+def test_replace_file_killed_at_each_step_leaves_the_original_or_the_result(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original bytes")
+    with state.begin("reference") as entry:  # the same path once in this process
+        entry.replace_file(str(target), b"result bytes")
+    state.undo(entry.id)
+    for step in MODIFY_STEPS:
+        before = set(state.ids())
+        proc = run_child(state.root, "modify", target, step)
+        assert proc.returncode == -signal.SIGKILL, (step, proc.returncode, proc.stderr[-2000:])
+        [crashed] = set(state.ids()) - before
+        results = state.recover_entries()
+        if step == "after-commit":
+            assert results == [] and target.read_bytes() == b"result bytes"
+            state.undo(crashed)
+        else:
+            [result] = results
+            assert result.refused == "", (step, result.refused)
+        assert target.read_bytes() == b"original bytes", step
+        assert temps(tmp_path) == [], step
+
+
+def test_a_fill_that_returns_no_digest_is_hashed_from_the_temp(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+
+    def fill(fd):
+        os.write(fd, b"filled bytes")  # returns None: the journal reads the temp back
+
+    with state.begin("test") as entry:
+        record = entry.replace_file(str(target), fill)
+    assert record["sha256_after"] == hashlib.sha256(b"filled bytes").hexdigest()
+    assert target.read_bytes() == b"filled bytes"
+    state.undo(entry.id)
+    assert target.read_bytes() == b"original"
