@@ -883,3 +883,17 @@ def test_a_fill_that_returns_no_digest_is_hashed_from_the_temp(state, tmp_path):
     assert target.read_bytes() == b"filled bytes"
     state.undo(entry.id)
     assert target.read_bytes() == b"original"
+
+
+def test_an_entry_keeps_its_backups_private(state, tmp_path):
+    """The originals of a user's files are readable only by the owner of the journal."""
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    old = os.umask(0o022)  # a usual umask: the modes must not come from it
+    try:
+        entry = _commit_fix(state, target)
+    finally:
+        os.umask(old)
+    for path, want in ((state.root, 0o700), (state.root / entry.id / "files", 0o700),
+                       (state.root / entry.id / "manifest.json", 0o600), (state.root / entry.id / "lock", 0o600)):
+        assert stat.S_IMODE(os.stat(path).st_mode) == want, path
