@@ -766,6 +766,18 @@ def test_a_commit_records_when_it_finished(state, tmp_path, capsys):
     listed = history(capsys)[entry.id]
     assert listed["status"] == "committed"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", listed["finished"])
+    assert listed["note"] == ""  # a commit adds no note; an empty one, not a missing one
+
+
+def test_a_manifest_larger_than_any_entry_needs_is_damaged(state, tmp_path):
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"original")
+    entry = _commit_fix(state, target)
+    path = state.root / entry.id / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["note"] = "x" * (17 << 20)
+    path.write_text(json.dumps(manifest))
+    assert state.read(entry.id).damaged == "manifest.json is larger than 16 MiB"
 
 
 # --- manifests that do not describe an entry ------------------------------------------------------------
