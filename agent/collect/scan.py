@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..elf.reader import ELF_MAGIC, read_elf
 from ..engine import load_rules
 from ..errors import BadInput, ELFError, UsageError, describe_os_error
-from ..model import Report
+from ..model import Fact, Report
 from . import closure as closure_facts
 from . import config as config_collect
 from . import cuda, cxxabi, fatbin, host, practice, process, torch_ext
@@ -85,6 +85,8 @@ class Scanner:
         self.dir_configs: list = []  # seedance/plugin YAML configs found in target dirs
         self._hosts: dict = {}  # interpreter -> its closure's objects, read with symbols
         self._private: dict = {}  # (requester, name) -> (loader, reason) or None
+        self._isa_cpu = None  # this CPU's x86 ISA_1 mask, once asked (0: no check on this glibc)
+        self._isa_seen: set = set()  # objects whose ISA level was read
         # check --bundle (collect/bundle.py) records each closure and process as it is read
         self.on_closure = None  # (root, ClosureResult, runtimes) -> None
         self.on_process = None  # (ProcessView) -> None
@@ -359,6 +361,41 @@ class Scanner:
         torch_paths = closure_facts.torch_libs(result)
         if torch_paths and path not in torch_paths:
             self._cxx_abi(path, result, torch_paths)
+        if result.abi == "x86_64":
+            add(self._isa_facts(path, result))
+
+    def _isa_facts(self, root: str, result) -> list:
+        """cpu_isa facts: objects of the closure marked as needing an x86-64 ISA level this
+        CPU lacks, which glibc 2.33+ refuses after mapping them (elf/properties.py).  Read
+        once per object per scan; only marked objects become facts."""
+        from ..elf import properties
+        from ..resolve import hwcaps
+
+        if self._isa_cpu is None:
+            # glibc < 2.33 has no ISA-level check (and no x86-64-vN levels to compare with)
+            self._isa_cpu = properties.cpu_isa_mask(self.resolver.caps.hwcaps_subdirs) \
+                if hwcaps.glibc_version() >= (2, 33) else 0
+        if not self._isa_cpu:
+            return []
+        facts = []
+        for obj_path in result.objects:
+            key = self.dedup.identity(obj_path)
+            if key in self._isa_seen:
+                continue
+            self._isa_seen.add(key)
+            needed = properties.x86_isa_needed(obj_path)
+            if not needed & ~properties.BASELINE:
+                continue
+            lacking = properties.level_names(needed & ~self._isa_cpu)
+            facts.append(Fact("cpu_isa", {"path": obj_path},
+                              {"needed": properties.level_names(needed),
+                               "highest_needed": properties.level_names(needed)[-1],
+                               "cpu_levels": properties.level_names(self._isa_cpu) or ["baseline"],
+                               "cpu_highest": (properties.level_names(self._isa_cpu) or ["baseline"])[-1],
+                               "lacking": lacking, "loaded_by": root,
+                               "loader_message": "CPU ISA level is lower than required"},
+                              source="collect.scan"))
+        return facts
 
     def _preloads(self, path: str, result) -> tuple:
         """(paths to preload, {provider: (reason, package)}): what the packages around
