@@ -423,8 +423,9 @@ def test_a_mapping_through_another_name_of_the_same_inode_counts(tmp_path):
         mappers.close()
 
 
-def test_a_process_still_on_the_replaced_inode_does_not_block_the_new_file(tmp_path):
-    lib = tmp_path / "dir with space" / "lib.so"  # a path with a space: maps lines split on whitespace
+@pytest.mark.parametrize("directory", ["plain", "dir with space"])  # maps lines split on whitespace
+def test_a_process_still_on_the_replaced_inode_does_not_block_the_new_file(tmp_path, directory):
+    lib = tmp_path / directory / "lib.so"
     lib.parent.mkdir()
     lib.write_bytes(os.urandom(8192))
     mappers = Mappers(lib, 1)
