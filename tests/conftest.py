@@ -31,6 +31,25 @@ def run_cli(*args, env=None, check=False, timeout=120, input=None):
     return proc
 
 
+X86_64_RTLD = "/lib64/ld-linux-x86-64.so.2"
+
+
+def ld_so_hwcaps_levels(rtld: str = X86_64_RTLD) -> dict:
+    """The x86-64-vN levels the real ld.so reports, as `ld.so --help` lists them:
+    level -> set of words ("supported", "searched").  An independent oracle for the CPU's
+    levels (seedance's own hwcaps.detect reads /proc/cpuinfo); {} without that ld.so."""
+    try:
+        out = subprocess.run([rtld, "--help"], capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    levels = {}
+    for line in out.decode("utf-8", "replace").splitlines():
+        words = line.split()
+        if words and words[0].startswith("x86-64-v") and "(" in line:
+            levels[words[0]] = {w.strip("(),") for w in words[1:]}
+    return levels
+
+
 def describe_run(proc, expected=None) -> str:
     """One command's exit status with its stderr (and the end of its stdout), for assertion messages."""
     args = proc.args if isinstance(proc.args, str) else " ".join(map(str, proc.args))

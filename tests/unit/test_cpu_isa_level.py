@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import ld_so_hwcaps_levels, run_cli
 
 RTLD = "/lib64/ld-linux-x86-64.so.2"
 LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
@@ -25,8 +24,7 @@ pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64" or shutil.which("
 
 
 def _supported_levels() -> set:
-    out = subprocess.run([RTLD, "--help"], capture_output=True, text=True, errors="replace", timeout=30).stdout
-    return {m.group(1) for m in re.finditer(r"^\s*(x86-64-v\d) \(supported", out, re.M)}
+    return {level for level, words in ld_so_hwcaps_levels(RTLD).items() if "supported" in words}
 
 
 def _build(tmp_path, level: str):

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from seedance.resolve import Resolver
+from tests.conftest import ld_so_hwcaps_levels
 from seedance.resolve.ldcache import LdCache
 from tests.conftest import BIN
 
@@ -42,12 +43,7 @@ FORMAT_NAMES = {"new": "new", "compat": "old+new", "old": "old"}
 
 def _x86_64_v2_searched() -> bool:
     """ld.so --help lists the glibc-hwcaps subdirectories it searches on this CPU."""
-    try:
-        out = subprocess.run([RTLD, "--help"], capture_output=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    text = out.decode("utf-8", "replace")
-    return any(line.split()[:1] == ["x86-64-v2"] and "searched" in line for line in text.splitlines())
+    return "searched" in ld_so_hwcaps_levels(RTLD).get("x86-64-v2", set())
 
 
 def _skip_reason():

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from seedance.resolve import Resolver
+from tests.conftest import ld_so_hwcaps_levels
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 RTLD = "/lib64/ld-linux-x86-64.so.2"
@@ -34,13 +35,7 @@ LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
 
 def _supported_levels() -> list:
     """The x86-64-vN levels `ld.so --help` marks supported on this CPU."""
-    try:
-        out = subprocess.run([RTLD, "--help"], capture_output=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    text = out.decode("utf-8", "replace")
-    return [line.split()[0] for line in text.splitlines()
-            if line.split()[:1] and line.split()[0] in LEVELS and "supported" in line]
+    return [level for level, words in ld_so_hwcaps_levels(RTLD).items() if level in LEVELS and "supported" in words]
 
 
 SUPPORTED = _supported_levels()
