@@ -103,9 +103,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-ldd", action="store_true", help="leave out the (slow) ldd loop")
     parser.add_argument("--ldd", metavar="FILE", help="time `seedance ldd FILE` against ldd and libtree")
+    parser.add_argument("--baseline", metavar="EXE",
+                        help="another seedance executable (an older version) timed in the same rounds, "
+                             "for an honest before/after")
+    parser.add_argument("--no-lddtree", action="store_true", help="leave out the (slow) lddtree row")
     args = parser.parse_args()
     if args.ldd:
-        return ldd_main(args.ldd, args.rounds)
+        return ldd_main(args.ldd, args.rounds, args.baseline)
     directories = args.directories
     if args.big:
         directories = [sysconfig.get_paths()["purelib"]] + (["/usr/local/cuda"] if os.path.isdir(
@@ -118,9 +122,11 @@ def main() -> int:
         listing = handle.name
     loop = 'while IFS= read -r f; do {tool} "$f" >/dev/null 2>&1; done < "{listing}"'
     tools = {"seedance check": [str(SEEDANCE), "check", "--no-progress", "--json", *directories]}
+    if args.baseline:
+        tools["baseline check"] = [args.baseline, "check", "--no-progress", "--json", *directories]
     if shutil.which("libtree"):
         tools["libtree (one process)"] = ["libtree", *roots]
-    if shutil.which("lddtree"):
+    if shutil.which("lddtree") and not args.no_lddtree:
         tools["lddtree (one process)"] = [*lddtree_command(), *roots]
     if shutil.which("libtree"):
         tools["libtree loop"] = ["bash", "-c", loop.format(tool="libtree", listing=listing)]
@@ -171,9 +177,11 @@ def main() -> int:
     return verdict
 
 
-def ldd_main(path: str, rounds: int) -> int:
+def ldd_main(path: str, rounds: int, baseline: str | None = None) -> int:
     """seedance ldd against ldd (target: within 5x of its wall time) and libtree."""
     tools = {"seedance ldd": [str(SEEDANCE), "ldd", path], "ldd": ["ldd", path]}
+    if baseline:
+        tools["baseline ldd"] = [baseline, "ldd", path]
     if shutil.which("libtree"):
         tools["libtree"] = ["libtree", path]
     print(f"file: {path}")
