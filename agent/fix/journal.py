@@ -20,7 +20,10 @@ is the original or the verified result, and undo works either way.
 Nothing is put back unseen (issue 10, item 5; issue 17): a backup is renamed into place only
 after its sha256 matched the one recorded before the fix, and a target that is neither the
 fix's result nor its original is left alone.  Either refusal names the path, writes nothing,
-and leaves the entry as it was (never "undone" or "rolled-back" when it is not).
+and leaves the entry as it was (never "undone" or "rolled-back" when it is not).  Every file
+is judged before any is touched; a failure after that, part-way through putting files back
+(a move that cannot complete, e.g. across filesystems), leaves the entry "undoing", and the
+next recovery finishes the undo.
 
 Symlinks: a fix follows a symlink to the real file, rewrites that, and keeps the link.
 """
