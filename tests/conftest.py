@@ -50,6 +50,31 @@ def ld_so_hwcaps_levels(rtld: str = X86_64_RTLD) -> dict:
     return levels
 
 
+def run_with_ld_so_cache(cache_file, *argv, env=None, timeout=120) -> subprocess.CompletedProcess:
+    """argv run with ``cache_file`` bound over /etc/ld.so.cache, in a mount namespace of its
+    own (private propagation: the bind never reaches the host's /etc), so the real ld.so reads
+    that cache.  Skips the test when no such namespace can be made here (not root, no unshare)."""
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           'mount --bind "$1" /etc/ld.so.cache && shift && exec "$@"', "sh",
+                           str(cache_file), *map(str, argv)],
+                          capture_output=True, text=True, errors="replace",
+                          env=env or {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, timeout=timeout)
+    if proc.stderr.startswith(("unshare:", "mount:")):
+        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+def ld_so_cache_try(ld_debug_stderr: str, library: str) -> str:
+    """The file ld.so tried first from its cache for ``library``, from LD_DEBUG=libs output
+    (asserting the search went to the cache)."""
+    lines = [line.split(":", 1)[1].strip() for line in ld_debug_stderr.splitlines() if ":" in line]
+    start = lines.index(f"find library={library} [0]; searching")
+    assert lines[start + 1] == "search cache=/etc/ld.so.cache", ld_debug_stderr
+    tried = lines[start + 2]
+    assert tried.startswith("trying file="), ld_debug_stderr
+    return tried.split("=", 1)[1]
+
+
 def describe_run(proc, expected=None) -> str:
     """One command's exit status with its stderr (and the end of its stdout), for assertion messages."""
     args = proc.args if isinstance(proc.args, str) else " ".join(map(str, proc.args))

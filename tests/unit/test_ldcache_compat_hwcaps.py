@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from seedance.resolve import Resolver
-from tests.conftest import ld_so_hwcaps_levels
+from tests.conftest import ld_so_cache_try, ld_so_hwcaps_levels, run_with_ld_so_cache
 from seedance.resolve.ldcache import LdCache
 from tests.conftest import BIN
 
@@ -92,29 +92,12 @@ def _write_cache(base: Path, fmt: str) -> Path:
     return cache_file
 
 
-def _in_namespace(cache_file: Path, *argv, env=None) -> subprocess.CompletedProcess:
-    """argv run with cache_file bound over /etc/ld.so.cache, in a mount namespace of its own
-    (private propagation: the bind never reaches the host's /etc)."""
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                           'mount --bind "$1" /etc/ld.so.cache && shift && exec "$@"', "sh",
-                           str(cache_file), *map(str, argv)],
-                          capture_output=True, text=True, errors="replace", env=env or CLEAN, timeout=120)
-    if proc.stderr.startswith(("unshare:", "mount:")):
-        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[:200]}")
-    return proc
-
-
 def _ld_so_choice(base: Path, cache_file: Path) -> str:
     """The copy ld.so loads: the path LD_DEBUG=libs says it tried from the cache, checked
     against the value the program printed."""
-    proc = _in_namespace(cache_file, base / "app", env={**CLEAN, "LD_DEBUG": "libs"})
+    proc = run_with_ld_so_cache(cache_file, base / "app", env={**CLEAN, "LD_DEBUG": "libs"})
     assert proc.returncode == 0, proc.stderr
-    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
-    start = lines.index(f"find library={LIB} [0]; searching")
-    assert lines[start + 1] == "search cache=/etc/ld.so.cache", proc.stderr
-    tried = lines[start + 2]
-    assert tried.startswith("trying file="), proc.stderr
-    path = tried.split("=", 1)[1]
+    path = ld_so_cache_try(proc.stderr, LIB)
     sub = str(Path(path).parent.relative_to(base / "lib"))
     printed = proc.stdout.strip()
     assert printed == f"which={COPIES['' if sub == '.' else sub + '/']}", (path, printed)
@@ -135,7 +118,7 @@ def test_the_cached_copy_is_the_one_ld_so_loads(tree, fmt):
     # the command a user runs, reading the same cache at its real place
     exe = BIN / "seedance"
     if exe.exists():
-        proc = _in_namespace(cache_file, exe, "ldd", tree / "app")
+        proc = run_with_ld_so_cache(cache_file, exe, "ldd", tree / "app", env=CLEAN)
         assert proc.returncode == 0, proc.stderr
         assert f"\t{LIB} => {chosen}" in proc.stdout.splitlines(), proc.stdout
 
@@ -196,12 +179,9 @@ def test_an_out_of_order_hwcaps_name_list_is_merged_as_ld_so_merges_it(tmp_path)
                    check=True, capture_output=True, timeout=120)
     assert _swap_hwcaps_names(cache_file) == ["x86-64-v2", "zzz-other"]
 
-    proc = _in_namespace(cache_file, tmp_path / "app", env={**CLEAN, "LD_DEBUG": "libs"})
+    proc = run_with_ld_so_cache(cache_file, tmp_path / "app", env={**CLEAN, "LD_DEBUG": "libs"})
     assert proc.returncode == 0, proc.stderr
-    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
-    start = lines.index("find library=libseedonly.so.1 [0]; searching")
-    assert lines[start + 1] == "search cache=/etc/ld.so.cache", proc.stderr
-    chosen = lines[start + 2].split("trying file=", 1)[1]
+    chosen = ld_so_cache_try(proc.stderr, "libseedonly.so.1")
     value = {str(top / "libseedonly.so.1"): 1, str(top / "glibc-hwcaps/zzz-other/libseedonly.so.1"): 3}[chosen]
     assert proc.stdout.strip() == f"which={value}", (chosen, proc.stdout)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from seedance.resolve import Resolver
-from tests.conftest import ld_so_hwcaps_levels
+from tests.conftest import ld_so_cache_try, ld_so_hwcaps_levels, run_with_ld_so_cache
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 RTLD = "/lib64/ld-linux-x86-64.so.2"
@@ -106,20 +106,9 @@ def _recorded_levels(cache_file: Path) -> dict:
 def _ld_so_choice(base: Path, cache_file: Path) -> tuple:
     """The copy ld.so loads from the cache: the file LD_DEBUG=libs says it tried, checked
     against the value the program printed."""
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                           'mount --bind "$1" /etc/ld.so.cache && shift && exec "$@"', "sh",
-                           str(cache_file), str(base / "app")],
-                          capture_output=True, text=True, errors="replace",
-                          env={**CLEAN, "LD_DEBUG": "libs"}, timeout=120)
-    if proc.stderr.startswith(("unshare:", "mount:")):
-        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[:200]}")
+    proc = run_with_ld_so_cache(cache_file, base / "app", env={**CLEAN, "LD_DEBUG": "libs"})
     assert proc.returncode == 0, proc.stderr
-    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
-    start = lines.index(f"find library={LIB} [0]; searching")
-    assert lines[start + 1] == "search cache=/etc/ld.so.cache", proc.stderr
-    tried = lines[start + 2]
-    assert tried.startswith("trying file="), proc.stderr
-    return tried.split("=", 1)[1], proc.stdout.strip()
+    return ld_so_cache_try(proc.stderr, LIB), proc.stdout.strip()
 
 
 def _seedance_choice(base: Path, cache_file: Path) -> str:

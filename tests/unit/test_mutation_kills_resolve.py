@@ -16,6 +16,7 @@ import pytest
 
 from seedance.resolve import Resolver
 from seedance.resolve.tokens import is_trusted
+from tests.conftest import ld_so_cache_try, run_with_ld_so_cache
 
 CLEAN = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
 # the directory variants ld.so prints in a search path before each directory it was given
@@ -309,14 +310,8 @@ def test_an_extension_offset_past_the_end_leaves_the_entries_usable(tmp_path):
     assert struct.unpack_from("<I", data, 32)[0] != 0  # ldconfig wrote an extension
     struct.pack_into("<I", data, 32, len(data) + 64)
     cache_file.write_bytes(bytes(data))
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind "$1" /etc/ld.so.cache && exec "$2"', "sh",
-                           str(cache_file), str(tmp_path / "app")], capture_output=True, text=True,
-                          errors="replace", env={**CLEAN, "LD_DEBUG": "libs"}, timeout=60)
-    if "unshare:" in proc.stderr or "mount:" in proc.stderr:
-        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[:200]}")
-    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
-    start = lines.index("find library=libseedx.so.1 [0]; searching")
-    assert lines[start + 1:start + 3] == ["search cache=/etc/ld.so.cache", f"trying file={lib}"], proc.stderr
+    proc = run_with_ld_so_cache(cache_file, tmp_path / "app", env={**CLEAN, "LD_DEBUG": "libs"}, timeout=60)
+    assert ld_so_cache_try(proc.stderr, "libseedx.so.1") == str(lib), proc.stderr
     assert proc.returncode == 0, proc.stderr
     cache = LdCache.load(str(cache_file))
     assert cache.format == "new"
@@ -706,16 +701,9 @@ def test_a_cache_entry_for_an_unsupported_hwcaps_level_is_passed_over(tmp_path):
     cache_file = tmp_path / "ld.so.cache"
     subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(tmp_path / "ld.so.conf")], check=True,
                    capture_output=True)
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind "$1" /etc/ld.so.cache && exec "$2"', "sh",
-                           str(cache_file), str(tmp_path / "app")], capture_output=True, text=True,
-                          errors="replace", env={**CLEAN, "LD_DEBUG": "libs"}, timeout=60)
-    if "unshare:" in proc.stderr or "mount:" in proc.stderr:
-        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[:200]}")
+    proc = run_with_ld_so_cache(cache_file, tmp_path / "app", env={**CLEAN, "LD_DEBUG": "libs"}, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    lines = [line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if ":" in line]
-    start = lines.index("find library=libhw.so.1 [0]; searching")
-    assert lines[start + 1] == "search cache=/etc/ld.so.cache", proc.stderr
-    chosen = lines[start + 2].split("trying file=", 1)[1]
+    chosen = ld_so_cache_try(proc.stderr, "libhw.so.1")
     assert "aaa-other" not in chosen
     res = next(r for r in Resolver(env={}, cache_path=str(cache_file)).closure(str(tmp_path / "app")).resolutions
                if r.name == "libhw.so.1")
