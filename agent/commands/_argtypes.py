@@ -1,4 +1,5 @@
-"""argparse value types shared by the commands: one wording for a bad number everywhere."""
+"""argparse value types and flags shared by the commands: one wording for a bad number
+everywhere, one spelling of the report flags."""
 from __future__ import annotations
 
 import argparse
@@ -32,3 +33,11 @@ def bounded_int(low: int, high: int):
             raise argparse.ArgumentTypeError(f"must be between {low} and {high}: {text!r}")
         return value
     return parse
+
+
+def add_report_flags(parser) -> None:
+    """--report-json FILE, --json (the same as --report-json -) and --force, read back as
+    ``"-" if args.json else args.report_json`` and handed to seedance.output."""
+    parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
+    parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
+    parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")

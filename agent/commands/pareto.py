@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._argtypes import finite_float, positive_float
+from ._argtypes import add_report_flags, finite_float, positive_float
 
 EPILOG = """\
 examples:
@@ -31,9 +31,7 @@ def configure_parser(sub) -> None:
     parser.add_argument("--cost-per-ms", type=positive_float, default=1.0, metavar="C",
                         help="cost of one millisecond, for rows without a cost_per_ms column (default 1.0)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the frontier, dominated and decay points")
-    parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
-    parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
-    parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
+    add_report_flags(parser)
     parser.set_defaults(execute=execute)
 
 

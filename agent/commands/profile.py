@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._argtypes import bounded_int
+from ._argtypes import add_report_flags, bounded_int
 import sys
 
 EPILOG = """\
@@ -48,9 +48,7 @@ def configure_parser(sub) -> None:
     calls.add_argument("--input", type=bounded_int(1, 100000), default=1, metavar="N",
                        help="run the bench callable on a batch of N requests (default 1)")
     calls.add_argument("--svg", metavar="FILE", help="draw the call graph, redundant paths in red (graphviz)")
-    calls.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
-    calls.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
-    calls.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
+    add_report_flags(calls)
     calls.set_defaults(execute=execute_calls)
     memory = actions.add_parser("memory", help="GPU memory fragmentation over time",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,9 +86,7 @@ def add_memory_arguments(parser) -> None:
                         help="offline: a torch.cuda.memory._dump_snapshot pickle")
     source.add_argument("--pid", type=int, metavar="PID", help="a program already wrapped by seedance run or the agent")
     parser.add_argument("--capacity", metavar="SIZE", help="device capacity when the trace has no device record")
-    parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
-    parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
-    parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
+    add_report_flags(parser)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="run CMD under the shim and profile it")
     parser.set_defaults(execute=execute_memory)
 
@@ -107,9 +103,7 @@ def add_launch_arguments(parser) -> None:
     parser.add_argument("--sample-interval", default="100ms", metavar="T", help="live NVML power every T (default 100ms)")
     parser.add_argument("--bin", default="10ms", metavar="T", help="time bin of the coverage and the timeline (default 10ms)")
     parser.add_argument("--timeline", metavar="FILE.png", help="launches per library on top, power below")
-    parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
-    parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
-    parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")
+    add_report_flags(parser)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="run CMD under the shim and profile it")
     parser.set_defaults(execute=execute_launches)
 
