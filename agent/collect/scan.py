@@ -386,13 +386,12 @@ class Scanner:
             needed = properties.x86_isa_needed(obj_path)
             if not needed & ~properties.BASELINE:
                 continue
-            lacking = properties.level_names(needed & ~self._isa_cpu)
+            named = properties.level_names(needed)
+            cpu = properties.level_names(self._isa_cpu) or ["baseline"]
             facts.append(Fact("cpu_isa", {"path": obj_path},
-                              {"needed": properties.level_names(needed),
-                               "highest_needed": properties.level_names(needed)[-1],
-                               "cpu_levels": properties.level_names(self._isa_cpu) or ["baseline"],
-                               "cpu_highest": (properties.level_names(self._isa_cpu) or ["baseline"])[-1],
-                               "lacking": lacking, "loaded_by": root,
+                              {"needed": named, "highest_needed": named[-1],
+                               "cpu_levels": cpu, "cpu_highest": cpu[-1],
+                               "lacking": properties.level_names(needed & ~self._isa_cpu), "loaded_by": root,
                                "loader_message": "CPU ISA level is lower than required"},
                               source="collect.scan"))
         return facts
