@@ -73,7 +73,8 @@ MODULES = {
                                 # bundle.py's only tests (8 s); without them its mutants are all "no tests".
                                 "tests/integration/test_bundle.py",
                                 # 3.4 s on an idle machine (84 s was measured at load 6-9, with a cold venv)
-                                "tests/unit/test_collect_python_env.py"]),
+                                "tests/unit/test_collect_python_env.py",
+                                "tests/unit/test_mutation_kills_collect_bundle.py"]),
 }
 RULE_TESTS = ["tests/unit/test_engine.py", "tests/unit/test_collect_config.py", "tests/unit/test_collect_process.py",
               "tests/unit/test_collect_closure.py", "tests/unit/test_collect_cuda.py",
