@@ -15,25 +15,26 @@ import os
 import re
 import string
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable  # model imports typing: free here
 
 from .errors import BadInput, RuleError
 from .model import SEVERITIES, Fact, Finding
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+# os.path, not pathlib: pathlib (with urllib.parse) was ~3 ms of every command's start
+RULES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "rules")
 REQUIRED = ("id", "title", "severity", "trap", "layer", "fact", "condition", "message",
             "explain", "metric", "fix")
 LAYERS = ("L1", "L2", "L3", "L4", "L5", "L6", "L7")
 
 
-def default_rules_dir() -> Path:
+def default_rules_dir() -> str:
     """rules/ beside the package in a checkout; the installed copy otherwise."""
-    if RULES_DIR.is_dir():
+    if os.path.isdir(RULES_DIR):
         return RULES_DIR
     from importlib.resources import files
-    return Path(str(files("seedance") / "rules_data"))
+    return str(files("seedance") / "rules_data")
 
 
 @dataclass(frozen=True)
@@ -149,36 +150,58 @@ class RuleSet:
 _LOADED: dict = {}
 
 
-def _identity(path: Path) -> tuple:
-    st = path.stat()
-    return (path.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def _identity(path: str) -> tuple:
+    st = os.stat(path)
+    return (os.path.basename(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def load_rules(directory: Path | str | None = None) -> RuleSet:
-    """Load and validate every rules/*.yaml; any problem is one RuleError line."""
-    directory = Path(directory) if directory else default_rules_dir()
-    files = sorted(directory.glob("*.yaml"))
+def _rule_files(directory: str) -> list:
+    """directory/*.yaml, sorted (what Path.glob matched: any such name; none where the
+    directory is missing or unreadable)."""
+    try:
+        with os.scandir(directory) as listing:
+            names = [entry.name for entry in listing if entry.name.endswith(".yaml")]
+    except OSError:
+        return []
+    return [os.path.join(directory, name) for name in sorted(names)]
+
+
+def load_rules(directory=None) -> RuleSet:
+    """Load and validate every rules/*.yaml; any problem is one RuleError line.
+
+    ``directory``: a path (str or os.PathLike); the shipped rules by default."""
+    if directory:
+        directory = os.fspath(directory)
+        if len(directory) > 1:
+            directory = directory.rstrip("/") or "/"
+    else:
+        directory = default_rules_dir()
+    files = _rule_files(directory)
     if not files:
         raise RuleError(f"{directory}: no rule files (*.yaml)")
     try:
-        key = (str(directory.resolve()), tuple(_identity(path) for path in files))
+        key = (os.path.realpath(directory), tuple(_identity(path) for path in files))
     except OSError:
         key = None  # vanished while listed: read now, and let the reader report it
     if key is not None and key in _LOADED:
         return _LOADED[key]
-    ruleset = _load_rule_files(files)
+    shipped = key is not None and key[0] == os.path.realpath(default_rules_dir())
+    ruleset = _load_shipped(key[0], files) if shipped else None
+    if ruleset is None:
+        ruleset = _load_rule_files(files)
     if key is not None:
         _LOADED.clear()  # one rules directory is in use at a time: keep only the newest
         _LOADED[key] = ruleset
     return ruleset
 
 
-def _load_rule_files(files: list) -> RuleSet:
+def _parse_rule_files(files: list) -> list:
+    """[(file name, path, parsed document)]: the YAML read within yamlio's caps."""
     import yaml
 
     from . import yamlio
 
-    rules: list[Rule] = []
+    docs = []
     for path in files:
         try:
             doc = yamlio.load_file(path)  # bounded: size, depth, alias expansion (issue 10)
@@ -192,16 +215,188 @@ def _load_rule_files(files: list) -> RuleSet:
             raise RuleError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from None
         except OSError as exc:
             raise RuleError(f"{path}: {exc.strerror}") from None
+        docs.append((os.path.basename(path), path, doc))
+    return docs
+
+
+def _load_rule_files(files: list) -> RuleSet:
+    return _rules_from_docs(_parse_rule_files(files))
+
+
+def _rules_from_docs(docs: list, compiled: bool = False) -> RuleSet:
+    """Validate the parsed documents into a RuleSet.  ``compiled``: every condition is known
+    to compile (a cache written after a full load says so), so each compiles on first use."""
+    rules: list[Rule] = []
+    for name, path, doc in docs:
         if not isinstance(doc, Mapping) or not isinstance(doc.get("rules"), list):
             raise RuleError(f"{path}: expected a mapping with a 'rules:' list")
         for index, entry in enumerate(doc["rules"]):
-            rules.append(_build_rule(entry, f"{path.name}#{index}"))
+            rules.append(_build_rule(entry, f"{name}#{index}", lazy=compiled))
     seen: set[str] = set()
     for rule in rules:
         if rule.id in seen:
             raise RuleError(f"{rule.source}: duplicate rule id {rule.id!r}")
         seen.add(rule.id)
     return RuleSet(rules)
+
+
+# --- the shipped rules, parsed, kept across runs ----------------------------------------------
+# Importing PyYAML and parsing rules/*.yaml was ~45 ms of every command that checks (a
+# whole `fix cuda-mismatch` of a 15 KB library was ~300 ms, the target 100; issue 13).  The
+# cache holds the parsed documents only: every rule is validated from them on each load, as
+# from the YAML, and a condition that compiled when the cache was written compiles on first
+# use (most commands offer facts of a few kinds only).  It is keyed by each file's name,
+# size and CRC-32 of its bytes (a file rewritten within one timestamp tick is still seen),
+# by the parsing code (engine.py, yamlio.py) and by the CEL binding's file.  Only the
+# shipped rules directory is cached (a test's or a user's --rules-dir is read each time),
+# and only a file of this user's that nobody else can write is believed: it decides findings.
+_CACHE_FORMAT = 1
+_CACHE_MAX = 4 << 20
+
+
+def _cache_path(directory: str) -> str | None:
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative value is ignored
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    import zlib
+
+    return os.path.join(base, "seedance", f"rules-{zlib.crc32(os.fsencode(directory)):08x}.json")
+
+
+def _file_stamp(path: str) -> list:
+    st = os.stat(path)
+    return [path, st.st_size, st.st_mtime_ns]
+
+
+def _cache_stamp(files: list) -> list | None:
+    """What the cached documents were parsed from and with; None when a file cannot be read."""
+    import zlib
+
+    stamp = []
+    try:
+        for path in files:
+            with open(path, "rb") as handle:
+                data = handle.read(_CACHE_MAX + 1)
+            stamp.append([os.path.basename(path), len(data), zlib.crc32(data)])
+        here = os.path.dirname(os.path.realpath(__file__))
+        stamp.append(_file_stamp(os.path.join(here, "engine.py")))
+        stamp.append(_file_stamp(os.path.join(here, "yamlio.py")))
+    except OSError:
+        return None
+    return stamp
+
+
+def _load_shipped(directory: str, files: list) -> RuleSet | None:
+    """The shipped rules from the cache, or parsed and cached; None: read them as any other."""
+    cache = _cache_path(directory)
+    stamp = _cache_stamp(files) if cache else None
+    if stamp is None:
+        return None
+    cached = _read_cache(cache, directory, stamp)
+    if cached is not None:
+        paths = {os.path.basename(path): path for path in files}
+        docs = [(name, paths[name], doc) for name, doc in cached]
+        return _rules_from_docs(docs, compiled=True)
+    docs = _parse_rule_files(files)
+    ruleset = _rules_from_docs(docs)  # raises before anything is cached
+    _write_cache(cache, directory, stamp, [[name, doc] for name, _path, doc in docs])
+    return ruleset
+
+
+def _read_cache(cache: str, directory: str, stamp: list):
+    import json
+    import stat
+
+    try:
+        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
+                or st.st_size > _CACHE_MAX:
+            return None
+        chunks, size = [], 0
+        while size <= st.st_size:
+            chunk = os.read(fd, st.st_size + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = json.loads(b"".join(chunks))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if not isinstance(data, dict) or data.get("format") != _CACHE_FORMAT or \
+            data.get("directory") != directory or data.get("stamp") != stamp:
+        return None
+    cel_file = data.get("cel")
+    try:
+        if not isinstance(cel_file, list) or not cel_file or _file_stamp(cel_file[0]) != cel_file:
+            return None
+    except (OSError, TypeError, ValueError):
+        return None
+    docs = data.get("docs")
+    if not isinstance(docs, list) or [d[0] if isinstance(d, list) and len(d) == 2 else None for d in docs] \
+            != [s[0] for s in stamp[:-2]]:
+        return None
+    return docs
+
+
+def _write_cache(cache: str, directory: str, stamp: list, docs: list) -> None:
+    """Best effort: a cache that cannot be written is read from YAML next time."""
+    import json
+
+    core = _cel_core()
+    temp = None
+    try:
+        cel_file = _file_stamp(core.__file__)
+        text = json.dumps({"format": _CACHE_FORMAT, "directory": directory, "stamp": stamp, "cel": cel_file,
+                           "docs": docs}, separators=(",", ":"))
+        if json.loads(text)["docs"] != docs:
+            return  # not plain JSON data (a YAML date, a tuple): read from YAML each time
+        os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+        temp = f"{cache}.{os.getpid()}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            data = text.encode()
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+        os.replace(temp, cache)
+        temp = None
+    except (OSError, TypeError, ValueError, AttributeError):
+        pass
+    finally:
+        if temp is not None:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+
+
+class _LazyProgram:
+    """A CEL condition known to compile (the rules cache says so), compiled on first use."""
+
+    __slots__ = ("text", "where", "_program")
+
+    def __init__(self, text: str, where: str):
+        self.text, self.where, self._program = text, where, None
+
+    def execute(self, context: dict):
+        program = self._program
+        if program is None:
+            try:
+                program = self._program = _cel_core().compile(self.text)
+            except Exception as exc:  # the CEL binding changed under the cache
+                raise RuleError(f"{self.where}: condition does not compile: "
+                                f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
+        return program.execute(context)
 
 
 def _cel_core():
@@ -235,9 +430,9 @@ def _cel_core():
     return cel
 
 
-def _build_rule(entry: Any, where: str) -> Rule:
-    cel = _cel_core()
-
+def _build_rule(entry: Any, where: str, lazy: bool = False) -> Rule:
+    """One validated Rule.  ``lazy``: the conditions are known to compile; compile on first use."""
+    cel = None if lazy else _cel_core()
     if not isinstance(entry, Mapping):
         raise RuleError(f"{where}: a rule must be a mapping")
     missing = [k for k in REQUIRED if k not in entry]
@@ -253,7 +448,8 @@ def _build_rule(entry: Any, where: str) -> Rule:
         except ValueError as exc:
             raise RuleError(f"{where} ({entry['id']}): bad {key} template: {exc}") from None
     try:
-        program = cel.compile(str(entry["condition"]))
+        program = _LazyProgram(str(entry["condition"]), f"{where} ({entry['id']})") if lazy \
+            else cel.compile(str(entry["condition"]))
     except Exception as exc:
         raise RuleError(f"{where} ({entry['id']}): condition does not compile: "
                         f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
@@ -265,7 +461,8 @@ def _build_rule(entry: Any, where: str) -> Rule:
             raise RuleError(f"{where} ({entry['id']}): escalate must be {{condition: CEL, severity: "
                             f"{'|'.join(SEVERITIES)}}}")
         try:
-            escalate_program = cel.compile(str(escalate["condition"]))
+            escalate_program = _LazyProgram(str(escalate["condition"]), f"{where} ({entry['id']}) escalate") \
+                if lazy else cel.compile(str(escalate["condition"]))
         except Exception as exc:
             raise RuleError(f"{where} ({entry['id']}): escalate condition does not compile: "
                             f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
