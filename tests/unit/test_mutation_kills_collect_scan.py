@@ -363,3 +363,254 @@ def test_configs_found_in_the_tree(tree):
                                             "line": 2, "expands_early": False, "variables": [],
                                             "preload_missing": False, "preload_writable": False,
                                             "use": "libpath"}}
+
+
+# --------------------------------------------------------------------------------------------
+# scan.py's collectors called one by one
+# --------------------------------------------------------------------------------------------
+
+def ready(options=None) -> Scanner:
+    """A Scanner with what run() sets up before its collectors run."""
+    from seedance.resolve import Resolver
+
+    scanner = Scanner(options or CheckOptions(targets=["/"]))
+    scanner.gpu = scan.gpu_context(scanner.options)
+    scanner.resolver = Resolver(env={})
+    return scanner
+
+
+def enoent_text(path) -> str:
+    return f"{path}: {os.strerror(errno.ENOENT).lower()}"
+
+
+def test_expand_each_kind_of_target(tree, tmp_path):
+    t = tree["tree"]
+    scanner = ready()
+    with pytest.raises(BadInput) as err:
+        scanner._expand(str(tmp_path / "nope"))
+    assert str(err.value) == enoent_text(tmp_path / "nope")
+    with pytest.raises(BadInput) as err:
+        scanner._expand(str(t / "loop1"))
+    assert str(err.value) == f"{t / 'loop1'}: symbolic link loop"
+    with pytest.raises(BadInput) as err:
+        scanner._expand(str(t / "fifo"))
+    assert str(err.value) == f"{t / 'fifo'}: not a regular file or directory"
+    with pytest.raises(BadInput) as err:
+        scanner._expand(str(t / "notes.txt"))
+    assert str(err.value) == f"{t / 'notes.txt'}: not an ELF file or a seedance YAML config"
+    assert scanner.stats["files"] == 1  # the fifo and the missing file are no files
+    assert scanner._expand(str(t / "ci" / "workflow.yaml")) == ([], [str(t / "ci" / "workflow.yaml")])
+    lib = str(t / "libundef.so")
+    roots, configs = scanner._expand(lib)
+    assert (roots, configs) == ([(lib, os.stat(lib))], []) and scanner.explicit == {lib}
+    assert scanner.stats["files"] == 3
+    roots, configs = scanner._expand(str(t / "sub"))
+    assert [r[0] for r in roots] == [str(t / "sub" / "libA.so"), str(t / "sub" / "libB.so")] and configs == []
+    assert scanner.explicit == {lib}
+
+
+def test_an_unreadable_root(tree, tmp_path):
+    scanner = ready()
+    gone = str(tmp_path / "libvanished.so")
+    scanner._root(gone)
+    assert scanner.stats["unreadable"] == 1 and scanner.stats["elf"] == 0
+    assert scanner.errors == [{"path": gone, "error": enoent_text(gone)}]
+    scanner.explicit.add(gone)
+    with pytest.raises(BadInput) as err:
+        scanner._root(gone)
+    assert str(err.value) == enoent_text(gone)
+    corrupt = str(tree["tree"] / "corrupt.so")
+    scanner.explicit.add(corrupt)
+    with pytest.raises(ELFError):
+        scanner._root(corrupt)
+    assert scanner.stats["unreadable"] == 1 and len(scanner.errors) == 1
+
+
+def test_a_named_corrupt_object_is_bad_input(tree):
+    with pytest.raises(ELFError):
+        Scanner(CheckOptions(targets=[str(tree["tree"] / "corrupt.so")])).run()
+
+
+def test_another_machines_object_is_skipped(tree):
+    scanner = ready()
+    scanner._root(str(tree["tree"] / "arm.so"))
+    assert (scanner.stats["skipped"], scanner.stats["elf"], scanner.errors, scanner.facts) == (1, 0, [], [])
+
+
+def test_config_errors_named_or_found(tree, tmp_path):
+    import yaml
+
+    bad = str(tree["build"] / "bad" / "seedance.yml")
+    try:  # libyaml's own words (PyYAML's pure-Python parser words it otherwise)
+        yaml.compose(open(bad).read(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        text = f"{bad}: line {exc.problem_mark.line + 1} not valid YAML: {exc.problem}"
+    scanner = ready()
+    with pytest.raises(BadInput) as err:
+        scanner._config(bad, explicit=True)
+    assert str(err.value) == text
+    scanner._config(bad, explicit=False)
+    assert scanner.errors == [{"path": bad, "error": text}]
+    assert (scanner.stats["configs"], scanner.stats["unreadable"]) == (0, 0)
+    gone = str(tmp_path / "seedance.yaml")
+    with pytest.raises(BadInput) as err:
+        scanner._config(gone, explicit=True)
+    assert str(err.value) == enoent_text(gone)
+    scanner._config(gone, explicit=False)
+    assert scanner.errors[1:] == [{"path": gone, "error": enoent_text(gone)}]
+    assert (scanner.stats["configs"], scanner.stats["unreadable"]) == (0, 1)
+    good = str(tree["tree"] / "seedance.yaml")
+    scanner._config(good, explicit=True)
+    assert scanner.stats["configs"] == 1 and [f.kind for f in scanner.facts] == ["config_env"]
+    with pytest.raises(BadInput) as err:
+        Scanner(CheckOptions(targets=[bad])).run()
+    assert str(err.value) == text
+
+
+def test_processes_live_and_gone():
+    scanner = ready()
+    views = []
+    scanner.on_process = views.append
+    scanner._process(os.getpid(), explicit=True)
+    assert scanner.stats["processes"] == 1 and [v.pid for v in views] == [os.getpid()]
+    # this interpreter maps libc: the mapped-library facts are this process's
+    assert any(f.kind == "mapped_lib" for f in scanner.facts) or scanner.facts
+    child = subprocess.Popen(["true"])
+    child.wait()
+    with pytest.raises(BadInput) as err:
+        scanner._process(child.pid, explicit=True)
+    assert str(err.value) == f"pid {child.pid}: no such process"
+    scanner._process(child.pid, explicit=False)
+    assert (scanner.stats["vanished"], scanner.stats["processes"]) == (1, 1)
+    report = Scanner(CheckOptions(pids=[os.getpid()])).run()
+    assert (report.stats["processes"], report.stats["processes_vanished"]) == (1, 0)
+    assert report.extra["scope"]["pids"] == [os.getpid()] and report.extra["scope"]["host"] is False
+
+
+def test_gpu_context_from_the_command_line():
+    with pytest.raises(UsageError) as err:
+        scan.gpu_context(CheckOptions(arch="gfx90a"))
+    assert str(err.value) == "--arch: not a GPU architecture: 'gfx90a' (expected e.g. sm_90)"
+    with pytest.raises(UsageError) as err:
+        scan.gpu_context(CheckOptions(driver_version="banana"))
+    assert str(err.value).startswith("--driver-version: ")
+    gpu = scan.gpu_context(CheckOptions(arch="sm_90a", driver_version="550.54.15"))
+    assert gpu.targets == [(90, "a", "sm_90a", "--arch")]
+    assert (gpu.driver_version, gpu.driver_source) == ("550.54.15", "--driver-version")
+
+
+def test_scope_of_a_target_check(tree):
+    report = tree["report"]
+    scope = report.extra["scope"]
+    assert scope == {"host": False, "targets": [str(tree["tree"])], "pids": [], "strict": True,
+                     "gpu_targets": [], "driver_version": scope["driver_version"]}
+    report = Scanner(CheckOptions(targets=[str(tree["libundef.so"])], arch="sm_86", driver_version="560.28.03")).run()
+    assert report.extra["scope"] == {"host": False, "targets": [str(tree["libundef.so"])], "pids": [],
+                                     "strict": False, "gpu_targets": ["sm_86"], "driver_version": "560.28.03"}
+    assert report.command == "check"
+
+
+def test_scope_of_a_host_check(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    scanner = ready(CheckOptions())
+    scope = scanner._scope()
+    assert scope["host"] is True and (scope["targets"], scope["pids"], scope["strict"]) == ([], [], False)
+    assert scope["ld_so_cache"] == "/etc/ld.so.cache"
+    assert scope["config_dirs"] == [str(tmp_path / "cfg" / "seedance"), "/etc/seedance",
+                                    str(tmp_path / "data" / "seedance" / "plugins")]
+    cuda_dirs = scope["cuda_dirs"]
+    assert isinstance(cuda_dirs, list) and all(os.path.isdir(d) for d in cuda_dirs)
+    if os.path.isdir("/usr/local/cuda/lib64"):
+        assert os.path.realpath("/usr/local/cuda/lib64") in {os.path.realpath(d) for d in cuda_dirs}
+    assert isinstance(scope["torch_ext_roots"], list)
+    assert set(scope) == {"host", "targets", "pids", "strict", "gpu_targets", "driver_version", "ld_so_cache",
+                          "cuda_dirs", "config_dirs", "torch_ext_roots"}
+
+
+def test_sniff(tree, tmp_path):
+    t = tree["tree"]
+    assert scan._sniff(str(t / "libundef.so")) == "elf"
+    assert scan._sniff(str(t / "notes.txt")) == "other"
+    assert scan._sniff(str(t / "fifo")) == "other"  # O_NONBLOCK: an empty read, no hang
+    missing = scan._sniff(str(tmp_path / "nope"))
+    assert isinstance(missing, OSError) and missing.errno == errno.ENOENT
+    assert missing.filename == str(tmp_path / "nope")
+    directory = scan._sniff(str(t))
+    assert isinstance(directory, OSError) and directory.errno == errno.EISDIR
+
+
+def test_is_seedance_config(tmp_path):
+    def make(rel, text="a: 1\n"):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return str(path)
+
+    assert scan._is_seedance_config(make("x/agent.yaml"))
+    assert scan._is_seedance_config(make("x/shim.yaml"))
+    assert scan._is_seedance_config(make("x/seedance.yml"))
+    assert not scan._is_seedance_config(make("x/other.yaml"))
+    assert scan._is_seedance_config(make("seedance/other.yaml"))
+    assert not scan._is_seedance_config(make("rules_data/seedance.yaml"))
+    assert not scan._is_seedance_config(make("seedance/rules_data/agent.yaml"))
+    assert not scan._is_seedance_config(make("p/manifest.yaml", "name: x\n"))
+    assert scan._is_seedance_config(make("q/manifest.yaml", "name: x\nseedance_version: 2\n"))
+    assert scan._is_seedance_config(make("r/manifest.yml", "seedance_version: 2\n"))
+    assert scan._is_seedance_config(make("seedance/manifest.yml", "name: x\n"))
+    # the marker past the first 64 KiB is not read
+    assert not scan._is_seedance_config(make("s/manifest.yaml", "#" * (1 << 16) + "\nseedance_version: 1\n"))
+    assert scan._is_seedance_config(make("u/manifest.yaml", "#" * ((1 << 16) - 17) + "\nseedance_version"))
+    (tmp_path / "t" / "manifest.yaml").mkdir(parents=True)  # cannot be read: not ours
+    assert not scan._is_seedance_config(str(tmp_path / "t" / "manifest.yaml"))
+
+
+def test_unique_roots_order_and_choice(tmp_path):
+    for name in ("libb.so.1", "liba.so.1"):
+        (tmp_path / name).write_bytes(name.encode())
+    os.symlink("libb.so.1", tmp_path / "libb.so")
+    os.symlink("liba.so.1", tmp_path / "liba.so")
+    paths = [tmp_path / "libb.so", tmp_path / "libb.so.1", tmp_path / "liba.so", tmp_path / "liba.so.1"]
+    found = [(str(p), os.stat(p)) for p in paths]
+    assert scan._unique_roots(found) == [str(tmp_path / "liba.so.1"), str(tmp_path / "libb.so.1")]
+    # the real file first, then a link: the real file stays
+    assert scan._unique_roots(found[1:2] + found[0:1]) == [str(tmp_path / "libb.so.1")]
+    # two links to one file: the first stays
+    os.symlink("libb.so.1", tmp_path / "libb.so.x")
+    two = [(str(tmp_path / "libb.so.x"), os.stat(tmp_path / "libb.so.x")), found[0]]
+    assert scan._unique_roots(two) == [str(tmp_path / "libb.so.x")]
+    assert scan._unique_roots([]) == []
+
+
+class Recorder:
+    """A progress observer: what the scan reported, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def start(self, total, label=None):
+        self.calls.append(("start", total, label))
+
+    def advance(self, step=1, note=""):
+        self.calls.append(("advance", step, note))
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+def test_run_check_reports_progress_and_closures(tree):
+    sub = tree["tree"] / "sub"
+    progress = Recorder()
+    report = scan.run_check(CheckOptions(targets=[str(sub)]), progress)
+    roots = [str(sub / "libA.so"), str(sub / "libB.so")]
+    assert progress.calls == [("start", 2, "checking"), ("advance", 1, roots[0]), ("advance", 1, roots[1]),
+                              ("finish",)]
+    assert report.stats["elf_objects"] == 2
+    scanner = Scanner(CheckOptions(targets=[str(sub)]))
+    seen = []
+    scanner.on_closure = lambda root, result, runtimes: seen.append((root, result.root, runtimes))
+    scanner.run()
+    assert seen == [(roots[0], roots[0], {}), (roots[1], roots[1], {})]
+    # the _Null progress of a scan without one
+    null = scan._Null()
+    assert (null.start(3), null.advance(), null.finish()) == (None, None, None)
