@@ -614,3 +614,119 @@ def test_run_check_reports_progress_and_closures(tree):
     # the _Null progress of a scan without one
     null = scan._Null()
     assert (null.start(3), null.advance(), null.finish()) == (None, None, None)
+
+
+def test_host_targets(monkeypatch, tmp_path):
+    """The host scope's roots: every ELF file ld.so.cache lists (`ldconfig -p` as the
+    oracle), the CUDA library directories, and the YAML files of the config directories."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    cfg = tmp_path / "cfg" / "seedance"
+    (cfg / "plugins" / "p").mkdir(parents=True)
+    write(cfg / "agent.yaml", "a: 1\n")
+    write(cfg / "plugins" / "p" / "manifest.yml", "b: 2\n")
+    write(cfg / "notes.txt", "c\n")
+    proc = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, errors="replace")
+    if proc.returncode != 0:
+        pytest.skip("ldconfig -p does not run here")
+    listed = sorted({line.rsplit(" => ", 1)[1].strip() for line in proc.stdout.splitlines() if " => " in line})
+    elf = []
+    for path in listed:
+        try:
+            with open(path, "rb") as handle:
+                if handle.read(4) == b"\x7fELF":
+                    elf.append(path)
+        except OSError:
+            pass
+    scanner = ready(CheckOptions())
+    scanner.dir_configs = ["left over from a target walk"]
+    roots, configs = scanner._host_targets()
+    assert scanner.dir_configs == []
+    assert configs == [str(cfg / "agent.yaml"), str(cfg / "plugins" / "p" / "manifest.yml")]
+    paths = [path for path, _st in roots]
+    assert paths[:len(elf)] == elf  # the cache's files first, in its sorted order
+    for path, st in roots[:len(elf)]:
+        assert (st.st_ino, st.st_dev) == (os.stat(path).st_ino, os.stat(path).st_dev)
+    missing = [path for path in listed if not os.path.exists(path)]
+    assert scanner.stats["files"] >= len(listed) and scanner.stats["skipped"] >= len(missing)
+    assert scanner.stats["processes"] >= 1  # this process at least
+
+
+def test_interpreter_for_extension_modules(tmp_path):
+    minor = sys.version_info.minor
+    mine = os.path.realpath(sys.executable)
+    prefix = tmp_path / "env"
+    site = prefix / "lib" / f"python3.{minor}" / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (prefix / "bin").mkdir()
+    shutil.copyfile("/bin/true", prefix / "bin" / f"python3.{minor}")  # an ELF file: the env's interpreter
+    tag = f".cpython-3{minor}-x86_64-linux-gnu.so"
+    assert scan._interpreter_for(str(site / "pkg" / ("m" + tag))) == str(prefix / "bin" / f"python3.{minor}")
+    assert scan._interpreter_for(str(site / "pkg" / "_untagged.so")) == str(prefix / "bin" / f"python3.{minor}")
+    assert scan._interpreter_for(str(site / "pkg" / "sub" / "libhelper.so.1")) == str(
+        prefix / "bin" / f"python3.{minor}")
+    # outside any site-packages: this interpreter for its own minor version, an abi3 module too
+    assert scan._interpreter_for(str(tmp_path / ("m" + tag))) == mine
+    assert scan._interpreter_for(str(tmp_path / "m.abi3.so")) == mine
+    # a minor version no interpreter here has
+    assert scan._interpreter_for(str(tmp_path / "m.cpython-399-x86_64-linux-gnu.so")) is None
+    other = tmp_path / "o" / "lib" / "python3.99" / "site-packages"
+    other.mkdir(parents=True)
+    (tmp_path / "o" / "bin").mkdir()
+    os.symlink("/bin/true", tmp_path / "o" / "bin" / "python3.99")  # the link is resolved
+    assert scan._interpreter_for(str(other / "m.cpython-399-x86_64-linux-gnu.so")) == os.path.realpath("/bin/true")
+    assert scan._interpreter_for(str(other / "x" / "_plain.so")) == os.path.realpath("/bin/true")
+    # an interpreter that is not an ELF file is passed over
+    text = tmp_path / "t" / "lib" / f"python3.{minor}" / "site-packages"
+    text.mkdir(parents=True)
+    (tmp_path / "t" / "bin").mkdir()
+    write(tmp_path / "t" / "bin" / f"python3.{minor}", "#!/bin/sh\n")
+    assert scan._interpreter_for(str(text / ("m" + tag))) == mine
+    # a site-packages whose path names no python3.X: this interpreter's minor version
+    bare = tmp_path / "b" / "x" / "y" / "site-packages"
+    bare.mkdir(parents=True)
+    (tmp_path / "b" / "bin").mkdir()
+    shutil.copyfile("/bin/true", tmp_path / "b" / "bin" / f"python3.{minor}")
+    assert scan._interpreter_for(str(bare / "z.so")) == str(tmp_path / "b" / "bin" / f"python3.{minor}")
+    # not an extension module at all
+    assert scan._interpreter_for(str(tmp_path / "libplain.so")) is None
+    assert scan._interpreter_for(str(tmp_path / "auto" / "Mod" / "Mod.txt")) is None
+    perl = next((p for p in ("/usr/bin/perl", "/usr/local/bin/perl") if os.path.isfile(p)), None)
+    expected = os.path.realpath(perl) if perl else None
+    assert scan._interpreter_for(str(tmp_path / "auto" / "Mod" / "Mod.so")) == expected
+
+
+@pytest.fixture(scope="module")
+def isa_lib(tmp_path_factory):
+    root = tmp_path_factory.mktemp("isa")
+    write(root / "v4.c", "int v4(void){return 4;}\n")
+    cc("-shared", "-fPIC", root / "v4.c", "-o", root / "libv4.so", "-Wl,-z,x86-64-v4")
+    out = subprocess.run(["readelf", "-n", str(root / "libv4.so")], capture_output=True, text=True, errors="replace")
+    if "x86 ISA needed: x86-64-v4" not in out.stdout:
+        pytest.skip("this linker does not mark an x86-64-v4 ISA level")
+    return root / "libv4.so"
+
+
+def test_an_object_needing_an_isa_level_this_cpu_lacks(isa_lib):
+    levels = ld_so_hwcaps_levels()
+    if not levels or "supported" in levels.get("x86-64-v4", ()):
+        pytest.skip("this CPU runs x86-64-v4 code, or ld.so --help lists no levels")
+    py = subprocess.run([sys.executable, "-c", "import ctypes, os, sys\ntry:\n    ctypes.CDLL(sys.argv[1])\n"
+                         "except OSError as e:\n    print(e)\n", str(isa_lib)], capture_output=True, text=True)
+    assert "CPU ISA level is lower than required" in py.stdout  # ld.so refuses it
+    supported = [level for level in ("x86-64-v2", "x86-64-v3", "x86-64-v4") if "supported" in levels.get(level, ())]
+    scanner = Scanner(CheckOptions(targets=[str(isa_lib), str(isa_lib.parent)]))
+    scanner.run()
+    facts = facts_of(scanner, "cpu_isa")
+    assert len(facts) == 1 and facts[0].subject == {"path": str(isa_lib)}
+    assert facts[0].data == {"needed": ["x86-64-v4"], "highest_needed": "x86-64-v4",
+                             "cpu_levels": supported or ["baseline"], "cpu_highest": (supported or ["baseline"])[-1],
+                             "lacking": ["x86-64-v4"], "loaded_by": str(isa_lib),
+                             "loader_message": "CPU ISA level is lower than required"}
+    assert facts[0].source == "collect.scan"
+    # objects without a marking (libc) give no fact; the same object again is not read again
+    scanner._isa_cpu = None
+    from seedance.resolve import Resolver
+    result = Resolver(env={}).closure(str(isa_lib))
+    assert scanner._isa_facts(str(isa_lib), result) == []
+    assert len(scanner._isa_seen) >= 1
