@@ -730,3 +730,85 @@ def test_an_object_needing_an_isa_level_this_cpu_lacks(isa_lib):
     result = Resolver(env={}).closure(str(isa_lib))
     assert scanner._isa_facts(str(isa_lib), result) == []
     assert len(scanner._isa_seen) >= 1
+
+
+def dpkg_owner(path) -> str | None:
+    proc = subprocess.run(["dpkg-query", "-S", str(path)], capture_output=True, text=True, errors="replace")
+    if proc.returncode != 0 or ":" not in proc.stdout:
+        return None
+    return proc.stdout.split(":", 1)[0].split(",")[0].strip()
+
+
+def test_a_private_library_of_a_debian_program():
+    """systemd's libsystemd-core NEEDs libsystemd-shared, which only systemd's own DT_RUNPATH
+    finds: dpkg says who ships and who loads it, ld.so how the program finds it."""
+    from elftools.elf.elffile import ELFFile
+
+    cores = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/systemd/libsystemd-core-*.so"))
+    if not cores or shutil.which("dpkg-query") is None:
+        pytest.skip("no Debian systemd here")
+    core = cores[0]
+    shared_name = os.path.basename(core).replace("core", "shared")
+    shared = os.path.join(os.path.dirname(core), shared_name)
+    package = dpkg_owner(core)
+    if package is None or not os.path.exists(shared):
+        pytest.skip("libsystemd-core is not a dpkg-owned file here")
+    scanner = Scanner(CheckOptions(targets=[core]))
+    scanner.run()
+    [fact] = [f for f in facts_of(scanner, "needed", core) if f.data["name"] == shared_name]
+    loader = fact.data["loader"]
+    assert fact.data["context"] == "private" and not fact.data["resolved"]
+    # the program: a file of a package depending on the library's, that NEEDs libsystemd-core
+    # and whose DT_RUNPATH holds libsystemd-shared
+    with open(loader, "rb") as handle:
+        dynamic = ELFFile(handle).get_section_by_name(".dynamic")
+        tags = [(t.entry.d_tag, getattr(t, "needed", None) or getattr(t, "runpath", None)) for t in dynamic.iter_tags()]
+    assert ("DT_NEEDED", os.path.basename(core)) in tags
+    assert ("DT_RUNPATH", os.path.dirname(shared)) in tags
+    owner = dpkg_owner(loader)
+    assert owner is not None
+    # ld.so in trace mode: the program loads libsystemd-shared itself, and the copy it loaded
+    # serves libsystemd-core's NEEDED (looked for once)
+    trace = subprocess.run([loader], capture_output=True, env={"LD_TRACE_LOADED_OBJECTS": "1", "LD_DEBUG": "files",
+                                                               "PATH": "/usr/bin:/bin"}, timeout=60)
+    debug = trace.stderr.decode("utf-8", "replace")
+    assert f"file={shared_name} [0];  needed by {loader} [0]" in debug
+    assert debug.count(f"file={shared_name} [0];  needed by") == 1
+    assert fact.data["reason"] == (f"{core} is a private library of {loader} (package {owner}), which finds "
+                                   f"{shared_name} at {shared} through the copy it loads itself")
+    assert scanner._private[(core, shared_name)] == (loader, fact.data["reason"])
+    assert scanner._private_loader(core, shared_name) == (loader, fact.data["reason"])  # remembered
+
+
+def test_no_private_loader_outside_dpkg(tree, tmp_path):
+    scanner = ready()
+    broken = str(tree["libbroken.so"])
+    assert dpkg_owner(broken) is None
+    assert scanner._private_loader(broken, "libgone.so.1") is None
+    assert scanner._private == {(broken, "libgone.so.1"): None}
+    assert scanner._private_loader(str(tmp_path / "nope.so"), "x.so") is None
+
+
+@pytest.fixture(scope="module")
+def cuda_user(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cudauser")
+    write(root / "c.c", "int cuInit(unsigned f){return 0;}\n")
+    cc("-shared", "-fPIC", root / "c.c", "-o", root / "libcuda.so.1", "-Wl,-soname,libcuda.so.1")
+    write(root / "u.c", "int cuInit(unsigned);\nint u(void){return cuInit(0);}\n")
+    (root / "tree").mkdir()
+    cc("-shared", "-fPIC", root / "u.c", "-o", root / "tree" / "libcudauser.so", f"-L{root}", "-l:libcuda.so.1")
+    (root / "libcuda.so.1").unlink()
+    return root / "tree" / "libcudauser.so"
+
+
+def test_a_driver_library_on_a_host_without_the_driver(cuda_user):
+    cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, errors="replace").stdout
+    if "libcuda.so.1 " in cache or any(os.path.exists(os.path.join(d, "libcuda.so.1")) for d in (
+            "/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/wsl/lib")):
+        pytest.skip("this host has the NVIDIA driver")
+    scanner = Scanner(CheckOptions(targets=[str(cuda_user)]))
+    scanner.run()
+    [fact] = [f for f in facts_of(scanner, "needed", cuda_user) if f.data["name"] == "libcuda.so.1"]
+    assert fact.data["context"] == "no-driver" and fact.data["resolved"] is False
+    assert fact.data["reason"].startswith("libcuda.so.1 is installed by the NVIDIA driver")
+    assert (fact.data["installed_at"], fact.data["where"], fact.data["loader"]) == ([], "", "")
