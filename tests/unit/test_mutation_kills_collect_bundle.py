@@ -526,3 +526,566 @@ def test_host_and_ldso_members_are_the_hosts_files(captured):
     assert [n for n in c.held if n.startswith("ldso/")] == ["ldso" + p for p in wanted]
     for path in wanted:
         assert c.held["ldso" + path] == Path(path).read_bytes()
+
+
+# --- replay, in process ---------------------------------------------------------------------
+def _by_kind(facts) -> dict:
+    counts: dict = {}
+    for fact in facts:
+        counts[fact["kind"]] = counts.get(fact["kind"], 0) + 1
+    return counts
+
+
+def _key(finding) -> tuple:
+    evidence = {k: v for k, v in finding["evidence"].items() if k != "needed_live_data"}
+    return (finding["rule"], json.dumps(finding["subject"], sort_keys=True), finding["message"], finding["fix"],
+            json.dumps(evidence, sort_keys=True))
+
+
+def test_replay_without_options_is_the_captured_report(captured):
+    c = captured
+    report = bundle.replay(str(c.plain_path)).to_dict()
+    written = _json(c.plain_held["report.json"])
+    manifest = _json(c.plain_held["manifest.json"])
+    facts = _json(c.plain_held["facts.json"])
+    gpu = {k: v for k, v in _json(c.plain_held["runtime.json"])["gpu"].items() if k != "target_tuples"}
+    assert report["command"] == "check" and report["schema"] == written["schema"]
+    # the same rules on the same facts; the one finding that quoted a secret is judged on the
+    # redacted text (its URL password is not in the bundle), so it is compared by its rule only
+    quoted = [f for f in written["findings"] if "<redacted>" in json.dumps(f)]
+    assert [f["rule"] for f in quoted] == ["env-leak"]
+    assert [f for f in report["findings"] if f not in quoted and f["rule"] != "env-leak"] == \
+        [f for f in written["findings"] if f not in quoted]
+    assert [f["rule"] for f in report["findings"]] == [f["rule"] for f in written["findings"]]
+    assert report["host"] == {**written["host"], "gpu": {**gpu, "nvml_error": None}}
+    stats = {k: v for k, v in written["stats"].items() if k != "duration_s"}
+    assert "duration_s" in written["stats"] and "duration_s" not in report["stats"]
+    assert report["stats"] == {**stats, "facts": len(facts), "facts_by_kind": dict(sorted(_by_kind(facts).items())),
+                               "errors": []}
+    assert list(report["stats"]["facts_by_kind"]) == sorted(report["stats"]["facts_by_kind"])
+    assert report["scope"] == written["scope"] and report["scope"]["targets"] == [str(c.tree)]
+    assert report["replay"] == {"bundle": str(c.plain_path), "captured": manifest["created"],
+                                "captured_on": socket.gethostname(), "rederived": [], "gpu_targets": [],
+                                "driver_version": None}
+
+
+@pytest.mark.parametrize("arch, driver", [("sm_90", "470.82.01"), ("sm_86", None), (None, "580.65.06"),
+                                          ("sm_80", "12.4")])
+def test_replay_for_another_gpu_or_driver_matches_a_live_check(captured, monkeypatch, arch, driver):
+    from seedance.collect.scan import CheckOptions, run_check
+
+    c = captured
+    # the compat driver stays on the loader path, for the live check and the replay alike
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(c.tmp / "cuda-12.8" / "compat"))
+    manifest = _json(c.held["manifest.json"])
+    report = bundle.replay(str(c.path), arch=arch, driver_version=driver).to_dict()
+    live = run_check(CheckOptions(targets=[str(c.tree)], arch=arch or "sm_90",
+                                  driver_version=driver or "535.104.05")).to_dict()
+    replayed = [f for f in report["findings"] if "pid" not in f["subject"] and f["rule"] != "env-leak"]
+    assert sorted(map(_key, replayed)) == sorted(map(_key, [f for f in live["findings"] if f["rule"] != "env-leak"]))
+    assert [f["rule"] for f in report["findings"]].count("env-leak") == 1  # the redacted preload (see above)
+    for finding in report["findings"]:
+        if "pid" in finding["subject"]:  # a process is as it was captured
+            assert finding["evidence"]["needed_live_data"] == f"process state as captured at {manifest['created']}"
+        else:  # the tree is here, same files: nothing rested on data the bundle lacks
+            assert "needed_live_data" not in finding["evidence"], finding
+    assert [f["rule"] for f in report["findings"] if "pid" in f["subject"]] == ["lib-deleted"]
+    assert report["replay"]["rederived"] == ["fatbin", "fatbin_ptx", "cuda_driver"]  # docs/bundle.md
+    assert report["replay"]["gpu_targets"] == [arch or "sm_90"]
+    assert report["replay"]["driver_version"] == (driver or "535.104.05")
+    gpu = report["host"]["gpu"]
+    assert gpu["driver_version"] == (driver or "535.104.05") and gpu["targets"] == [arch or "sm_90"]
+    assert gpu["driver_source"] == "--driver-version"
+    kinds = _by_kind(json.loads(json.dumps([{"kind": f} for f in report["stats"]["facts_by_kind"]
+                                            for _ in range(report["stats"]["facts_by_kind"][f])])))
+    assert sum(kinds.values()) == report["stats"]["facts"]
+    live_kinds = live["stats"]["facts_by_kind"]
+    for kind in ("fatbin", "fatbin_ptx", "cuda_driver"):  # derived again, as many as live
+        assert report["stats"]["facts_by_kind"].get(kind) == live_kinds.get(kind), kind
+    if c.nvcc and c.cu12 is not None and driver == "470.82.01":
+        # the 12.x runtime passes on the compat driver (570); the static 13.x ones do not
+        too_old = {f["subject"]["path"] for f in report["findings"] if f["rule"] == "cuda-driver-too-old"}
+        assert too_old == {str(c.tree / "libk.so"), str(c.tree / "probe")}
+
+
+@needs_nvcc
+def test_replay_without_the_files_says_the_kernels_were_not_read(captured):
+    c = captured
+    away = c.tmp / "tree-away"
+    os.rename(c.tree, away)
+    try:
+        report = bundle.replay(str(c.path), arch="sm_90", driver_version="470.82.01").to_dict()
+        # the same path, another file: not the file captured either
+        c.tree.mkdir()
+        shutil.copyfile(away / "probe", c.tree / "libk.so")
+        other = bundle.replay(str(c.path), arch="sm_90", driver_version="470.82.01").to_dict()
+    finally:
+        shutil.rmtree(c.tree, ignore_errors=True)
+        os.rename(away, c.tree)
+    here = bundle.replay(str(c.path), arch="sm_90", driver_version="470.82.01").to_dict()
+    libk = str(c.tree / "libk.so")
+    gpu_rules = [f for f in report["findings"] if f["rule"].startswith(("cuda-arch", "cuda-ptx"))]
+    assert gpu_rules and {f["subject"]["path"] for f in gpu_rules} <= {libk, str(c.tree / "probe")}
+    for finding in gpu_rules:
+        assert finding["evidence"]["needed_live_data"] == \
+            "kernel images are not in the bundle: modules were judged as holding kernels"
+    other_libk = [f for f in other["findings"] if f["rule"].startswith(("cuda-arch", "cuda-ptx"))
+                  and f["subject"]["path"] == libk]
+    assert other_libk
+    for finding in other_libk:
+        assert "needed_live_data" not in finding["evidence"]  # a file is there (not the same one)
+    here_ptx = [f for f in here["findings"] if f["rule"].startswith(("cuda-arch", "cuda-ptx"))]
+    assert here_ptx and all("needed_live_data" not in f["evidence"] for f in here_ptx)
+    # the kernel named in the source is read from the images only where the very file is
+    assert any("_Z1kPi" in json.dumps(f["evidence"]) for f in here_ptx)
+    assert not any("_Z1kPi" in json.dumps(f["evidence"]) for f in gpu_rules)
+    assert not any("_Z1kPi" in json.dumps(f["evidence"]) for f in other["findings"])
+
+
+# --- read_bundle on archives built here -----------------------------------------------------
+def _tar(entries: list) -> bytes:
+    """A tar of (name, bytes or None for a directory, size claimed or None)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, body, claimed in entries:
+            info = tarfile.TarInfo(name)
+            if body is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+                continue
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+            if claimed is not None:  # rewrite the size field of this header (ustar: octal, offset 124)
+                raw = out.getvalue()
+                header = len(raw) - 512 * ((len(body) + 511) // 512) - 512
+                field = f"{claimed:011o}\0".encode()
+                data = bytearray(raw)
+                data[header + 124:header + 136] = field
+                data[header + 148:header + 156] = b"        "
+                data[header + 148:header + 155] = f"{sum(data[header:header + 512]):06o}\0".encode()
+                out = io.BytesIO(bytes(data))
+                out.seek(0, 2)
+                tar.fileobj = out
+    return out.getvalue()
+
+
+def _good_members(**override) -> list:
+    docs = {"manifest.json": {"schema": SCHEMA_NAME, "created": "2026-01-02T03:04:05Z", "host": "elsewhere"},
+            "facts.json": [], "report.json": {"host": {"hostname": "elsewhere"}}, "runtime.json": {}}
+    docs.update(override)
+    return [(name, json.dumps(doc).encode(), None) for name, doc in docs.items() if doc is not None]
+
+
+def _write(tmp_path, name, data: bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+def _refused(path) -> str:
+    from seedance.errors import BadInput
+
+    with pytest.raises(BadInput) as caught:
+        bundle.read_bundle(path)
+    text = str(caught.value)
+    assert "\n" not in text
+    return text
+
+
+def test_read_bundle_reads_plain_zstd_and_gzip_and_refuses_what_is_not_one(tmp_path):
+    import zstandard
+
+    tar = _tar([("notes/readme.txt", b"evidence for people", None), ("facts.json", None, None), *_good_members()])
+    for name, data in (("plain.tar.zst", zstandard.ZstdCompressor().compress(tar)),  # no skippable frame first
+                       ("b.tar.gz", gzip.compress(tar))):
+        path = _write(tmp_path, name, data)
+        found = bundle.read_bundle(path)
+        assert found == bundle.Bundle(path=path, manifest=json.loads(_good_members()[0][1]), facts=[],
+                                      report={"host": {"hostname": "elsewhere"}}, runtime={})
+    path = _write(tmp_path, "raw.tar", tar)
+    assert _refused(path) == f"{path}: not a seedance bundle (neither zstd nor gzip)"
+    absent = str(tmp_path / "absent.tar.zst")
+    assert _refused(absent) == f"{absent}: {os.strerror(2).lower()}"
+
+
+def test_read_bundle_says_what_is_missing_or_wrong(tmp_path):
+    cases = {
+        "missing": (_tar(_good_members(**{"facts.json": None, "runtime.json": None})),
+                    "not a complete seedance bundle (missing facts.json, runtime.json)"),
+        "schema": (_tar(_good_members(**{"manifest.json": {"schema": "seedance.bundle/v0"}})),
+                   f"not a seedance bundle (manifest schema is not {SCHEMA_NAME})"),
+        "manifest-list": (_tar(_good_members(**{"manifest.json": [SCHEMA_NAME]})),
+                          f"not a seedance bundle (manifest schema is not {SCHEMA_NAME})"),
+        "facts-shape": (_tar(_good_members(**{"facts.json": {"kind": "needed"}})),
+                        "damaged bundle: facts.json or runtime.json has the wrong shape"),
+        "runtime-shape": (_tar(_good_members(**{"runtime.json": []})),
+                          "damaged bundle: facts.json or runtime.json has the wrong shape"),
+        "huge": (_tar([("facts.json", b"[]", (512 << 20) + 1)]),
+                 "member facts.json is larger than 512 MiB; refusing it"),
+    }
+    for name, (tar, why) in cases.items():
+        path = _write(tmp_path, f"{name}.tar.gz", gzip.compress(tar))
+        assert _refused(path) == f"{path}: {why}", name
+    # exactly the cap is not refused for its size (it is then cut short: damaged)
+    path = _write(tmp_path, "cap.tar.gz", gzip.compress(_tar([("facts.json", b"[]", 512 << 20)])))
+    assert _refused(path).startswith(f"{path}: damaged bundle: ")
+    bad = b'{"schema": '
+    try:
+        json.loads(bad)
+    except ValueError as exc:
+        why = str(exc).splitlines()[0]
+    path = _write(tmp_path, "json.tar.gz", gzip.compress(_tar([("manifest.json", bad, None)])))
+    assert _refused(path) == f"{path}: damaged bundle: {why}"
+    path = _write(tmp_path, "cut.tar.gz", gzip.compress(_tar(_good_members()))[:-30])
+    assert _refused(path).startswith(f"{path}: damaged bundle: ")
+
+
+def test_replay_refuses_damaged_facts_and_runtime(tmp_path):
+    from seedance.errors import BadInput, UsageError
+
+    def replayed(name, **override):
+        path = _write(tmp_path, f"{name}.tar.gz", gzip.compress(_tar(_good_members(**override))))
+        return path
+
+    path = replayed("fact", **{"facts.json": [{"kind": "needed", "data": {}}]})
+    with pytest.raises(BadInput) as caught:
+        bundle.replay(path)
+    assert str(caught.value) == f"{path}: damaged bundle: a fact without kind, subject or data"
+    path = replayed("closures", **{"runtime.json": {"closures": [{"runtimes": {"/x.so": 5}}]}})
+    assert bundle.replay(path).to_dict()["replay"]["rederived"] == []  # not read without a driver
+    with pytest.raises(BadInput) as caught:
+        bundle.replay(path, driver_version="550")
+    assert str(caught.value).startswith(f"{path}: damaged bundle: runtime.json: TypeError: ")
+    path = replayed("entry", **{"runtime.json": {"fatbins": {"entries": {"/x.so": [{"colour": "red"}]}}}})
+    with pytest.raises(BadInput) as caught:
+        bundle.replay(path, arch="sm_90")
+    assert str(caught.value) == "damaged bundle: a fatbin entry of unknown shape"
+    path = replayed("ok")
+    with pytest.raises(UsageError) as caught:
+        bundle.replay(path, driver_version="12.x")
+    assert str(caught.value) == "--driver-version: not a driver version: '12.x' (expected e.g. 550.54.15)"
+    with pytest.raises(UsageError) as caught:
+        bundle.replay(path, arch="sm_x")
+    assert str(caught.value).startswith("--arch: ") and "sm_x" in str(caught.value)
+    # a captured GPU context fills what is not given; one of another shape is left out
+    path = replayed("gpu", **{"runtime.json": {"gpu": {"driver_version": "550.54.15", "driver_source": "nvml",
+                                                       "devices": [{"index": 0, "name": "H100", "arch": "sm_90"}],
+                                                       "nvml": True, "target_tuples": [[90, "", "sm_90", "nvml"],
+                                                                                       [80, "sm_80"]]}}})
+    report = bundle.replay(path).to_dict()
+    assert report["host"] == {"hostname": "elsewhere", "gpu": {
+        "nvml": True, "nvml_error": None, "driver_version": "550.54.15", "driver_source": "nvml",
+        "devices": [{"index": 0, "name": "H100", "arch": "sm_90"}], "targets": ["sm_90"]}}
+    assert report["replay"]["gpu_targets"] == ["sm_90"] and report["replay"]["driver_version"] == "550.54.15"
+    assert report["replay"]["captured"] == "2026-01-02T03:04:05Z" and report["replay"]["captured_on"] == "elsewhere"
+    report = bundle.replay(path, driver_version="580").to_dict()
+    assert report["host"]["gpu"]["driver_source"] == "--driver-version"
+    assert report["replay"]["rederived"] == ["fatbin", "fatbin_ptx", "cuda_driver"]
+
+
+def test_bundle_names_say_how_they_are_compressed():
+    from seedance.errors import UsageError
+
+    for name in ("a.tar.zst", "a.tar.gz", "a.tgz"):
+        assert bundle.check_name(name) is None
+    for name, why in (("-", "--bundle: give a file name ending in .tar.zst or .tar.gz"),
+                      ("a.zip", "--bundle: a.zip: name it .tar.zst or .tar.gz"),
+                      ("a.zst", "--bundle: a.zst: name it .tar.zst or .tar.gz")):
+        with pytest.raises(UsageError) as caught:
+            bundle.check_name(name)
+        assert str(caught.value) == why
+
+
+# --- cuda.py ----------------------------------------------------------------------------------
+def vt(text: str) -> tuple:
+    return tuple(int(p) for p in text.split("."))
+
+
+def nvidia_meets(driver: str, major: int) -> bool:
+    """NVIDIA's rule, written here: a driver version meets a floor at or above it; a branch
+    at its newest release meets the floors of its branch and older; a driver for CUDA X.Y
+    (minor-version compatibility) runs every runtime of majors <= X."""
+    parts = vt(driver)
+    if parts[0] < 100:
+        return parts[0] >= major
+    if len(parts) == 1:
+        return parts[0] >= vt(NVIDIA_FLOORS[major])[0]
+    return parts >= vt(NVIDIA_FLOORS[major])
+
+
+def nvidia_cuda_of(driver: str) -> tuple | None:
+    parts = vt(driver)
+    if parts[0] < 100:
+        return (parts[0], parts[1] if len(parts) > 1 else 0)
+    known = [cuda for branch, cuda in sorted(NVIDIA_BRANCH_CUDA.items()) if branch <= parts[0]]
+    return known[-1] if known else None
+
+
+@pytest.mark.parametrize("driver, kind", [
+    ("535.104.05", "driver"), ("418.87", "driver"), ("300.1", "driver"), ("580.65.06", "driver"),
+    ("470", "branch"), ("590", "branch"), ("12.4", "cuda"), ("13", "cuda"), ("11.8.0", "cuda"), (" 550.54.15 ", "driver"),
+])
+@pytest.mark.parametrize("major", [10, 11, 12, 13])
+@pytest.mark.parametrize("linkage", ["shared", "static"])
+def test_driver_fact_holds_every_field_from_nvidias_table(driver, kind, major, linkage):
+    fact = cuda.driver_fact("/app/x.so", "/rt/libcudart.so", major, driver, "--driver-version", linkage=linkage,
+                            compat=None, extra={"static_marker": "m"})
+    text = driver.strip()
+    ok = nvidia_meets(text, major)
+    fits = [m for m in NVIDIA_FLOORS if nvidia_meets(text, m)]
+    best = max(fits) if fits else None
+    version = nvidia_cuda_of(text)
+    cuda_text = f"CUDA {version[0]}.{version[1]}" if version else "CUDA < 10.0"
+    desc = {"driver": f"driver {text} ({cuda_text})", "branch": f"driver branch {text} ({cuda_text})",
+            "cuda": f"a driver for {cuda_text}"}[kind]
+    fix = (f"seedance fix cuda-mismatch --auto-relink --runtime {best} /app/x.so"
+           if best is not None and best >= 11 and linkage == "shared"
+           else f"install an NVIDIA driver >= {NVIDIA_FLOORS[major]} (or the cuda-compat package for CUDA {major}.x)")
+    assert fact.kind == "cuda_driver" and fact.subject == {"path": "/app/x.so"} and fact.source == "collect.cuda"
+    assert fact.data == {"runtime_major": major, "runtime_path": "/rt/libcudart.so",
+                         "required_driver": NVIDIA_FLOORS[major], "driver_version": text, "driver_desc": desc,
+                         "driver_kind": kind, "driver_source": "--driver-version", "driver_ok": ok,
+                         "driver_max_major": best, "linkage": linkage, "compat": None, "fix": fix,
+                         "static_marker": "m"}
+    assert cuda.driver_max_major(text) == best
+    spec = cuda.parse_driver_version(driver)
+    assert (spec.text, spec.kind, spec.cuda) == (text, kind, version)
+    assert spec.version == (() if kind == "cuda" else vt(text))
+    assert spec.describe() == desc and spec.meets(NVIDIA_FLOORS[major]) is ok
+
+
+def test_driver_fact_defaults_compat_and_future_majors(tmp_path, monkeypatch):
+    monkeypatch.setenv("LD_LIBRARY_PATH", "")
+    fact = cuda.driver_fact("/x.so", "/rt", 12, "470.82.01", "nvml")
+    assert fact.data["linkage"] == "shared" and fact.data["compat"] is None and fact.data["driver_ok"] is False
+    assert set(fact.data) == {"runtime_major", "runtime_path", "required_driver", "driver_version", "driver_desc",
+                              "driver_kind", "driver_source", "driver_ok", "driver_max_major", "linkage",
+                              "compat", "fix"}
+    compat = tmp_path / "compat"
+    compat.mkdir()
+    (compat / "libcuda.so.525.60.13").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path}::{compat}/")
+    # exactly the floor is enough (">="); the compat driver only helps a driver that fails
+    fact = cuda.driver_fact("/x.so", "/rt", 12, "470.82.01", "nvml")
+    assert fact.data["compat"] == "525.60.13" and fact.data["driver_ok"] is True
+    assert cuda.driver_fact("/x.so", "/rt", 13, "470.82.01", "nvml").data["driver_ok"] is False
+    assert cuda.driver_fact("/x.so", "/rt", 11, "470.82.01", "nvml", compat="400.1").data["driver_ok"] is True
+    for major in (9, 14, 99):  # no row in NVIDIA's table: nothing said
+        assert cuda.driver_fact("/x.so", "/rt", major, "580.65.06", "nvml") is None
+    spec = cuda.parse_driver_version("550.54.15")
+    assert cuda.driver_fact("/x.so", "/rt", 12, spec, "nvml", compat=None).data["driver_version"] == "550.54.15"
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("12.4.1.1", "not a CUDA version: '12.4.1.1' (expected e.g. 12.4)"),
+    ("550.54.15.1", "not a driver version: '550.54.15.1' (expected e.g. 550.54.15)"),
+    ("9.2", "CUDA 9.2 is older than any driver seedance knows (10.0)"),
+    ("5x5", "not a driver version: '5x5' (expected e.g. 550.54.15)"),
+    ("", "not a driver version: '' (expected e.g. 550.54.15)"),
+    ("550.", "not a driver version: '550.' (expected e.g. 550.54.15)"),
+])
+def test_bad_driver_versions_say_why(bad, why):
+    with pytest.raises(ValueError) as caught:
+        cuda.parse_driver_version(bad)
+    assert str(caught.value) == why
+
+
+def test_driver_versions_at_the_edges_of_the_forms():
+    assert cuda.parse_driver_version("99.1").kind == "cuda" and cuda.parse_driver_version("100").kind == "branch"
+    assert cuda.parse_driver_version("10.0").cuda == (10, 0) and cuda.parse_driver_version("10").cuda == (10, 0)
+    assert cuda.parse_driver_version("12.4.1").cuda == (12, 4)
+    assert cuda.parse_driver_version("100.1.2").version == (100, 1, 2)
+    assert cuda.parse_driver_version("410").cuda == (10, 0) and cuda.parse_driver_version("409").cuda is None
+    assert cuda.version_tuple(" 1.20.3 ") == (1, 20, 3)
+
+
+def test_runtime_major_reads_soname_then_versions_then_name(tmp_path):
+    assert cuda.runtime_major("/x/libcudart.so.13.0.48") == 13
+    assert cuda.runtime_major("/x/libfoo.so.12") is None and cuda.runtime_major("/x/libcudart.so") is None
+    assert not cuda.is_cudart("/x/libfoo.so") and cuda.is_cudart("/x/libcudart.so")
+    for major in (11, 12):
+        lib = wheel_cudart(major)
+        if lib is None:
+            continue
+        from seedance.elf.reader import read_elf
+
+        renamed = tmp_path / "libwhatever.so"
+        shutil.copyfile(lib, renamed)
+        info = read_elf(str(renamed))
+        # the wheel's own SONAME (pyelftools) is the oracle for the major
+        from elftools.elf.elffile import ELFFile
+
+        with open(renamed, "rb") as handle:
+            soname = next(t.soname for t in ELFFile(handle).get_section_by_name(".dynamic").iter_tags()
+                          if t.entry.d_tag == "DT_SONAME")
+        assert int(soname.split(".")[2]) == major
+        assert cuda.is_cudart(str(renamed), info) and not cuda.is_cudart(str(renamed))
+        assert cuda.runtime_major(str(renamed), info) == major
+        assert cuda.static_runtime(str(renamed), info) is None  # the shared runtime itself
+
+
+def test_compat_driver_on_ld_library_path(tmp_path, monkeypatch):
+    first, second = tmp_path / "a" / "compat", tmp_path / "b" / "compat"
+    for directory, names in ((first, ["libcuda.so.570.9", "libcuda.so.1", "libcudadebugger.so.1"]),
+                             (second, ["libcuda.so.570.124.06", "libcuda.so.575.51.03.1"])):
+        directory.mkdir(parents=True)
+        for name in names:
+            (directory / name).write_bytes(b"")
+    # the first compat directory searched wins; within it the newest version (570.124 > 570.9)
+    assert cuda.compat_driver({"LD_LIBRARY_PATH": f"{tmp_path}/none/compat::{second}/:{first}"}) == "570.124.06"
+    assert cuda.compat_driver({"LD_LIBRARY_PATH": f"{first}:{second}"}) == "570.9"
+    (first / "libcuda.so.580.65.06").write_bytes(b"")
+    assert cuda.compat_driver({"LD_LIBRARY_PATH": str(first)}) == "580.65.06"
+    assert cuda.compat_driver({"LD_LIBRARY_PATH": str(tmp_path / "a")}) is None  # not a compat directory
+    assert cuda.compat_driver({}) is None
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(second))
+    assert cuda.compat_driver() == "570.124.06"
+
+
+def test_nvml_absent_and_present_as_the_loader_would_see_it(tmp_path, monkeypatch):
+    """Where libnvidia-ml.so.1 is (ldconfig -p, the default directories) decides; a file
+    of that name that does not load is NVML's own error, in pynvml's words."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", "")
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    listed = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, errors="replace").stdout
+    present = " libnvidia-ml.so.1 " in listed or any(
+        os.path.exists(os.path.join(d, "libnvidia-ml.so.1"))
+        for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"))
+    assert cuda.nvml_library_present() is present
+    if present:
+        pytest.skip("this host has NVML")
+    gpu = cuda.probe_nvml()
+    assert gpu == cuda.GpuInfo(nvml_error="NVML library (libnvidia-ml.so.1) not found")
+    assert gpu.to_dict() == {"nvml": False, "nvml_error": "NVML library (libnvidia-ml.so.1) not found",
+                             "driver_version": None, "driver_source": None, "devices": [], "targets": []}
+    broken = tmp_path / "nvml"
+    broken.mkdir()
+    (broken / "libnvidia-ml.so.1").write_bytes(b"not a library")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path}:{broken}")
+    assert cuda.nvml_library_present() is True
+    pynvml = pytest.importorskip("pynvml")
+    gpu = cuda.probe_nvml()
+    assert gpu.nvml is False and gpu.driver_version is None and gpu.targets == []
+    assert gpu.nvml_error == str(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+
+
+def test_gpu_info_to_dict():
+    gpu = cuda.GpuInfo(driver_version="550.54.15", driver_source="nvml",
+                       targets=[(90, "", "sm_90", "nvml"), (100, "a", "sm_100a", "--arch")],
+                       devices=[{"index": 0, "name": "H100", "arch": "sm_90"}], nvml=True)
+    assert gpu.to_dict() == {"nvml": True, "nvml_error": None, "driver_version": "550.54.15",
+                             "driver_source": "nvml", "devices": [{"index": 0, "name": "H100", "arch": "sm_90"}],
+                             "targets": ["sm_90", "sm_100a"]}
+
+
+# --- a statically linked runtime: nvcc builds ------------------------------------------------
+@pytest.fixture(scope="module")
+def static_builds(tmp_path_factory):
+    if NVCC is None or GCC is None:
+        pytest.skip("nvcc (CUDA toolkit) not installed")
+    tmp = tmp_path_factory.mktemp("static")
+    builds = {
+        "plain": nvcc_build(PROBE, [], tmp / "plain"),
+        # only compressed PTX: the toolkit strings are inside the images; the PTX ISA tells
+        "ptx": nvcc_build(PROBE, ["-gencode", "arch=compute_90,code=compute_90", "--compress-mode=size"],
+                          tmp / "ptx"),
+        # only compressed SASS: one image decompressed tells
+        "sass": nvcc_build(PROBE, ["-gencode", "arch=compute_90,code=sm_90", "--compress-mode=size"], tmp / "sass"),
+    }
+    # the same program with its section header table removed (e_shoff = e_shnum = 0): ld.so
+    # needs none, and without it there is nothing to read markers from
+    data = bytearray(builds["plain"].read_bytes())
+    struct.pack_into("<Q", data, 0x28, 0)
+    struct.pack_into("<HHH", data, 0x3A, 0, 0, 0)
+    builds["noshdr"] = tmp / "noshdr"
+    builds["noshdr"].write_bytes(bytes(data))
+    fake = tmp / "fake"
+    fake.mkdir()
+    inc = ["-I/usr/local/cuda/include"] if os.path.isdir("/usr/local/cuda/include") else ["-DFAKE_NO_CUDA_H"]
+    subprocess.run([GCC, "-O2", "-fPIC", "-shared", *inc, "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic",
+                    ROOT / "tests/fakecuda/fakecuda.c", "-o", fake / "libcuda.so.1", "-pthread"],
+                   check=True, capture_output=True)
+    builds["fake"] = fake
+    return builds
+
+
+def _rodata_has(path, needle: bytes) -> bool:
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as handle:
+        section = ELFFile(handle).get_section_by_name(".rodata")
+        return section is not None and needle in section.data()
+
+
+def test_static_runtime_major_release_and_how_it_was_told(static_builds):
+    from seedance.elf.reader import read_elf
+
+    major, minor = nvcc_release()
+    sources = {"plain": "toolkit release string", "ptx": "PTX ISA version",
+               "sass": "toolkit release string (decompressed image)"}
+    for name, source in sources.items():
+        path = str(static_builds[name])
+        assert _rodata_has(path, b"/cudart.shm.%")  # the static runtime's shm name template
+        with open(path, "rb") as handle:
+            raw = handle.read()
+        assert (f"release {major}.{minor}".encode() in raw) is (name == "plain"), name
+        found = cuda.static_runtime(path, read_elf(path))
+        assert found == {"major": major, "release": f"{major}.{minor}", "marker": "/cudart.shm.% in .rodata",
+                         "version_source": source}, name
+        assert cuda.static_runtime(path, None) == found
+    # given no entries to read, the compressed builds cannot tell their toolkit
+    assert cuda.static_runtime(str(static_builds["sass"]), None, entries=()) == {
+        "major": None, "release": None, "marker": "/cudart.shm.% in .rodata", "version_source": None}
+    plain = read_elf(str(static_builds["plain"]))
+    assert plain.section_names
+    noshdr = read_elf(str(static_builds["noshdr"]))
+    assert noshdr.section_names == () and cuda.static_runtime(str(static_builds["noshdr"]), noshdr) is None
+
+
+def _refuses(build: Path, fake: Path, reports: int) -> bool:
+    """Reality: does the static runtime return cudaErrorInsufficientDriver (35) on a driver
+    reporting ``reports`` (cuDriverGetVersion: 1000*major + 10*minor)?"""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(fake), FAKECUDA_DRIVER_VERSION=str(reports))
+    out = subprocess.run([str(build)], env=env, capture_output=True, text=True, errors="replace", timeout=60)
+    return int(out.stdout.strip()) == 35
+
+
+def test_static_runtime_facts_judge_each_object_once(static_builds, tmp_path, monkeypatch):
+    from seedance.elf.reader import read_elf
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", "")
+    major, minor = nvcc_release()
+    plain, ptx, sass = (str(static_builds[n]) for n in ("plain", "ptx", "sass"))
+    libc = "/lib/x86_64-linux-gnu/libc.so.6"
+    objects = {plain: read_elf(plain), ptx: read_elf(ptx), sass: None, str(tmp_path / "gone"): None}
+    if os.path.exists(libc):
+        objects[libc] = read_elf(libc)
+    seen: set = set()
+    assert cuda.static_runtime_facts(objects, cuda.GpuInfo(), seen) == [] and seen == set()
+    gpu = cuda.GpuInfo(driver_version="535.104.05", driver_source="nvml")
+    facts = cuda.static_runtime_facts(objects, gpu, seen)
+    assert seen == set(objects)
+    assert [f.subject["path"] for f in facts] == [plain, ptx, sass]
+    sources = ["toolkit release string", "PTX ISA version", "toolkit release string (decompressed image)"]
+    for fact, source in zip(facts, sources):
+        path = fact.subject["path"]
+        assert fact.data["runtime_path"] == path and fact.data["runtime_major"] == major
+        assert fact.data["linkage"] == "static" and fact.data["compat"] is None
+        assert fact.data["driver_ok"] is nvidia_meets("535.104.05", major)
+        assert fact.data["driver_source"] == "nvml" and fact.data["driver_version"] == "535.104.05"
+        assert fact.data["static_marker"] == "/cudart.shm.% in .rodata"
+        assert fact.data["toolkit_release"] == f"{major}.{minor}" and fact.data["version_source"] == source
+        assert fact.data["fix"].startswith("install an NVIDIA driver >= ")  # a static runtime is not relinked
+    assert cuda.static_runtime_facts(objects, gpu, seen) == []  # judged already
+    compat = tmp_path / "compat"
+    compat.mkdir()
+    (compat / f"libcuda.so.{NVIDIA_FLOORS[major]}").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(compat))
+    again = cuda.static_runtime_facts({plain: objects[plain]}, gpu, set())
+    assert [f.data["compat"] for f in again] == [NVIDIA_FLOORS[major]] and again[0].data["driver_ok"] is True
+    # the verdict is the static runtime's own, on the fake driver reporting each CUDA version
+    for driver, reports in (("535.104.05", 12020), ("580.65.06", 13000), ("12.9", 12090), ("590", 13010)):
+        monkeypatch.setenv("LD_LIBRARY_PATH", "")
+        [fact] = cuda.static_runtime_facts({plain: objects[plain]},
+                                           cuda.GpuInfo(driver_version=driver, driver_source="--driver-version"), set())
+        assert fact.data["driver_ok"] is not _refuses(static_builds["plain"], static_builds["fake"], reports), driver
