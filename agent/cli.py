@@ -6,22 +6,29 @@ print; the core returns data.
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
 import os
-import re
 import sys
 
 from . import __version__
-
-# argparse passes each of its stock strings through gettext, which searches the locale
-# directories for a catalogue on every call (no cache when none exists, and CPython ships
-# none for argparse): ~1 ms a parser, half of a `seedance ldd` parse (issue 13).  seedance
-# speaks English only, so the strings stay as they are, which is what the lookup returned.
-argparse._ = str
-argparse.ngettext = lambda singular, plural, count: singular if count == 1 else plural
 from .errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error, escape_path
+
+# argparse, json and re are imported when first needed: with the modules they pull in
+# (enum, functools, collections, gettext) they were ~10 ms of a `seedance ldd` start, which
+# parses its few words itself (_lean_ldd; issue 13).
+
+
+def _argparse():
+    """argparse, with its stock strings left untranslated.
+
+    argparse passes each of them through gettext, which searches the locale directories for
+    a catalogue on every call (no cache when none exists, and CPython ships none for
+    argparse): ~1 ms a parser, half of a `seedance ldd` parse (issue 13).  seedance speaks
+    English only, so the strings stay as they are, which is what the lookup returned."""
+    import argparse
+
+    argparse._ = str
+    argparse.ngettext = lambda singular, plural, count: singular if count == 1 else plural
+    return argparse
 
 # name -> module under seedance.commands.  Order is the order shown in --help.
 COMMANDS = {
@@ -56,17 +63,29 @@ errors: one line `seedance: error: ...` on stderr, exit 2 (0 clean, 1 findings).
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors in one line with exit code 2."""
+_PARSER_CLASS = None
 
-    def error(self, message):
-        raise UsageError(f"{self.prog}: {message}")
 
-    def _get_formatter(self):
-        # argparse builds a formatter for every add_argument; without a width its
-        # __init__ imports shutil (and with it zlib, bz2, lzma) for the terminal size:
-        # ~5-15 ms of every command's start (issue 13).  The same width, found the same way.
-        return self.formatter_class(prog=self.prog, width=_terminal_width())
+def _parser_class():
+    """_Parser, defined on first use (it subclasses argparse's parser; see _argparse)."""
+    global _PARSER_CLASS
+    if _PARSER_CLASS is None:
+        argparse = _argparse()
+
+        class _Parser(argparse.ArgumentParser):
+            """argparse that reports usage errors in one line with exit code 2."""
+
+            def error(self, message):
+                raise UsageError(f"{self.prog}: {message}")
+
+            def _get_formatter(self):
+                # argparse builds a formatter for every add_argument; without a width its
+                # __init__ imports shutil (and with it zlib, bz2, lzma) for the terminal size:
+                # ~5-15 ms of every command's start (issue 13).  The same width, found the same way.
+                return self.formatter_class(prog=self.prog, width=_terminal_width())
+
+        _PARSER_CLASS = _Parser
+    return _PARSER_CLASS
 
 
 def _terminal_width() -> int:
@@ -88,11 +107,14 @@ def build_parser(prog: str = "seedance", only: str | None = None) -> argparse.Ar
     importing and configuring every command cost about 47 ms of each run's start-up
     (issue 13), and a run of `seedance ldd` needs only ldd's.  --help, a bad command name
     and the completion scripts still get every command."""
-    parser = _Parser(prog=prog,
-                     description="Find and fix the hidden traps that waste GPU compute and break GPU plugins.",
-                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    import importlib
+
+    argparse, parser_class = _argparse(), _parser_class()
+    parser = parser_class(prog=prog,
+                          description="Find and fix the hidden traps that waste GPU compute and break GPU plugins.",
+                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"seedance {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
     # only="": no command at all (--version needs none of them)
     names = [only] if only in COMMANDS else ([] if only == "" else list(COMMANDS))
     for name in names:
@@ -111,6 +133,46 @@ def _command_named(argv: list[str]) -> str | None:
     return argv[0] if argv and argv[0] in COMMANDS else None
 
 
+class _Words:
+    """The attributes argparse's Namespace would hold for a `seedance ldd` command line."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+def _lean_ldd(argv: list[str]):
+    """`ldd [--json] [--secure] [--tree] [--env VAR=VALUE]... FILE` read without argparse,
+    or None: anything else (--help, an abbreviation, `--env=`, a word starting with '-',
+    a missing or second FILE) goes to argparse, which gives the usual help, errors and exit
+    codes.  Importing argparse and building ldd's parser was ~10 ms of a ~35 ms
+    `seedance ldd` (issue 13: within 5x of ldd's wall time).  The words accepted here are
+    exactly those argparse reads the same way: whole option names, an --env value and a
+    FILE that do not start with '-' (argparse would take those for options)."""
+    if argv[:1] != ["ldd"]:
+        return None
+    flags = {"--json": False, "--secure": False, "--tree": False}
+    env, files = [], []
+    words = iter(argv[1:])
+    for word in words:
+        if word in flags:
+            flags[word] = True
+        elif word == "--env":
+            value = next(words, None)
+            if value is None or value.startswith("-"):
+                return None
+            env.append(value)
+        elif word and not word.startswith("-"):
+            files.append(word)
+        else:
+            return None
+    if len(files) != 1:
+        return None
+    from .commands import ldd
+
+    return _Words(command="ldd", file=files[0], env=env, json=flags["--json"], secure=flags["--secure"],
+                  tree=flags["--tree"], execute=ldd.execute)
+
+
 def main(argv: list[str] | None = None, prog: str = "seedance", command: str | None = None) -> int:
     """Parse, run, and turn every failure into one line on stderr (issue 10, defect 8):
     `seedance: error: ...`, exit 2.  Help goes to stdout, and only on --help.
@@ -122,8 +184,10 @@ def main(argv: list[str] | None = None, prog: str = "seedance", command: str | N
             args = parser.parse_args(argv)
             args.command = command
         else:
-            parser = build_parser(prog, only=_command_named(argv))
-            args = parser.parse_args(argv)
+            args = _lean_ldd(argv)
+            if args is None:
+                parser = build_parser(prog, only=_command_named(argv))
+                args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             raise UsageError(f"{prog}: give a command (see {prog} --help)")
         return int(args.execute(args) or 0)
@@ -147,19 +211,27 @@ def main(argv: list[str] | None = None, prog: str = "seedance", command: str | N
         # a rule file, config or journal that is not UTF-8 text: bad input, not a crash
         _error_line(f"input is not valid UTF-8 text ({_unicode_reason(exc)})", EXIT_USAGE)
         return EXIT_USAGE
-    except json.JSONDecodeError as exc:
-        # a damaged state file, journal or report read back: bad input, one line
+    except ValueError as exc:
+        # a damaged state file, journal or report read back: bad input, one line.  json is
+        # imported only by commands that read JSON; without it this cannot be its error.
+        json = sys.modules.get("json")
+        if json is None or not isinstance(exc, json.JSONDecodeError):
+            return _internal_error(exc)
         _error_line(f"damaged JSON input: {exc.msg} (line {exc.lineno}, column {exc.colno})", EXIT_USAGE)
         return EXIT_USAGE
     except RecursionError:
         _error_line("input nested too deeply to read", EXIT_USAGE)
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - the contract: never a traceback
-        if os.environ.get("SEEDANCE_DEBUG"):
-            raise
-        _error_line(f"internal error: {exc.__class__.__name__}: {exc} "
-                    f"(SEEDANCE_DEBUG=1 shows the traceback)", EXIT_USAGE)
-        return EXIT_USAGE
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> int:
+    if os.environ.get("SEEDANCE_DEBUG"):
+        raise  # the exception being handled, with its traceback
+    _error_line(f"internal error: {exc.__class__.__name__}: {exc} "
+                f"(SEEDANCE_DEBUG=1 shows the traceback)", EXIT_USAGE)
+    return EXIT_USAGE
 
 
 def _unicode_reason(exc: UnicodeError) -> str:
@@ -169,16 +241,18 @@ def _unicode_reason(exc: UnicodeError) -> str:
 
 
 # "seedance check: x", "seedance fix undo: x", "seedance-check: x", "error: x" ->
-# "check: x", "fix undo: x", "x": the prefix is ours, written once
-_OWN_PREFIX = re.compile(r"^(?:seedance(?:[ -](?P<command>[a-z][a-z-]*(?: [a-z][a-z-]*){0,2}))?:\s*)?"
-                         r"(?:error:\s*)?")
+# "check: x", "fix undo: x", "x": the prefix is ours, written once (compiled on first use)
+_OWN_PREFIX = (r"^(?:seedance(?:[ -](?P<command>[a-z][a-z-]*(?: [a-z][a-z-]*){0,2}))?:\s*)?"
+               r"(?:error:\s*)?")
 
 
 def error_text(text: str) -> str:
     """The one form of an error line: `seedance: error: [COMMAND: ]message`, control
     characters escaped so a crafted name cannot start a line of its own."""
     text = escape_path(text)
-    match = _OWN_PREFIX.match(text)
+    import re
+
+    match = re.match(_OWN_PREFIX, text)
     rest = text[match.end():]
     command = match.group("command")
     return f"seedance: error: {command}: {rest}" if command else f"seedance: error: {rest}"
@@ -209,6 +283,7 @@ def alias_parser(command: str, prog: str) -> argparse.ArgumentParser:
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    argparse = _argparse()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and name in action.choices:
             return action.choices[name]
@@ -218,6 +293,7 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 def _rename_prog(parser: argparse.ArgumentParser, old: str, new: str) -> None:
     if parser.prog.startswith(old):
         parser.prog = new + parser.prog[len(old):]
+    argparse = _argparse()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             if action._prog_prefix.startswith(old):

@@ -12,8 +12,6 @@ linux-vdso.so.1 is left out: the kernel maps it, there is no file to resolve.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 from ..errors import BadInput, UsageError, escape_path
@@ -30,6 +28,8 @@ SCHEMA = "seedance.ldd/v1"
 
 
 def configure_parser(sub):
+    import argparse  # here, not at the top: a plain `seedance ldd FILE` never needs it (cli._lean_ldd)
+
     parser = sub.add_parser(
         "ldd", help="Print shared-library dependencies without executing anything",
         description="Print the shared libraries FILE would load, as ldd does, decided by an "
@@ -80,6 +80,8 @@ def execute(args) -> int:
         raise BadInput(f"{args.file}: not a dynamic executable")
     if not info.needed:
         if args.json:
+            import json
+
             print(json.dumps(_document(args.file, None, info), indent=2))
         else:
             print("\tstatically linked")
@@ -90,6 +92,8 @@ def execute(args) -> int:
         sys.stdout.write(escape_path(tree_text(closure)).replace("\\n", "\n"))
         return 0
     if args.json:
+        import json
+
         print(json.dumps(_document(args.file, closure, info), indent=2))
     else:
         sys.stdout.write(render(closure))

@@ -1,2 +1,12 @@
 """ELF reading: what ld.so reads (dynamic section, versions, symbols) plus CUDA fatbins."""
-from .reader import ElfInfo, Symbol, VersionNeed, is_elf, read_elf  # noqa: F401
+from .info import ElfInfo, Symbol, VersionNeed  # noqa: F401
+
+
+def __getattr__(name):
+    # reader.py (the Python parser: mmap, struct, re) is imported on first use, so that a
+    # `seedance ldd` reading through the C reader never loads it (issue 13)
+    if name in ("is_elf", "read_elf"):
+        from . import reader
+
+        return getattr(reader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -130,7 +130,8 @@ def _symbols(ffi, syms) -> tuple:
     global _names
     import struct
 
-    from .reader import BIND_NAMES, STT_NAMES, Symbol
+    from .info import Symbol
+    from .reader import BIND_NAMES, STT_NAMES
 
     if _names is None:
         _names = ([BIND_NAMES.get(n, str(n)) for n in range(16)], [STT_NAMES.get(n, str(n)) for n in range(16)])
@@ -159,21 +160,19 @@ _classes = None  # (ElfInfo, VersionNeed, every ElfInfo field at its default), o
 
 def _load_classes():
     global _classes
-    import dataclasses
+    from .info import ElfInfo, VersionNeed
 
-    from .reader import ElfInfo, VersionNeed
-
-    _classes = (ElfInfo, VersionNeed, {f.name: f.default for f in dataclasses.fields(ElfInfo)})
+    _classes = (ElfInfo, VersionNeed, dict(ElfInfo.DEFAULTS))
     return _classes
 
 
 def _info(path: str, out, raw: bytes, vn_counts):
-    """The ElfInfo of one result, built without ElfInfo's generated __init__.
+    """The ElfInfo of one result, built without ElfInfo's __init__.
 
-    A frozen dataclass's __init__ sets each of ElfInfo's 21 fields through
+    When ElfInfo was a frozen dataclass, its __init__ set each of its 21 fields through
     object.__setattr__: ~10 us per object, a quarter of this module's time per file.  The
-    instance's __dict__ filled at once makes the same object (ElfInfo has neither
-    __slots__ nor __post_init__; equality and hashing read the attributes); the tests
+    instance's __dict__ filled at once makes the same object (ElfInfo, info.py, keeps its
+    fields in its __dict__; equality and hashing read them); the tests
     compare it with the Python reader's ElfInfo on every file."""
     ElfInfo, VersionNeed, defaults = _classes or _load_classes()
     # One decode for every string: NUL never occurs inside a UTF-8 sequence, so decoding

@@ -21,10 +21,10 @@ import re
 import stat
 import struct
 import sys
-from dataclasses import dataclass, field
 
 from ..errors import ELFError
 from . import fastread as _fastread
+from .info import ElfInfo, Symbol, VersionNeed  # noqa: F401 - defined apart so that the C reader needs no reader.py
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -52,65 +52,6 @@ NT_GNU_BUILD_ID = 3
 MAX_DYN_ENTRIES = 1 << 16
 MAX_VER_ENTRIES = 1 << 16
 MAX_STRING = 1 << 16
-
-
-@dataclass(frozen=True)
-class VersionNeed:
-    """One verneed file entry: the versions this object needs from ``file`` (a NEEDED name)."""
-    file: str
-    versions: tuple  # of (name, weak)
-
-
-@dataclass(frozen=True)
-class Symbol:
-    name: str
-    defined: bool
-    binding: str
-    type: str
-    version: str | None = None  # the version node bound to it, if any
-    hidden: bool = False  # verdef/versym hidden bit: not a default version
-
-
-@dataclass(frozen=True)
-class ElfInfo:
-    path: str
-    elf_class: int  # 32 or 64
-    little_endian: bool
-    machine: int
-    osabi: int
-    e_type: int
-    interpreter: str | None
-    needed: tuple = ()
-    soname: str | None = None
-    rpath: tuple = ()
-    runpath: tuple = ()
-    flags: int = 0
-    flags_1: int = 0
-    version_needs: tuple = ()  # of VersionNeed
-    version_defs: tuple = ()  # names, excluding the base (file) entry
-    build_id: str | None = None
-    has_sections: bool = False
-    has_dynamic: bool = False
-    symbols: tuple = ()  # of Symbol; only when read with symbols=True
-    fatbin: tuple = ()  # of fatbin.FatbinEntry; only when read with fatbin=True
-    section_names: tuple = field(default=(), compare=False)
-
-    @property
-    def nodeflib(self) -> bool:
-        return bool(self.flags_1 & DF_1_NODEFLIB)
-
-    @property
-    def abi_key(self) -> tuple:
-        """What ld.so compares before accepting a candidate file (elf_machine_matches_host)."""
-        return (self.elf_class, self.little_endian, self.machine)
-
-    def defined_symbols(self) -> dict:
-        """name -> set of version names it is defined under (None for unversioned)."""
-        out: dict = {}
-        for sym in self.symbols:
-            if sym.defined and sym.binding != "LOCAL":
-                out.setdefault(sym.name, set()).add(sym.version)
-        return out
 
 
 def is_elf(path: str) -> bool:

@@ -9,7 +9,7 @@ sets for this CPU; tests compare what we derive from /proc/cpuinfo with it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from ..record import FrozenRecord
 
 # x86-64 psABI micro-architecture levels, as cpuinfo flag names (lzcnt is "abm").
 _LEVEL_FLAGS = {
@@ -23,12 +23,15 @@ HWCAP_X86_AVX512_1 = 1 << 2
 _HWCAP_NAMES = {1: "x86_64", 2: "avx512_1"}  # bit -> name (dl-hwcap.h order)
 
 
-@dataclass(frozen=True)
-class CpuCaps:
-    hwcaps_subdirs: tuple  # glibc-hwcaps subdirectory names, best first
-    legacy_subdirs: tuple  # legacy subdirectories ("tls/haswell/...") in search order, '' excluded
-    platform: str  # $PLATFORM
-    hwcap_bits: int  # dl_hwcap & HWCAP_IMPORTANT, for ld.so.cache legacy entries
+class CpuCaps(FrozenRecord):
+    _fields = ("hwcaps_subdirs", "legacy_subdirs", "platform", "hwcap_bits")
+
+    def __init__(self, hwcaps_subdirs: tuple, legacy_subdirs: tuple, platform: str, hwcap_bits: int):
+        object.__setattr__(self, "__dict__", {
+            "hwcaps_subdirs": hwcaps_subdirs,  # glibc-hwcaps subdirectory names, best first
+            "legacy_subdirs": legacy_subdirs,  # legacy subdirectories ("tls/haswell/...") in search order, '' excluded
+            "platform": platform,  # $PLATFORM
+            "hwcap_bits": hwcap_bits})  # dl_hwcap & HWCAP_IMPORTANT, for ld.so.cache legacy entries
 
     @property
     def priorities(self) -> dict:

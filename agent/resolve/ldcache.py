@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 
 from ..errors import BadInput
+from ..record import FrozenRecord
 
 MAGIC_OLD = b"ld.so-1.7.0"
 MAGIC_NEW = b"glibc-ld.so.cache1.1"
@@ -51,13 +51,12 @@ ISA_1_BASELINE = 1 << 0
 ISA_1_LEVEL_BITS = {"x86-64-v2": 1 << 1, "x86-64-v3": 1 << 2, "x86-64-v4": 1 << 3}
 
 
-@dataclass(frozen=True)
-class CacheEntry:
-    name: str
-    path: str
-    flags: int
-    hwcap: int
-    hwcaps_subdir: str | None  # for glibc-hwcaps entries
+class CacheEntry(FrozenRecord):
+    _fields = ("name", "path", "flags", "hwcap", "hwcaps_subdir")
+
+    def __init__(self, name: str, path: str, flags: int, hwcap: int, hwcaps_subdir: str | None):
+        object.__setattr__(self, "__dict__", {"name": name, "path": path, "flags": flags, "hwcap": hwcap,
+                                              "hwcaps_subdir": hwcaps_subdir})  # for glibc-hwcaps entries
 
 
 def is_hwcaps_extension(hwcap: int) -> bool:

@@ -27,29 +27,47 @@ from __future__ import annotations
 
 import os
 import stat as _stat
-from dataclasses import dataclass, field
 
-from ..elf.reader import ElfInfo, read_elf
+from ..elf import fastread as _fastread
+from ..elf.info import ElfInfo
 from ..errors import ELFError
+from ..record import FrozenRecord
 from . import hwcaps as _hwcaps
 from . import tokens
 from .ldcache import LdCache, cache_stamp
-from .names import unhashed
 
 ET_DYN, ET_EXEC = 3, 2
 EM_386, EM_X86_64 = 3, 62
 DF_1_PIE = 0x08000000
 
 
-@dataclass(frozen=True)
-class Abi:
+# The result types below are frozen records, not dataclasses: importing dataclasses (and
+# with it inspect) and building the classes was ~15 ms of a `seedance ldd` (record.py,
+# issue 13).
+
+
+def _read_elf(path: str, symbols: bool | tuple = False) -> ElfInfo:
+    """reader.read_elf without fatbins: the C reader when it answers, and the Python reader,
+    imported only then, when it does not (as read_elf itself decides)."""
+    if type(path) is str and _fastread.enabled():
+        info = _fastread.read(path, symbols)
+        if info is not None:
+            return info
+    from ..elf.reader import read_elf
+
+    return read_elf(path, symbols=symbols)
+
+
+class Abi(FrozenRecord):
     """What one ld.so build was compiled with (Debian multiarch layout)."""
-    name: str
-    elf_class: int
-    machine: int
-    system_dirs: tuple  # each ending in '/', as in glibc's SYSTEM_DIRS
-    lib: str  # $LIB
-    rtld: str  # the interpreter path ldd runs
+    _fields = ("name", "elf_class", "machine", "system_dirs", "lib", "rtld")
+
+    def __init__(self, name: str, elf_class: int, machine: int, system_dirs: tuple, lib: str, rtld: str):
+        object.__setattr__(self, "__dict__", {
+            "name": name, "elf_class": elf_class, "machine": machine,
+            "system_dirs": system_dirs,  # each ending in '/', as in glibc's SYSTEM_DIRS
+            "lib": lib,  # $LIB
+            "rtld": rtld})  # the interpreter path ldd runs
 
 
 ABIS = {
@@ -62,56 +80,81 @@ ABIS = {
 }
 
 
-@dataclass(frozen=True)
-class Resolution:
-    name: str  # the NEEDED string
-    requester: str  # path of the object whose NEEDED it is
-    path: str | None  # the path ld.so would open (not realpath'd), or None
-    source: str  # loaded|direct|rpath|ld_library_path|runpath|ld.so.cache|default|not-found
-    tried: tuple  # ((candidate_path, 'ok' or why rejected), ...) in search order
-    search_order: tuple  # ((source, directory), ...) in the order ld.so searches them
-    soname: str | None  # DT_SONAME of the resolved file
+class Resolution(FrozenRecord):
+    _fields = ("name", "requester", "path", "source", "tried", "search_order", "soname")
+
+    def __init__(self, name: str, requester: str, path: str | None, source: str, tried: tuple,
+                 search_order: tuple, soname: str | None):
+        object.__setattr__(self, "__dict__", {
+            "name": name,  # the NEEDED string
+            "requester": requester,  # path of the object whose NEEDED it is
+            "path": path,  # the path ld.so would open (not realpath'd), or None
+            "source": source,  # loaded|direct|rpath|ld_library_path|runpath|ld.so.cache|default|not-found
+            "tried": tried,  # ((candidate_path, 'ok' or why rejected), ...) in search order
+            "search_order": search_order,  # ((source, directory), ...) in the order ld.so searches them
+            "soname": soname})  # DT_SONAME of the resolved file
 
 
-@dataclass(frozen=True)
-class VersionCheck:
-    requester: str
-    file: str
-    version: str
-    weak: bool
-    provider: str | None  # resolved path providing `file`
-    # ld.so accepts the requirement: the provider's verdef defines `version`, or the provider
-    # has no version definitions at all (dl-version.c match_symbol only warns then).
-    defined: bool
-    provider_versions: tuple
+class VersionCheck(FrozenRecord):
+    _fields = ("requester", "file", "version", "weak", "provider", "defined", "provider_versions")
+
+    def __init__(self, requester: str, file: str, version: str, weak: bool, provider: str | None,
+                 defined: bool, provider_versions: tuple):
+        object.__setattr__(self, "__dict__", {
+            "requester": requester, "file": file, "version": version, "weak": weak,
+            "provider": provider,  # resolved path providing `file`
+            # ld.so accepts the requirement: the provider's verdef defines `version`, or the
+            # provider has no version definitions at all (dl-version.c match_symbol only warns then).
+            "defined": defined,
+            "provider_versions": provider_versions})
 
 
-@dataclass
 class Closure:
-    root: str
-    objects: dict  # path -> ElfInfo, load (breadth-first) order, root first
-    resolutions: list  # every NEEDED of every object in the closure
-    version_checks: list
-    undefined: list  # (requester, symbol, version) strong undefined with no provider
-    interpreter: str | None = None
-    abi: str | None = None
-    load_names: dict = field(default_factory=dict)  # path -> first name it was loaded under
-    # [(name, path or None, Resolution that first brought it in)] after the root, in ldd's order
-    load_order: list = field(default_factory=list)
+    """Everything one root loads (mutable, compared field by field, unhashable: as the
+    dataclass it was)."""
+    _fields = ("root", "objects", "resolutions", "version_checks", "undefined", "interpreter", "abi",
+               "load_names", "load_order")
+    __hash__ = None
+
+    def __init__(self, root: str, objects: dict, resolutions: list, version_checks: list, undefined: list,
+                 interpreter: str | None = None, abi: str | None = None, load_names: dict | None = None,
+                 load_order: list | None = None):
+        self.root = root
+        self.objects = objects  # path -> ElfInfo, load (breadth-first) order, root first
+        self.resolutions = resolutions  # every NEEDED of every object in the closure
+        self.version_checks = version_checks
+        self.undefined = undefined  # (requester, symbol, version) strong undefined with no provider
+        self.interpreter = interpreter
+        self.abi = abi
+        self.load_names = {} if load_names is None else load_names  # path -> first name it was loaded under
+        # [(name, path or None, Resolution that first brought it in)] after the root, in ldd's order
+        self.load_order = [] if load_order is None else load_order
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return all(getattr(self, name) == getattr(other, name) for name in self._fields)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return "Closure(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields) + ")"
 
 
-@dataclass(eq=False)
 class _Loaded:
     """One link_map: the object, the names it answers to, and who loaded it."""
-    path: str | None  # None for a NEEDED that was not found (ldd's faked map)
-    info: ElfInfo | None
-    names: list
-    loader: "_Loaded | None"
-    origin: str | None
-    file_id: tuple | None
-    is_main: bool = False
-    listed: bool = True  # the rtld is listed only once something needs it
-    first: "Resolution | None" = None
+    __slots__ = ("path", "info", "names", "loader", "origin", "file_id", "is_main", "listed", "first")
+
+    def __init__(self, path: str | None, info: ElfInfo | None, names: list, loader: "_Loaded | None",
+                 origin: str | None, file_id: tuple | None, is_main: bool = False, listed: bool = True,
+                 first: "Resolution | None" = None):
+        self.path = path  # None for a NEEDED that was not found (ldd's faked map)
+        self.info = info
+        self.names = names
+        self.loader = loader
+        self.origin = origin
+        self.file_id = file_id
+        self.is_main = is_main
+        self.listed = listed  # the rtld is listed only once something needs it
+        self.first = first
 
 
 class _Namespace(list):
@@ -214,7 +257,7 @@ class Resolver:
         """read_elf, cached by (dev, inode, mtime, size): one parse per file per scan."""
         st = self._stat_of(path)
         if st is None:
-            return read_elf(self._host(path), symbols=symbols)  # raises the right ELFError
+            return _read_elf(self._host(path), symbols=symbols)  # raises the right ELFError
         key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, symbols)
         info = self._elf.get(key)
         if info is None:
@@ -222,7 +265,7 @@ class Resolver:
                 with_symbols = self._elf.get(key[:4] + (True,))
                 if with_symbols is not None:
                     return with_symbols
-            info = read_elf(self._host(path), symbols=symbols)
+            info = _read_elf(self._host(path), symbols=symbols)
             if self.root != "/":
                 info = _relabel(info, path)
             self._elf[key] = info
@@ -797,6 +840,8 @@ class Resolver:
         - Both files in the system directories: the distribution built them together and
           its package dependencies are per symbol (dpkg-shlibdeps reads the symbols files).
         """
+        from .names import unhashed  # here: names.py imports re, which a `seedance ldd` does without
+
         if _major_name(unhashed(info.soname or os.path.basename(provider))) in RUNTIME_SONAMES:
             return True
         abi = ABIS.get((info.elf_class, info.machine))
@@ -822,14 +867,14 @@ def _major_name(name: str) -> str:
     return head + sep + tail.split(".", 1)[0] if sep else name
 
 
-@dataclass(frozen=True)
-class SymbolGap:
+class SymbolGap(FrozenRecord):
     """A reference ``symbol@version`` of ``requester`` that ``provider`` (which defines the
     node ``version``) cannot satisfy, and nothing else in the process does either."""
-    requester: str
-    symbol: str
-    version: str
-    provider: str
+    _fields = ("requester", "symbol", "version", "provider")
+
+    def __init__(self, requester: str, symbol: str, version: str, provider: str):
+        object.__setattr__(self, "__dict__", {"requester": requester, "symbol": symbol, "version": version,
+                                              "provider": provider})
 
 
 def _has_verdef(info: ElfInfo) -> bool:
@@ -866,5 +911,4 @@ def _origin_of(path: str) -> str:
 
 def _relabel(info: ElfInfo, path: str) -> ElfInfo:
     """The same parsed file seen under another path (hard link, symlink, chroot)."""
-    from dataclasses import replace
-    return replace(info, path=path)
+    return info._replace(path=path)
