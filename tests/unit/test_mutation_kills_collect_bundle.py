@@ -1089,3 +1089,95 @@ def test_static_runtime_facts_judge_each_object_once(static_builds, tmp_path, mo
         [fact] = cuda.static_runtime_facts({plain: objects[plain]},
                                            cuda.GpuInfo(driver_version=driver, driver_source="--driver-version"), set())
         assert fact.data["driver_ok"] is not _refuses(static_builds["plain"], static_builds["fake"], reports), driver
+
+
+# --- host.py: facts from the real /proc, /sys, os.environ -------------------------------------
+def test_host_facts_are_this_hosts():
+    uname = os.uname()
+    model = None
+    for line in Path("/proc/cpuinfo").read_bytes().decode("utf-8", "replace").splitlines():
+        if line.startswith("model name"):
+            model = line.partition(":")[2].strip()
+            break
+    expected = {"hostname": socket.gethostname(), "kernel": uname.release, "machine": uname.machine,
+                "glibc": os.confstr("CS_GNU_LIBC_VERSION"), "cpu": {"model": model, "count": os.cpu_count()}}
+    assert host.host_facts() == {**expected, "gpu": None}
+    gpu = cuda.GpuInfo(driver_version="550", driver_source="--driver-version")
+    assert host.host_facts(gpu) == {**expected, "gpu": {"nvml": False, "nvml_error": None, "driver_version": "550",
+                                                        "driver_source": "--driver-version", "devices": [],
+                                                        "targets": []}}
+
+
+def _toolkit_dirs() -> list:
+    """NVIDIA's layouts, written here: a toolkit under /usr/local/cuda* or /opt/cuda* keeps
+    its libraries in lib64, lib, targets/<triple>/lib and extras/CUPTI/lib64; a pip wheel in
+    site-packages/nvidia/<package>/lib."""
+    found = []
+    for parent in ("/usr/local", "/opt"):
+        roots = sorted(n for n in (os.listdir(parent) if os.path.isdir(parent) else []) if n.startswith("cuda"))
+        for root in (os.path.join(parent, n) for n in roots):
+            for sub in ("lib64", "lib"):
+                found.append(os.path.join(root, sub))
+            targets = os.path.join(root, "targets")
+            for triple in sorted(os.listdir(targets)) if os.path.isdir(targets) else []:
+                found.append(os.path.join(targets, triple, "lib"))
+            found.append(os.path.join(root, "extras", "CUPTI", "lib64"))
+    return found
+
+
+def test_cuda_library_dirs_are_the_installs_on_disk_each_once(tmp_path, monkeypatch):
+    import site
+
+    # a second site directory of the Debian spelling, holding two wheels' lib dirs, one a link
+    dist = tmp_path / "dist-packages"
+    (dist / "nvidia" / "cublas" / "lib").mkdir(parents=True)
+    (dist / "nvidia" / "nccl").mkdir(parents=True)
+    (dist / "nvidia" / "nccl" / "lib").symlink_to(dist / "nvidia" / "cublas" / "lib")
+    (dist / "nvidia" / "notes.txt").write_text("not a package")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(dist), str(tmp_path / "gone" / "site-packages")])
+    sites = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    sites += [d for d in sys.path if d.endswith(("site-packages", "dist-packages")) and os.path.isdir(d)]
+    sites = list(dict.fromkeys(sites))
+    assert host._site_dirs() == sites and str(dist) in sites
+    wheels = []
+    for site_dir in sites:
+        nvidia = os.path.join(site_dir, "nvidia")
+        for package in sorted(os.listdir(nvidia)) if os.path.isdir(nvidia) else []:
+            wheels.append(os.path.join(nvidia, package, "lib"))
+    expected, seen = [], set()
+    for directory in _toolkit_dirs() + wheels:
+        real = os.path.realpath(directory)
+        if os.path.isdir(real) and real not in seen:
+            seen.add(real)
+            expected.append(directory)
+    got = host.cuda_library_dirs()
+    assert got == expected
+    assert str(dist / "nvidia" / "cublas" / "lib") in got and str(dist / "nvidia" / "nccl" / "lib") not in got
+    if wheel_cudart(12) is not None:
+        assert str(wheel_cudart(12).parent) in got
+
+
+def test_config_dirs_follow_the_xdg_base_directory_spec(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    home = tmp_path / "home"
+    assert host.config_dirs() == [str(home / ".config" / "seedance"), "/etc/seedance",
+                                  str(home / ".local" / "share" / "seedance" / "plugins")]
+    # "If $XDG_DATA_HOME is either not set or empty, a default equal to $HOME/.local/share should be used."
+    monkeypatch.setenv("XDG_DATA_HOME", "")
+    monkeypatch.setenv("XDG_CONFIG_HOME", "")
+    assert host.config_dirs()[2] == str(home / ".local" / "share" / "seedance" / "plugins")
+    assert host.config_dir() == str(home / ".config" / "seedance")
+    assert host.config_dir(str(tmp_path / "other")) == str(tmp_path / "other" / ".config" / "seedance")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    assert host.config_dirs() == [str(tmp_path / "cfg" / "seedance"), "/etc/seedance",
+                                  str(tmp_path / "data" / "seedance" / "plugins")]
+
+
+def test_a_damaged_ld_so_cache_lists_nothing(tmp_path):
+    bad = tmp_path / "ld.so.cache"
+    bad.write_bytes(b"glibc-ld.so.cache1.1" + b"\xff" * 40)
+    assert host.ld_cache_paths(str(bad)) == []
+    assert host.ld_cache_paths(str(tmp_path)) == []  # a directory: OSError
