@@ -812,3 +812,148 @@ def test_a_driver_library_on_a_host_without_the_driver(cuda_user):
     assert fact.data["context"] == "no-driver" and fact.data["resolved"] is False
     assert fact.data["reason"].startswith("libcuda.so.1 is installed by the NVIDIA driver")
     assert (fact.data["installed_at"], fact.data["where"], fact.data["loader"]) == ([], "", "")
+
+
+# --------------------------------------------------------------------------------------------
+# fatbin facts on device code nvcc built (collect/fatbin.py through scan._fatbin)
+# --------------------------------------------------------------------------------------------
+
+NVCC = "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else shutil.which("nvcc")
+OBJCOPY = shutil.which("objcopy")
+# one translation unit each, and its nvcc -gencode: module 0, 1, 2 in that order
+DEVICE_TUS = {
+    "a": ('extern "C" __global__ void kern_alpha(float *x) { x[threadIdx.x] += 1.0f; }\n',
+          "arch=compute_90,code=[sm_90,compute_90]"),
+    "b": ('extern "C" __global__ void kern_beta(float *x) { x[threadIdx.x] *= 2.0f; }\n'
+          'extern "C" __global__ void kern_gamma(int *x) { x[threadIdx.x] -= 3; }\n', "arch=compute_80,code=sm_80"),
+    "c": ("__device__ int only_a_variable;\n", "arch=compute_75,code=sm_75"),  # no kernel: a module of variables
+}
+
+
+def cuobjdump() -> str | None:
+    found = glob.glob(os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "cu*", "bin", "cuobjdump"))
+    return found[0] if found else shutil.which("cuobjdump")
+
+
+@pytest.fixture(scope="module")
+def fat(tmp_path_factory):
+    if NVCC is None or OBJCOPY is None:
+        pytest.skip("nvcc or objcopy not installed")
+    root = tmp_path_factory.mktemp("fat")
+    procs = []
+    for name, (source, gencode) in DEVICE_TUS.items():
+        write(root / f"{name}.cu", source)
+        procs.append(subprocess.Popen([NVCC, "-fatbin", "-gencode", gencode, str(root / f"{name}.cu"),
+                                       "-o", str(root / f"{name}.fatbin")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for proc in procs:
+        if proc.wait() != 0:
+            pytest.skip(f"nvcc -fatbin failed: {proc.stderr.read()[:200]!r}")
+    write(root / "h.c", "int host_side(void){return 0;}\n")
+    libs = {}
+    (root / "tree").mkdir()
+    # a host object whose .nv_fatbin holds the containers one after another, as the linker
+    # concatenates them (one runtime module each)
+    for lib, parts in (("libabc.so", "abc"), ("libac.so", "ac"), ("liba.so", "a")):
+        blob = root / f"{parts}.fatbin"
+        blob.write_bytes(b"".join((root / f"{p}.fatbin").read_bytes() for p in parts))
+        out = root / "tree" / lib
+        cc("-shared", "-fPIC", root / "h.c", "-o", out)
+        subprocess.run([OBJCOPY, "--add-section", f".nv_fatbin={blob}", "--set-section-flags",
+                        ".nv_fatbin=alloc,readonly", str(out)], check=True, capture_output=True)
+        libs[lib] = str(out)
+    libs["tree"] = root / "tree"
+    return libs
+
+
+def inventory(path) -> tuple:
+    """(SASS names, PTX names, PTX ISA versions) of ``path`` as NVIDIA's cuobjdump lists them."""
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed")
+    elf = subprocess.run([tool, "--list-elf", path], capture_output=True, text=True, errors="replace").stdout
+    ptx = subprocess.run([tool, "--list-ptx", path], capture_output=True, text=True, errors="replace").stdout
+    text = subprocess.run([tool, "-ptx", path], capture_output=True, text=True, errors="replace").stdout
+    sass = sorted(set(re.findall(r"\.(sm_\d+[af]?)\.cubin", elf)))
+    ptx_names = sorted({"compute_" + a for a in re.findall(r"\.sm_(\d+[af]?)\.ptx", ptx)})
+    isas = sorted(set(re.findall(r"^\s*\.version\s+(\d+\.\d+)", text, re.M)))
+    return sass, ptx_names, isas
+
+
+def test_fatbin_facts_of_three_modules_in_one_object(fat):
+    sass, ptx, isas = inventory(fat["libabc.so"])
+    assert (sass, ptx) == (["sm_75", "sm_80", "sm_90"], ["compute_90"])
+    scanner = Scanner(CheckOptions(targets=[fat["libabc.so"]], arch="sm_90"))
+    scanner.run()
+    facts = facts_of(scanner, "fatbin")
+    assert len(facts) == 1 and facts[0].subject == {"path": fat["libabc.so"]} and facts[0].source == "collect.fatbin"
+    data = dict(facts[0].data)
+    assert data.pop("compressed") in (True, False)
+    assert data == {"target": "sm_90", "target_num": 90, "target_source": "--arch", "sass": sass, "ptx": ptx,
+                    "ptx_isa": isas, "modules": 3, "modules_without_code": 2, "failing_modules": [1],
+                    "kernels": ["kern_beta", "kern_gamma"], "kernel_count": 2, "ptx_too_new": False, "dispatch": 0,
+                    "runnable": False, "why": "no SASS for this arch and no PTX that JITs to it"}
+    assert facts_of(scanner, "fatbin_ptx") == []  # no driver given
+    # sm_86: sm_80 SASS runs there (binary compatible), the sm_90 module does not
+    on86 = fatbin_mod.fatbin_facts(fat["libabc.so"], read_fatbin(fat["libabc.so"]), [fatbin_mod.parse_target("sm_86")])
+    assert (on86[0].data["failing_modules"], on86[0].data["kernels"], on86[0].data["runnable"]) == (
+        [0], ["kern_alpha"], False)
+    on75 = fatbin_mod.judge(fat["libabc.so"], read_fatbin(fat["libabc.so"]), 75)
+    assert on75 == {"modules": 3, "modules_without_code": 2, "failing_modules": [0, 1],
+                    "kernels": ["kern_alpha", "kern_beta", "kern_gamma"], "kernel_count": 3, "ptx_too_new": False,
+                    "dispatch": 0, "runnable": False, "why": "no SASS for this arch and no PTX that JITs to it"}
+
+
+def read_fatbin(path):
+    from seedance.elf.reader import read_elf
+    return read_elf(path, fatbin=True).fatbin
+
+
+def test_a_module_of_variables_only_is_no_evidence(fat):
+    entries = read_fatbin(fat["libac.so"])
+    assert fatbin_mod.judge(fat["libac.so"], entries, 90) == {
+        "modules": 2, "modules_without_code": 1, "failing_modules": [], "kernels": [], "kernel_count": 0,
+        "ptx_too_new": False, "dispatch": 0, "runnable": True,
+        "why": "the 1 module(s) without code for this GPU hold no kernel (device-link stub or device variables)"}
+
+
+def test_ptx_too_new_for_the_driver(fat):
+    """compute_90 PTX from CUDA 13 is ISA 9.0 (cuobjdump -ptx's .version); a CUDA 12.4 driver
+    JITs up to ISA 8.4 (NVIDIA's PTX ISA release table)."""
+    _sass, _ptx, isas = inventory(fat["libac.so"])
+    if isas != ["9.0"]:
+        pytest.skip(f"this nvcc writes PTX ISA {isas}")
+    scanner = Scanner(CheckOptions(targets=[str(fat["tree"])], arch="sm_100", driver_version="12.4"))
+    scanner.run()
+    facts = {(f.kind, f.subject["path"]): f.data for f in scanner.facts if f.kind.startswith("fatbin")}
+    assert sorted(facts) == sorted([(kind, fat[lib]) for kind in ("fatbin", "fatbin_ptx")
+                                    for lib in ("liba.so", "libabc.so", "libac.so")
+                                    if not (lib == "libabc.so" and kind == "fatbin_ptx")])
+    jit = dict(facts[("fatbin_ptx", fat["libac.so"])])
+    common = {"target": "sm_100", "target_num": 100, "target_source": "--arch", "sass": ["sm_75", "sm_90"],
+              "ptx": ["compute_90"], "ptx_isa": ["9.0"]}
+    assert jit.pop("compressed") in (True, False)
+    assert jit.pop("why").startswith("PTX compute_90 is ISA 9.0, which needs a driver for")
+    assert jit == {**common, "jit_ok": False, "kernels": ["kern_alpha"], "kernel_count": 1,
+                   "driver": "a driver for CUDA 12.4", "ptx_isa_max": "8.4"}
+    by_arch = facts[("fatbin", fat["libac.so"])]
+    assert (by_arch["runnable"], by_arch["dispatch"], by_arch["modules"]) == (True, 0, 2)
+    assert facts[("fatbin", fat["libabc.so"])]["runnable"] is False
+    # the same PTX with a CUDA 13.0 driver JITs
+    ok = fatbin_mod.fatbin_facts(fat["liba.so"], read_fatbin(fat["liba.so"]), [fatbin_mod.parse_target("sm_100")],
+                                 driver="13.0")
+    assert [(f.kind, f.data["why"]) for f in ok] == [("fatbin", "PTX compute_90 JIT"), ("fatbin_ptx", "PTX compute_90 JIT")]
+    assert (ok[1].data["jit_ok"], ok[1].data["ptx_isa_max"], ok[1].data["kernel_count"]) == (True, "9.0", 0)
+
+
+def test_first_why_names_the_image_chosen(fat):
+    entries = read_fatbin(fat["liba.so"])
+    assert fatbin_mod.judge(fat["liba.so"], entries, 90) == {
+        "modules": 1, "modules_without_code": 0, "failing_modules": [], "kernels": [], "kernel_count": 0,
+        "ptx_too_new": False, "dispatch": 0, "runnable": True, "why": "SASS sm_90"}
+    assert fatbin_mod.judge(fat["liba.so"], entries, 120)["why"] == "PTX compute_90 JIT"
+    import dataclasses
+    # a second module holding only the PTX: two reasons, sorted, joined
+    two = list(entries) + [dataclasses.replace(e, module=1) for e in entries if e.kind == "ptx"]
+    assert fatbin_mod.judge(fat["liba.so"], two, 90)["why"] == "PTX compute_90 JIT; SASS sm_90"
+    assert fatbin_mod.judge(fat["liba.so"], two, 100)["why"] == "PTX compute_90 JIT"
