@@ -624,3 +624,152 @@ def test_a_version_need_pointing_past_the_file_is_a_read_past_its_end(gnu_lib, t
         read_elf(str(bad))
     assert str(caught.value) == (f"{bad}: malformed ELF: read of 16 bytes at {offset + 0x10000:#x} "
                                  f"past end of file ({len(data):#x})")
+
+
+# --- program headers at their edges, and tables the loader finds by address -------------------
+# (bench/mutation-survivors.md, agent/elf second sample: `_program_headers` 2 and 7,
+# `vaddr_to_offset` 1, `_symbols` 79.)  Each is read by the Python reader (the reference) and by
+# the C reader where it is built: both must give what pyelftools, or ld.so, give.
+
+def _both_readers(monkeypatch):
+    from seedance.elf import fastread
+    yield "python"
+    if fastread.available():
+        yield "c"
+
+
+def _read(monkeypatch, reader, *args, **kwargs):
+    if reader == "python":
+        monkeypatch.setenv("SEEDANCE_ELF_READER", "python")
+    else:
+        monkeypatch.delenv("SEEDANCE_ELF_READER", raising=False)
+    return read_elf(*args, **kwargs)
+
+
+def _segments(path):
+    with open(path, "rb") as handle:
+        elf = ELFFile(handle)
+        return elf["e_phoff"], elf["e_phentsize"], [dict(seg.header) for seg in elf.iter_segments()]
+
+
+def _no_section_headers(data):
+    struct.pack_into("<Q", data, 0x28, 0)  # e_shoff
+    struct.pack_into("<HHH", data, 0x3A, 0, 0, 0)  # e_shentsize, e_shnum, e_shstrndx
+
+
+def test_an_object_with_a_single_program_header(gnu_lib, tmp_path, monkeypatch):
+    """e_phnum == 1: the one header (here the build-id's PT_NOTE, no section headers left) is read."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    phoff, phentsize, segments = _segments(gnu_lib["path"])
+    with open(gnu_lib["path"], "rb") as handle:
+        elf = ELFFile(handle)
+        build_id = next(n for n in elf.get_section_by_name(".note.gnu.build-id").iter_notes())["n_desc"]
+        index = next(i for i, seg in enumerate(elf.iter_segments()) if seg["p_type"] == "PT_NOTE"
+                     and any(n["n_type"] == "NT_GNU_BUILD_ID" for n in seg.iter_notes()))
+    data[phoff:phoff + phentsize] = data[phoff + index * phentsize:phoff + (index + 1) * phentsize]
+    struct.pack_into("<H", data, 0x38, 1)  # e_phnum
+    _no_section_headers(data)
+    single = tmp_path / "single.so"
+    single.write_bytes(bytes(data))
+    with open(single, "rb") as handle:
+        elf = ELFFile(handle)
+        assert elf.num_segments() == 1
+        [note] = [n for n in elf.get_segment(0).iter_notes() if n["n_type"] == "NT_GNU_BUILD_ID"]
+        assert note["n_desc"] == build_id
+    for reader in _both_readers(monkeypatch):
+        assert _read(monkeypatch, reader, str(single)).build_id == build_id, reader
+
+
+def test_program_headers_ending_exactly_at_the_end_of_the_file(gnu_lib, tmp_path, monkeypatch):
+    """A file that is its ELF header and program headers only (the LOAD headers kept, the others
+    made PT_NULL, no section headers): the table fits, one byte less does not."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    phoff, phentsize, segments = _segments(gnu_lib["path"])
+    for index, seg in enumerate(segments):
+        if seg["p_type"] != "PT_LOAD":
+            struct.pack_into("<I", data, phoff + index * phentsize, 0)  # PT_NULL
+    _no_section_headers(data)
+    end = phoff + len(segments) * phentsize
+    exact = tmp_path / "headers-only.so"
+    exact.write_bytes(bytes(data[:end]))
+    with open(exact, "rb") as handle:
+        elf = ELFFile(handle)
+        assert elf.num_segments() == len(segments)
+        e_type, machine = elf["e_type"], elf["e_machine"]
+    assert (e_type, machine) == ("ET_DYN", "EM_X86_64")
+    short = tmp_path / "one-byte-short.so"
+    short.write_bytes(bytes(data[:end - 1]))
+    for reader in _both_readers(monkeypatch):
+        info = _read(monkeypatch, reader, str(exact))
+        assert (info.e_type, info.machine, info.has_dynamic, info.interpreter) == (3, 62, False, None), reader
+        with pytest.raises(ELFError, match="program headers past end of file"):
+            _read(monkeypatch, reader, str(short))
+
+
+def _dynamic_entry(data, dyn_offset, tag):
+    """File offset of the Elf64_Dyn whose d_tag is ``tag``."""
+    at = dyn_offset
+    while True:
+        d_tag, _ = struct.unpack_from("<qQ", data, at)
+        if d_tag == tag:
+            return at
+        assert d_tag != 0, f"no tag {tag}"
+        at += 16
+
+
+def test_a_table_at_the_first_byte_of_a_load_segment(gnu_lib, tmp_path, monkeypatch):
+    """The first PT_LOAD made to begin exactly at DT_GNU_HASH (offset == vaddr, as ld laid it
+    out), no section headers: ld.so still loads the library and binds its symbols, and the
+    readers count and read them through that address."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    phoff, phentsize, segments = _segments(gnu_lib["path"])
+    with open(gnu_lib["path"], "rb") as handle:
+        dynamic = ELFFile(handle).get_section_by_name(".dynamic")
+        gnu_hash = next(t["d_ptr"] for t in dynamic.iter_tags() if t.entry.d_tag == "DT_GNU_HASH")
+    index = next(i for i, seg in enumerate(segments) if seg["p_type"] == "PT_LOAD")
+    first = segments[index]
+    assert first["p_offset"] == first["p_vaddr"] == 0 and 0 < gnu_hash < first["p_filesz"]
+    struct.pack_into("<QQQQQ", data, phoff + index * phentsize + 8, gnu_hash, gnu_hash, gnu_hash,
+                     first["p_filesz"] - gnu_hash, first["p_memsz"] - gnu_hash)
+    _no_section_headers(data)
+    moved = tmp_path / "libmoved.so"
+    moved.write_bytes(bytes(data))
+    child = subprocess.run([sys.executable, "-c", "import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).seedance_fn_3(4))",
+                            str(moved)], capture_output=True, text=True)
+    assert child.stdout.strip() == "7", child.stderr  # ld.so loaded it and bound seedance_fn_3
+    for reader in _both_readers(monkeypatch):
+        info = _read(monkeypatch, reader, str(moved), symbols=True)
+        assert {s.name for s in info.symbols if s.defined} == gnu_lib["names"], reader
+
+
+def test_symbol_names_of_a_misaligned_symbol_table(gnu_lib, tmp_path, monkeypatch):
+    """A copy of .dynsym appended at a file offset that is not a multiple of 4 (the last PT_LOAD
+    grown over it, DT_SYMTAB pointed at it): the names are read entry by entry, and are
+    pyelftools' names of the original table."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    phoff, phentsize, segments = _segments(gnu_lib["path"])
+    with open(gnu_lib["path"], "rb") as handle:
+        elf = ELFFile(handle)
+        dynsym = elf.get_section_by_name(".dynsym")
+        table = dynsym.data()
+        names = [s.name for s in dynsym.iter_symbols()]
+        dyn_offset = elf.get_section_by_name(".dynamic")["sh_offset"]
+    last = max((i for i, seg in enumerate(segments) if seg["p_type"] == "PT_LOAD"),
+               key=lambda i: segments[i]["p_offset"])
+    seg = segments[last]
+    data += b"\0" * ((2 - len(data)) % 4)  # offset % 4 == 2
+    start = len(data)
+    data += table
+    vaddr = seg["p_vaddr"] + (start - seg["p_offset"])
+    filesz = len(data) - seg["p_offset"]
+    struct.pack_into("<QQ", data, phoff + last * phentsize + 32, filesz, max(filesz, seg["p_memsz"]))
+    struct.pack_into("<Q", data, _dynamic_entry(data, dyn_offset, 6) + 8, vaddr)  # DT_SYMTAB
+    moved = tmp_path / "libmisaligned.so"
+    moved.write_bytes(bytes(data))
+    assert start % 4 == 2
+    for prefixes in (("seedance_fn_1",), ("seedance_say", "seedance_fn_7")):
+        expected = sorted(n for n in names if n.startswith(prefixes))
+        assert expected
+        for reader in _both_readers(monkeypatch):
+            got = sorted(s.name for s in _read(monkeypatch, reader, str(moved), symbols=prefixes).symbols)
+            assert got == expected, reader
