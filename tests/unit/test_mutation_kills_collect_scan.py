@@ -375,6 +375,7 @@ def ready(options=None) -> Scanner:
 
     scanner = Scanner(options or CheckOptions(targets=["/"]))
     scanner.gpu = scan.gpu_context(scanner.options)
+    scanner.python_torch = None
     scanner.resolver = Resolver(env={})
     return scanner
 
@@ -957,3 +958,157 @@ def test_first_why_names_the_image_chosen(fat):
     two = list(entries) + [dataclasses.replace(e, module=1) for e in entries if e.kind == "ptx"]
     assert fatbin_mod.judge(fat["liba.so"], two, 90)["why"] == "PTX compute_90 JIT; SASS sm_90"
     assert fatbin_mod.judge(fat["liba.so"], two, 100)["why"] == "PTX compute_90 JIT"
+
+
+# --------------------------------------------------------------------------------------------
+# what packages load before an object: torch for its extensions, the NVIDIA wheels
+# --------------------------------------------------------------------------------------------
+
+def real_torch_lib() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")  # where pip put it, without importing it
+    if spec is None or spec.origin is None:
+        return None
+    lib = Path(spec.origin).parent / "lib"
+    return lib if (lib / "libc10.so").exists() and (lib / "libtorch_python.so").exists() else None
+
+
+@pytest.fixture(scope="module")
+def torch_ext(tmp_path_factory):
+    lib = real_torch_lib()
+    if lib is None:
+        pytest.skip("the torch wheel is not installed in this interpreter")
+    root = tmp_path_factory.mktemp("torchext")
+    write(root / "x.c", "int x(void){return 0;}\n")
+    out = root / ("ext" + EXT_SUFFIX)
+    cc("-shared", "-fPIC", root / "x.c", "-o", out, "-Wl,--no-as-needed", f"-L{lib}", "-lc10")
+    return out, lib
+
+
+def test_a_torch_extension_without_a_torch(torch_ext):
+    ext, _lib = torch_ext
+    assert "libc10.so: cannot open shared object file" in python_dlopen_error(ext)
+    scanner = Scanner(CheckOptions(targets=[str(ext)]))
+    scanner.run()
+    [env] = facts_of(scanner, "torch_env")
+    assert (env.subject, env.data) == ({"path": str(ext)}, {"found": False, "needs": ["libc10.so"]})
+    # the torch NEEDED stands in as a preload: no needed fact, no loader error
+    assert sorted(f.data["name"] for f in facts_of(scanner, "needed", ext)) == ["libc.so.6"]
+    from seedance.resolve import Resolver
+    result = Resolver(env={}).closure(str(ext))
+    fresh = ready()
+    assert fresh._preloads(str(ext), result) == (("libc10.so",), {})
+    assert fresh._torch_lib_near(str(ext)) is None and fresh._torch_for(str(ext)) is None
+
+
+def test_a_torch_extension_judged_against_the_torch_of_python(torch_ext):
+    ext, lib = torch_ext
+    scanner = Scanner(CheckOptions(targets=[str(ext)], python=sys.executable))
+    scanner.run()
+    assert facts_of(scanner, "torch_env") == []
+    needed = {f.data["name"]: f.data for f in facts_of(scanner, "needed", ext)}
+    assert sorted(needed) == ["libc.so.6", "libc10.so"]
+    assert (needed["libc10.so"]["resolved_path"], needed["libc10.so"]["source"]) == (str(lib / "libc10.so"), "loaded")
+    # `import torch` loaded libtorch_python.so and its whole closure first
+    assert list(scanner.torch_preloads) == [str(lib / "libtorch_python.so")]
+    preloaded = scanner.torch_preloads[str(lib / "libtorch_python.so")]
+    assert str(lib / "libtorch_python.so") in preloaded and str(lib / "libc10.so") in preloaded
+    assert str(lib / "libtorch_cpu.so") in preloaded
+    assert scanner._torch_lib_near(str(ext)) == str(lib)
+    from seedance.resolve import Resolver
+    result = Resolver(env={}).closure(str(ext))
+    preload, plan = scanner._preloads(str(ext), result)
+    assert preload == preloaded and plan == {}
+
+
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory):
+    """A site-packages laid out as pip lays out torch and an NVIDIA wheel: torch/lib/libtd.so
+    NEEDs libdemo.so.1, which only site-packages/nvidia/demo/lib holds."""
+    root = tmp_path_factory.mktemp("wheelsite")
+    site = root / "lib" / f"python3.{sys.version_info.minor}" / "site-packages"
+    (site / "nvidia" / "demo" / "lib").mkdir(parents=True)
+    (site / "torch" / "lib").mkdir(parents=True)
+    write(root / "d.c", "int demo(void){return 1;}\n")
+    provider = site / "nvidia" / "demo" / "lib" / "libdemo.so.1"
+    cc("-shared", "-fPIC", root / "d.c", "-o", provider, "-Wl,-soname,libdemo.so.1")
+    write(root / "t.c", "int demo(void);\nint td(void){return demo();}\n")
+    user = site / "torch" / "lib" / "libtd.so"
+    cc("-shared", "-fPIC", root / "t.c", "-o", user, f"-L{provider.parent}", "-l:libdemo.so.1")
+    return site, user, provider
+
+
+def test_a_library_an_nvidia_wheel_provides_through_torchs_preload(wheel_site, tree):
+    site, user, provider = wheel_site
+    assert "libdemo.so.1: cannot open shared object file" in dlopen_error(tree["dl"], user)
+    scanner = Scanner(CheckOptions(targets=[str(user)]))
+    scanner.run()
+    [fact] = [f for f in facts_of(scanner, "needed", user) if f.data["name"] == "libdemo.so.1"]
+    assert (fact.data["resolved"], fact.data["resolved_path"], fact.data["source"]) == (True, str(provider), "loaded")
+    assert (fact.data["context"], fact.data["package"]) == ("preloaded", "")
+    assert fact.data["reason"] == ("torch/__init__.py _load_global_deps() loads "
+                                   "site-packages/nvidia/demo/lib/libdemo.so.1 RTLD_GLOBAL before its own libraries")
+    from seedance.resolve import Resolver
+    result = Resolver(env={}).closure(str(user))
+    preload, plan = ready()._preloads(str(user), result)
+    assert preload == (str(provider),) and plan == {str(provider): (fact.data["reason"], "")}
+
+
+@pytest.fixture(scope="module")
+def two_runtimes(tmp_path_factory):
+    try:
+        import nvidia.cuda_runtime as rt
+    except ImportError:
+        pytest.skip("nvidia-cuda-runtime-cu12 wheel not installed")
+    cu12 = Path(list(rt.__path__)[0]) / "lib" / "libcudart.so.12"
+    cu13 = Path("/usr/local/cuda/lib64/libcudart.so.13")
+    if not (cu12.exists() and cu13.exists()):
+        pytest.skip("libcudart.so.12 (wheel) and libcudart.so.13 (/usr/local/cuda) both needed")
+    root = tmp_path_factory.mktemp("runtimes")
+    (root / "tree").mkdir()
+    write(root / "m.c", "int m(void){return 0;}\n")
+    for name in ("libmix_b.so", "libmix_a.so"):
+        cc("-shared", "-fPIC", root / "m.c", "-o", root / "tree" / name, "-Wl,--no-as-needed",
+           f"-L{cu12.parent}", f"-L{cu13.parent}", "-l:libcudart.so.12", "-l:libcudart.so.13",
+           f"-Wl,-rpath,{cu12.parent}:{cu13.parent}")
+    write(root / "app.c", "int main(void){return 0;}\n")
+    cc(root / "app.c", "-o", root / "tree" / "app", "-Wl,--no-as-needed", f"-L{root / 'tree'}", "-l:libmix_a.so",
+       "-Wl,-rpath,$ORIGIN")
+    return root / "tree", str(cu12), str(cu13)
+
+
+def test_two_cuda_runtimes_in_one_closure(two_runtimes):
+    tree_dir, cu12, cu13 = two_runtimes
+    from elftools.elf.elffile import ELFFile
+
+    for path, soname in ((cu12, "libcudart.so.12"), (cu13, "libcudart.so.13")):
+        with open(path, "rb") as handle:
+            tags = {t.entry.d_tag: getattr(t, "soname", None) for t in ELFFile(handle).get_section_by_name(
+                ".dynamic").iter_tags()}
+        assert tags["DT_SONAME"] == soname
+    mapped = ldd_paths(tree_dir / "app")
+    assert os.path.realpath(cu12) in map(os.path.realpath, mapped)
+    assert os.path.realpath(cu13) in map(os.path.realpath, mapped)
+    scanner = Scanner(CheckOptions(targets=[str(tree_dir)], driver_version="470.256.02"))
+    report = scanner.run()
+    mixes = facts_of(scanner, "cuda_runtimes")
+    # reported once, at the smallest closure holding both (the first by name of two equal ones)
+    assert [(f.subject, f.data, f.source) for f in mixes] == [
+        ({"path": str(tree_dir / "libmix_a.so")}, {"majors": [12, 13], "paths": sorted([cu12, cu13]),
+                                                   "via": "closure"}, "collect.closure")]
+    drivers = sorted((f.subject["path"], f.data["runtime_major"], f.data["runtime_path"])
+                     for f in facts_of(scanner, "cuda_driver"))
+    # one per (object that NEEDs a runtime, runtime), the app's closure adding none
+    assert drivers == sorted((str(tree_dir / lib), major, path) for lib in ("libmix_a.so", "libmix_b.so")
+                             for major, path in ((12, cu12), (13, cu13)))
+    for fact in facts_of(scanner, "cuda_driver"):
+        assert fact.data["driver_version"] == "470.256.02" and fact.data["driver_source"] == "--driver-version"
+    assert report.stats["facts_by_kind"]["cuda_runtimes"] == 1
+    # without a driver version: no driver fact
+    quiet = Scanner(CheckOptions(targets=[str(tree_dir)]))
+    quiet.run()
+    if quiet.gpu.driver_version is None:
+        assert facts_of(quiet, "cuda_driver") == []
+    runtimes = closure_mod.closure_runtimes(scanner.resolver.closure(str(tree_dir / "app")))
+    assert runtimes == {cu12: (12, str(tree_dir / "libmix_a.so")), cu13: (13, str(tree_dir / "libmix_a.so"))}
