@@ -728,3 +728,41 @@ def test_a_missing_preload_is_ignored_as_ld_so_ignores_it(tmp_path):
     closure = Resolver(env=env).closure(str(tmp_path / "app"))
     assert [name for name, _path, _first in closure.load_order] == listed
     assert [r.source for r in closure.resolutions if r.name == "libseedance_nothere.so"] == ["not-found"]
+
+
+def test_a_version_need_naming_a_file_nothing_needs(tmp_path):
+    """The program's Verneed for libgone.so rewritten to name "gone.so" (a suffix of the same
+    .dynstr string), which no DT_NEEDED names: dl-version.c finds no provider for it and ld.so
+    refuses to start the program; the resolver reports the need as not met, with no provider,
+    instead of failing itself (bench/mutation-survivors.md: `_version_checks` 13)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    from elftools.elf.elffile import ELFFile
+    (tmp_path / "g.c").write_text("int g(void){return 1;}\n")
+    (tmp_path / "v.map").write_text("GONE_1 { global: g; local: *; };\n")
+    (tmp_path / "m.c").write_text("int g(void); int main(void){return g()-1;}\n")
+    lib = tmp_path / "libgone.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, tmp_path / "g.c", "-Wl,-soname,libgone.so",
+                    f"-Wl,--version-script,{tmp_path / 'v.map'}"], check=True)
+    app = tmp_path / "app"
+    subprocess.run(["gcc", "-o", app, tmp_path / "m.c", str(lib), f"-Wl,-rpath,{tmp_path}"], check=True)
+    assert subprocess.run([str(app)], env=CLEAN, timeout=60).returncode == 0
+    data = bytearray(app.read_bytes())
+    with open(app, "rb") as handle:
+        elf = ELFFile(handle)
+        dynstr = elf.get_section_by_name(".dynstr")
+        at = elf.get_section_by_name(".gnu.version_r")["sh_offset"]
+        while True:
+            _version, _count, vn_file, _aux, vn_next = struct.unpack_from("<HHIII", data, at)
+            if dynstr.get_string(vn_file) == "libgone.so":
+                struct.pack_into("<I", data, at + 4, vn_file + 3)  # "gone.so"
+                break
+            assert vn_next, "no Verneed for libgone.so"
+            at += vn_next
+    app.write_bytes(bytes(data))
+    proc = subprocess.run([str(app)], capture_output=True, text=True, errors="replace", env=CLEAN, timeout=60)
+    assert proc.returncode != 0, "ld.so ran a program whose version need names no loaded file"
+    closure = Resolver(env={}).closure(str(app))
+    [check] = [c for c in closure.version_checks if c.file == "gone.so"]
+    assert (check.requester, check.version, check.provider, check.defined) == (str(app), "GONE_1", None, False)
+    assert [r.path for r in closure.resolutions if r.name == "libgone.so"] == [str(lib)]
