@@ -154,6 +154,22 @@ def _argv() -> list:
 # --- cuda-mismatch -----------------------------------------------------------------------------
 
 def _cuda_mismatch(args) -> int:
+    zygote = None
+    if not args.dry_run:
+        # forked first, while this process holds nothing but the interpreter: the process
+        # verify() dlopens each rewritten file in (seedance.fix.dlopen_child; issue 13)
+        from ..fix.dlopen_child import DlopenZygote
+
+        if DlopenZygote.safe_to_fork():
+            zygote = DlopenZygote()
+    try:
+        return _relink(args, zygote)
+    finally:
+        if zygote is not None:
+            zygote.close()
+
+
+def _relink(args, zygote) -> int:
     from ..fix import atomic, relink
     from ..fix.journal import VerifyFailed
     from ..errors import ELFError
@@ -167,7 +183,7 @@ def _cuda_mismatch(args) -> int:
         runtime = str(relink.process_major(args.pid))
         print(f"pid {args.pid} uses the CUDA {runtime} runtime: aligning with it")
     journal = None if args.dry_run else _journal()
-    relinker = relink.Relinker(roots, runtime=runtime)
+    relinker = relink.Relinker(roots, runtime=runtime, zygote=zygote)
     # the default roots take ~10 s here: say so on a terminal (issue 16), never on stdout
     from ..progress import Progress, wanted
     report = relinker.check(Progress(enabled=wanted(args), label="scanning"))
@@ -209,7 +225,7 @@ def _cuda_mismatch(args) -> int:
         print("nothing relinked")
         return 1
     relinker.drop_mappings()  # the plans are made; nothing of ours maps a target from here on
-    relinker.start_verifier()  # its interpreter starts while the pre-flight checks run
+    relinker.start_verifier()  # without a zygote: its interpreter starts while the pre-flight checks run
     try:
         mapped = atomic.MappedIndex.scan()
         for action in runnable:  # every refusal before any file is touched

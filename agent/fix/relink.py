@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from collections import Counter
 
 from ..elf.reader import is_elf, read_elf
 from ..errors import BadInput, ELFError, SeedanceError
 from . import atomic, dynedit
+from .dlopen_child import DlopenChild, dlopen_in_child  # noqa: F401 (verify's oracles, re-exported)
 from .plan import RELINK_RULES, FixPlan, RelinkAction, dynamic_diff
 
 FAMILY = re.compile(r"^lib(cudart|cublasLt|cublas|curand|cufftw|cufft|cusparse|cusolverMg|cusolver|"
@@ -96,8 +95,11 @@ def cuda_major_of(path: str, info=None) -> int | None:
 class Relinker:
     """Plans and applies cuda-mismatch relinks over ``roots``."""
 
-    def __init__(self, roots, runtime: str = "auto", env: dict | None = None):
+    def __init__(self, roots, runtime: str = "auto", env: dict | None = None, zygote=None):
+        """``zygote``: a dlopen_child.DlopenZygote forked early by the command, which verify()
+        uses where it is as faithful as a fresh process (else a DlopenChild is started)."""
         self.roots = list(roots)
+        self.zygote = zygote
         self.runtime = None if runtime in (None, "auto") else int(runtime)
         self.env = dict(os.environ if env is None else env)
         from ..resolve import Resolver
@@ -441,8 +443,9 @@ class Relinker:
 
     # --- apply ---------------------------------------------------------------------------------
     def start_verifier(self) -> None:
-        """Start the dlopen child of the next verify() now, so its start-up overlaps the write."""
-        if self._verifier is None:
+        """Start the dlopen child of the next verify() now, so its start-up overlaps the write
+        (a zygote that serves this environment needs no start)."""
+        if self._verifier is None and not (self.zygote is not None and self.zygote.usable_for(self.env)):
             self._verifier = DlopenChild(self.env)
 
     def _mapped(self, path: str):
@@ -459,10 +462,12 @@ class Relinker:
         self._layouts.clear()
 
     def close(self) -> None:
-        """End the waiting dlopen child and drop the mappings."""
+        """End the waiting dlopen child and the zygote, and drop the mappings."""
         if self._verifier is not None:
             self._verifier.close()
             self._verifier = None
+        if self.zygote is not None:
+            self.zygote.close()
         self.drop_mappings()
 
     def edit(self, action: RelinkAction) -> dynedit.FileEdit:
@@ -495,22 +500,31 @@ class Relinker:
     def verify(self, action: RelinkAction, temp: str) -> None:
         """Re-parse, check the intended edit, resolve again, dlopen in a child process.  The
         child has the path first and loads it while the rest is checked here."""
-        child, self._verifier = self._verifier, None
-        child = child or DlopenChild(self.env)
+        zygote = self.zygote if self.zygote is not None and self.zygote.usable_for(self.env) else None
+        if zygote is not None:
+            child = zygote
+        else:
+            child, self._verifier = self._verifier, None
+            child = child or DlopenChild(self.env)
         child.send(temp)
         try:
-            self._verify_static(action, temp)
+            closure = self._verify_static(action, temp)
         except BaseException:
             child.kill()
             raise
         error = child.result()
+        if zygote is not None:
+            shadowed = zygote.shadowed((r.name, r.path) for r in closure.resolutions)
+            if shadowed:  # the zygote holds a library under a name the file needs: ask a fresh process
+                error = dlopen_in_child(temp, self.env)
         if error:
             original_error = dlopen_in_child(action.path, self.env)
             names = set(action.renames) | set(action.renames.values()) | set(action.version_renames.values())
             if not original_error or any(n in error for n in names):
                 raise BadInput(f"dlopen in a child process failed: {error}")
 
-    def _verify_static(self, action: RelinkAction, temp: str) -> None:
+    def _verify_static(self, action: RelinkAction, temp: str):
+        """The static checks of verify(); returns the temp file's closure."""
         info = read_elf(temp)
         for old, new in action.renames.items():
             if new not in info.needed or old in info.needed:
@@ -533,6 +547,7 @@ class Relinker:
         for check in closure.version_checks:
             if check.requester == temp and not check.defined and not check.weak:
                 raise BadInput(f"version {check.version} is not defined by {check.provider}")
+        return closure
 
 
 def _evidence_paths(evidence) -> set:
@@ -543,94 +558,6 @@ def _evidence_paths(evidence) -> set:
             if isinstance(item, str) and item.startswith("/"):
                 found.add(os.path.realpath(item))
     return found
-
-
-def dlopen_in_child(path: str, env: dict) -> str:
-    """'' when ``path`` loads with RTLD_NOW in a fresh process, else the loader's message."""
-    return DlopenChild(env).load(path)
-
-
-class DlopenChild:
-    """A fresh process that dlopens one path with RTLD_NOW: the oracle of verify().
-
-    Started ahead (the fixer starts it before it writes), it has its interpreter up and
-    ctypes imported while the temp file is written, and then waits for the path on stdin:
-    its start-up was most of a small library's verification (issue 13).  One path per child,
-    so nothing loaded for one check can satisfy the next; the environment (LD_LIBRARY_PATH,
-    ...) is the one given, read by ld.so when the child starts."""
-
-    CODE = ("import ctypes, os, sys\n"
-            "path = os.fsdecode(sys.stdin.buffer.read())\n"
-            "if not path:\n"
-            "    sys.exit(0)\n"
-            "try:\n"
-            "    ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)\n"
-            "except OSError as exc:\n"
-            "    print(exc); sys.exit(3)\n")
-
-    def __init__(self, env: dict):
-        # -I -S: no site-packages, .pth hooks or PYTHON* variables: the child only needs ctypes,
-        # and skipping site halves its start-up (issue 13); LD_* still come from ``env``
-        read, self._path_pipe = os.pipe()  # our own pipe: send() writes the path and closes it
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", self.CODE], stdin=read,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        except BaseException:
-            os.close(self._path_pipe)
-            raise
-        finally:
-            os.close(read)
-
-    def send(self, path: str) -> None:
-        """Give it the path to load (it starts at once; result() collects the verdict)."""
-        if self._path_pipe is None:
-            raise ValueError("this child was already given a path")
-        try:
-            data = os.fsencode(path)
-            while data:  # a path fits in the pipe's buffer: this never blocks
-                data = data[os.write(self._path_pipe, data):]
-        except BrokenPipeError:
-            pass  # it died before reading: result() reports its exit
-        finally:
-            self._end_input()
-
-    def _end_input(self) -> None:
-        if self._path_pipe is not None:
-            os.close(self._path_pipe)
-            self._path_pipe = None
-
-    def result(self, timeout: float = 60) -> str:
-        """'' when the path loaded, else the loader's message (one line)."""
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return f"dlopen did not return within {timeout:g} s"
-        if self.proc.returncode == 0:
-            return ""
-        out = out.decode("utf-8", "replace").strip()
-        err = err.decode("utf-8", "replace").strip()
-        return out or (err.splitlines() or [f"exit {self.proc.returncode}"])[-1]
-
-    def load(self, path: str, timeout: float = 60) -> str:
-        """'' when ``path`` loads, else the loader's message (one line)."""
-        self.send(path)
-        return self.result(timeout)
-
-    def kill(self) -> None:
-        self._end_input()
-        if self.proc.returncode is None:
-            self.proc.kill()
-        self.proc.communicate()
-
-    def close(self) -> None:
-        """End a child that was not given a path (EOF on stdin: it exits loading nothing)."""
-        self._end_input()
-        if self.proc.returncode is None:
-            try:
-                self.proc.communicate(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def require_elf(paths) -> None:

@@ -126,6 +126,27 @@ def test_refuses_when_the_target_lacks_a_symbol_and_names_both(tmp_path, env):
     assert sha(old) == original
 
 
+def test_a_rewrite_that_does_not_load_is_not_written(tmp_path, env):
+    # the static checks all pass (every symbol it binds exists in CUDA 13), but its constructor
+    # refuses a CUDA 13 runtime: only the dlopen in a child (the zygote's, issue 13) sees that
+    libs = build_mixed(tmp_path)
+    kern = gcc(tmp_path / "libkern.so",
+               "#include <stdlib.h>\nint cudaRuntimeGetVersion(int*); int cudaGetDeviceCount(int*);\n"
+               "__attribute__((constructor)) static void only12(void){int v=0; cudaRuntimeGetVersion(&v);"
+               " if (v >= 13000) abort();}\n"
+               "int kern_count(void){int n=0; cudaGetDeviceCount(&n); return n;}\n",
+               f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{CU12}")
+    original = sha(kern)
+    oracle = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(kern)],
+                            capture_output=True)
+    assert oracle.returncode == 0  # as built, it loads
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", libs["app"], env=env)
+    assert fix.returncode == 1, fix.stdout + fix.stderr
+    assert "not relinked" in fix.stdout and "dlopen in a child process failed" in fix.stdout
+    assert sha(kern) == original
+    assert not [n for n in os.listdir(tmp_path) if ".seedance-tmp" in n]
+
+
 def test_runtime_flag_overrides_the_choice(tmp_path, env):
     libs = build_mixed(tmp_path)
     app = str(libs["app"])
