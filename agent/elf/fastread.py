@@ -14,8 +14,8 @@ reader is used, with the same results.
 """
 from __future__ import annotations
 
+import _thread  # threading's own primitives; importing threading itself was ~1 ms of a `seedance ldd`
 import os
-import threading
 
 from ..errors import ELFError
 
@@ -26,9 +26,9 @@ SCRATCH_CAPACITY = 1 << 16  # files up to this size are read, not mapped (fastel
 
 ABI = 3  # must equal SD_FASTELF_ABI in fastelf.h
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()  # threading.Lock
 _lib = None  # the loaded module's (ffi, lib), False when unavailable
-_local = threading.local()  # per-thread buffers: cffi drops the GIL during the call
+_local = _thread._local()  # threading.local: per-thread buffers, as cffi drops the GIL during the call
 
 
 def _load():
