@@ -291,3 +291,20 @@ def test_plugin_cuda_runtime_declared_without_a_linked_runtime_is_no_contradicti
     declared = [(f.data["declared_major"], f.data["linked_major"]) for f in facts if "declared_major" in f.data]
     assert declared == [(13, 0)]
     assert not fired(rules, facts, "plugin-cuda-runtime-declared")
+
+
+def test_driver_module_mismatch_on_this_hosts_driver(rules, tmp_path):
+    """`driver-module-mismatch` on the plugin_driver fact check_root builds from the real probe
+    (the loaded kernel module's version, /proc/driver/nvidia/version, against NVML's): it fires
+    exactly when the two differ.  The fact is built inline from gpu_host.probe(), so only a host
+    with the driver can show the versions-equal side (bench/mutation-survivors.md: the
+    `module_version != nvml_version` operand dropped); without one the test skips there."""
+    from seedance.plugins.store import Store
+
+    gpu = host.probe()
+    if not (gpu.module_version and gpu.driver_version):
+        pytest.skip("no NVIDIA driver here: the kernel module and NVML must both be observed")
+    check = layers.check_root(EXAMPLES / "fatbin-kernels", False, None, store=Store(tmp_path / "plugins"))
+    [fact] = [f for f in check.facts if f.kind == "plugin_driver"]
+    assert (fact.data["module_version"], fact.data["nvml_version"]) == (gpu.module_version, gpu.driver_version)
+    assert fired(rules, [fact], "driver-module-mismatch") is (gpu.module_version != gpu.driver_version)
