@@ -263,7 +263,11 @@ def _cache_path(directory: str) -> str | None:
         base = os.path.join(home, ".cache")
     import zlib
 
-    return os.path.join(base, "seedance", f"rules-{zlib.crc32(os.fsencode(directory)):08x}.json")
+    # one file per rules directory and per copy of this code: two installations sharing a
+    # rules directory (a checkout and a copy of it, a bench's baseline) would otherwise
+    # replace each other's cache on every run
+    who = os.fsencode(directory) + b"\0" + os.fsencode(os.path.realpath(__file__))
+    return os.path.join(base, "seedance", f"rules-{zlib.crc32(who):08x}.json")
 
 
 def _file_stamp(path: str) -> list:
