@@ -1112,3 +1112,172 @@ def test_two_cuda_runtimes_in_one_closure(two_runtimes):
         assert facts_of(quiet, "cuda_driver") == []
     runtimes = closure_mod.closure_runtimes(scanner.resolver.closure(str(tree_dir / "app")))
     assert runtimes == {cu12: (12, str(tree_dir / "libmix_a.so")), cu13: (13, str(tree_dir / "libmix_a.so"))}
+
+
+# --------------------------------------------------------------------------------------------
+# config.py: the values that feed the loader, read as a shell and ld.so read them
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, names", [
+    ("$HOME/x", ["HOME"]),                # at the very start
+    ("x$A", ["A"]),                       # a one-letter name at the very end
+    ("x$", []), ("$", []), ("", []), ("$$", []),
+    ("$A$B", ["A", "B"]),
+    ("${AB}/${CD}", ["AB", "CD"]),
+    ("$AB_9/x", ["AB_9"]),
+    ("$$$A", ["A"]),                      # an escaped dollar, then $A
+    ("$$${A}", ["A"]),
+    ("x}${A}", ["A"]),                    # a brace before the reference is not its end
+    ("${AB", []),                         # unclosed
+    ("${}", []), ("${1A}", []), ("$1A", []),
+    ("${A}$B", ["A", "B"]),
+    ("${A-x}${B}", ["B"]),                # not a name; the next one is
+    ("$-$A", ["A"]),
+])
+def test_early_references_like_a_shell(value, names):
+    assert config_mod.early_references(value) == names
+
+
+@pytest.mark.parametrize("key, value, use", [
+    ("LD_PRELOAD", "/x", "preload"), ("ld_preload", "/x", "preload"), ("Preload", "/x", "preload"),
+    ("preloads", "/x/y", "preload"), ("LD_AUDIT", "/x", "preload"), ("ld_audit", "/x", "preload"),
+    ("LD_LIBRARY_PATH", "/x", "libpath"), ("ld_library_path", "/x", "libpath"),
+    ("library", "/opt/x", "libpath"), ("LIBS", "/opt/x", "libpath"), ("shim_path", "/opt/x", "libpath"),
+    ("my_library_path", "/opt/x", "libpath"), ("cuda_lib_path", "/opt/x", "libpath"),
+    ("cuda_preload", "/opt/x", "preload"), ("CUDA_PRELOAD", "/opt/x", "preload"),
+    ("x", "libfoo.so", "libpath"), ("x", "libfoo.so.1", "libpath"), ("x", "/a/libfoo.so.1.2:/b", "libpath"),
+    ("x", "libfoo.so.1 more", "libpath"),
+    ("x", "libfoo.sox", None), ("x", "foo.so.a", None), ("foo", "bar", None), ("env", "/opt/x", None),
+])
+def test_which_keys_feed_the_loader(key, value, use):
+    assert config_mod.is_loader_key(key, value) == use
+
+
+def config_file(tmp_path, text, name="seedance.yaml"):
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return str(path)
+
+
+def test_config_facts_whole(tmp_path):
+    safe = tmp_path / "safe"
+    safe.mkdir(mode=0o755)
+    os.chmod(safe, 0o755)
+    present = safe / "libok.so"
+    present.write_bytes(b"x")
+    os.chmod(present, 0o644)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    exposed = open_dir / "libbad.so"
+    exposed.write_bytes(b"x")
+    os.chmod(exposed, 0o644)
+    gone1, gone2 = tmp_path / "nope1.so", tmp_path / "nope2.so"
+    path = config_file(tmp_path, (
+        "env:\n"
+        f"  LD_PRELOAD: libbare.so:{gone1}:{gone2}\n"                       # line 2
+        f"  LD_AUDIT: {present} {exposed}\n"                                # line 3
+        "  LD_LIBRARY_PATH: ${A}/lib:$B/lib:$${C}\n"                       # line 4
+        "items: [\"LD_PRELOAD=$HOME/x.so\", \"ld_preload=/opt/y.so\", \"FOO=/opt/z.so\", \"BAR=1\"]\n"  # line 5
+        "list:\n"
+        "  preload:\n"
+        f"    - {present}\n"                                                  # line 8
+        "    - ${HOME}/y.so\n"                                                # line 9
+        "? [a, b]\n"
+        ": /opt/libkeyless.so\n"
+        "other: 5\n"))
+    facts = config_mod.config_facts(path)
+    assert all(f.kind == "config_env" and f.subject == {"path": path} and f.source == "collect.config" for f in facts)
+    got = [f.data for f in facts]
+
+    def fact(key, value, line, use, problem="", names=(), missing=False, writable=False):
+        return {"key": key, "value": value, "problem": problem, "line": line, "expands_early": bool(names),
+                "variables": list(names), "preload_missing": missing, "preload_writable": writable, "use": use}
+
+    lazy = " when the config is read (use the lazy form $${...})"
+    assert got[0] == fact("LD_PRELOAD", f"libbare.so:{gone1}:{gone2}", 2, "preload", missing=True,
+                          problem=f"preload {gone1} does not exist; preload {gone2} does not exist")
+    audit = dict(got[1])
+    problem = audit.pop("problem")
+    assert audit == {k: v for k, v in fact("LD_AUDIT", f"{present} {exposed}", 3, "preload", writable=True).items()
+                     if k != "problem"}
+    assert problem.startswith("preload from an unsafe path: ") and "world-writable" in problem
+    assert str(open_dir) in problem and "; " not in problem
+    assert got[2] == fact("LD_LIBRARY_PATH", "${A}/lib:$B/lib:$${C}", 4, "libpath", names=["A", "B"],
+                          problem="expands ${A}, ${B}" + lazy)
+    assert got[3] == fact("LD_PRELOAD", "$HOME/x.so", 5, "preload", names=["HOME"], problem="expands ${HOME}" + lazy)
+    assert got[4] == fact("ld_preload", "/opt/y.so", 5, "preload", missing=not os.path.exists("/opt/y.so"),
+                          problem="" if os.path.exists("/opt/y.so") else "preload /opt/y.so does not exist")
+    # an env item that is not the loader's: judged under its list's key, by its value
+    assert got[5] == fact("items", "FOO=/opt/z.so", 5, "libpath")
+    assert got[6] == fact("preload", str(present), 8, "preload")
+    assert got[7] == fact("preload", "${HOME}/y.so", 9, "preload", names=["HOME"], problem="expands ${HOME}" + lazy)
+    assert len(got) == 8  # the value of a key that is no scalar, and `other`, feed nothing
+
+
+def test_config_facts_file_edges(tmp_path):
+    assert config_mod.config_facts(config_file(tmp_path, "", "empty.yaml")) == []
+    assert config_mod.config_facts(config_file(tmp_path, "# only a comment\n", "c.yaml")) == []
+    # bytes that are not UTF-8 are replaced, not fatal
+    [fact] = config_mod.config_facts(config_file(tmp_path, b"LD_LIBRARY_PATH: /opt/\xff/lib\n", "u.yaml"))
+    assert fact.data["value"] == "/opt/\ufffd/lib"
+    # only the first 4 MiB are read: a key past them is not seen, and the file is not refused
+    big = config_file(tmp_path, "LD_LIBRARY_PATH: /a\n#" + "x" * (5 << 20) + "\nLD_PRELOAD: /b.so\n", "big.yaml")
+    assert [f.data["key"] for f in config_mod.config_facts(big)] == ["LD_LIBRARY_PATH"]
+    # a reader error has no line: the text says so without one
+    bad = config_file(tmp_path, "a: \x07b\n", "ctl.yaml")
+    with pytest.raises(config_mod.BadYaml) as err:
+        config_mod.config_facts(bad)
+    assert str(err.value).startswith(f"{bad}: not valid YAML: unacceptable character #x0007")
+    # a parser error: its line, and libyaml's problem
+    import yaml
+    text = "a: 1\nenv: [unclosed\n"
+    bad = config_file(tmp_path, text, "flow.yaml")
+    try:
+        yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        expected = f"{bad}: line {exc.problem_mark.line + 1} not valid YAML: {exc.problem}"
+    with pytest.raises(config_mod.BadYaml) as err:
+        config_mod.config_facts(bad)
+    assert str(err.value) == expected and " line 3 " in expected
+    # the caps (yamlio) are bad YAML too, with their own text
+    deep = config_file(tmp_path, "[" * 100 + "]" * 100 + "\n", "deep.yaml")
+    with pytest.raises(config_mod.BadYaml) as err:
+        config_mod.config_facts(deep)
+    assert str(err.value).startswith(f"{deep}:") and "nested deeper than" in str(err.value)
+
+
+def test_config_nesting(tmp_path):
+    import yaml
+
+    def nested(levels):
+        return "{a: " * (levels - 1) + '{LD_PRELOAD: "${HOME}/x.so"}' + "}" * (levels - 1)
+
+    # through the file: a value 40 mappings deep is read (yamlio accepts it)
+    [fact] = config_mod.config_facts(config_file(tmp_path, nested(40) + "\n", "n40.yaml"))
+    assert fact.data["key"] == "LD_PRELOAD" and fact.data["line"] == 1
+    # _walk's own bound, on nodes composed without the caps: 64 levels read, 65 not
+    for levels, count in ((64, 1), (65, 0)):
+        facts = []
+        config_mod._walk("p", yaml.compose(nested(levels)), None, facts, depth=0)
+        assert len(facts) == count, levels
+
+
+def test_config_files_of_a_directory(tmp_path):
+    root = tmp_path / "cfg"
+    deep = root / "a" / "b" / "c" / "d" / "e" / "f"
+    deep.mkdir(parents=True)
+    (root / "z").mkdir()
+    for rel in ("x.yml", "w.yaml", "notes.txt", "a/b/c/d/e/five.yaml", "a/b/c/d/e/f/six.yaml", "z/v.yaml",
+                "a/one.yml"):
+        (root / rel).write_text("k: v\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "linked.yaml").write_text("k: v\n")
+    os.symlink(elsewhere, root / "link")  # a linked directory is not followed
+    assert config_mod.config_files(str(root)) == [
+        str(root / "w.yaml"), str(root / "x.yml"), str(root / "a" / "one.yml"),
+        str(root / "a" / "b" / "c" / "d" / "e" / "five.yaml"), str(root / "z" / "v.yaml")]
