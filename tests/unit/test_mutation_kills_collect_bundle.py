@@ -1181,3 +1181,85 @@ def test_a_damaged_ld_so_cache_lists_nothing(tmp_path):
     bad.write_bytes(b"glibc-ld.so.cache1.1" + b"\xff" * 40)
     assert host.ld_cache_paths(str(bad)) == []
     assert host.ld_cache_paths(str(tmp_path)) == []  # a directory: OSError
+
+
+# --- redaction: the rules of docs/bundle.md, case by case -------------------------------------
+def test_structures_redact_secret_names_pairs_and_url_passwords_only():
+    redactor = bundle.Redactor()
+    doc = {"kind": "config_env", "n": 3, "ok": True, "none": None,
+           "data": {"key": "AWS_SECRET_ACCESS_KEY", "value": "abcdEFGH1234", "build_id": "deadbeef"},
+           "env": [{"name": "HF_TOKEN", "value": "hf_zzzz"}, {"name": "hf_token", "value": "lowercase"},
+                   {"name": "PATH", "value": "/bin"}, {"name": "GH_TOKEN", "value": 7}],
+           "FOO_PASSWORD": "pw12", "api_key": "kept: our own field name", "MY_KEY": "",
+           "urls": ["https://u:p4ss@h/x", "plain"], 5: "int key"}
+    out = redactor.structure("facts.json", doc)
+    assert out == {"kind": "config_env", "n": 3, "ok": True, "none": None,
+                   "data": {"key": "AWS_SECRET_ACCESS_KEY", "value": "<redacted>", "build_id": "deadbeef"},
+                   "env": [{"name": "HF_TOKEN", "value": "<redacted>"}, {"name": "hf_token", "value": "lowercase"},
+                           {"name": "PATH", "value": "/bin"}, {"name": "GH_TOKEN", "value": 7}],
+                   "FOO_PASSWORD": "<redacted>", "api_key": "kept: our own field name", "MY_KEY": "",
+                   "urls": ["https://u:<redacted>@h/x", "plain"], "5": "int key"}
+    assert redactor.redactions == [{"where": "facts.json", "name": n}
+                                   for n in ("AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "FOO_PASSWORD", "url")]
+    # four characters or more are scrubbed from other members; shorter ones would hit "1", "yes"
+    assert redactor.values == {"abcdEFGH1234", "hf_zzzz", "pw12", "p4ss"}
+    again = bundle.Redactor()
+    again.value("w", "A_TOKEN", "abc")
+    assert again.values == set() and again.redactions == [{"where": "w", "name": "A_TOKEN"}]
+    again.value("w", "A_TOKEN", "abcd")
+    assert again.redactions == [{"where": "w", "name": "A_TOKEN"}]  # each (where, name) once
+    assert again.value("w", "PASSWD_FILE", "") == ""  # nothing to hide
+    # maybe_structure walks only where the JSON text could hold a secret
+    plain = {"data": {"key": "PATH", "value": "/bin"}}
+    assert bundle.Redactor().maybe_structure("f", plain) is plain
+    hit = bundle.Redactor()
+    assert hit.maybe_structure("f", {"X_CREDENTIAL": "zzzz"}) == {"X_CREDENTIAL": "<redacted>"}
+    assert hit.maybe_structure("f", {"u": "ftp://a:bbbb@c"}) == {"u": "ftp://a:<redacted>@c"}
+
+
+def test_config_text_redaction_keeps_every_line_and_its_ending():
+    redactor = bundle.Redactor()
+    text = ("# comment: https://x:commentpw@h\r\n"
+            "export DB_PASSWORD='s3cr3t-value'\r\n"
+            '"GITHUB_TOKEN": "ghp_abcdef"\n'
+            "  api-key = k3yk3y  \n"
+            "EMPTY_SECRET=\n"
+            "plain: value\n"
+            "endpoint: https://me:pw99@host")
+    out = redactor.config_text("configs/x", text)
+    assert out == ("# comment: https://x:<redacted>@h\r\n"
+                   "export DB_PASSWORD=<redacted>\r\n"
+                   '"GITHUB_TOKEN": <redacted>\n'
+                   "  api-key = <redacted>  \n"
+                   "EMPTY_SECRET=\n"
+                   "plain: value\n"
+                   "endpoint: https://me:<redacted>@host")
+    assert redactor.redactions == [{"where": "configs/x", "name": n} for n in
+                                   ("url", "DB_PASSWORD", "GITHUB_TOKEN", "api-key", "endpoint")]
+    assert redactor.values == {"commentpw", "s3cr3t-value", "ghp_abcdef", "k3yk3y", "pw99"}
+    env = bundle.Redactor().environ("e", {"SESSION_KEY": "kkkk", "HOME": "/root", "URL": "s3://a:bbbbb@c"})
+    assert env == {"SESSION_KEY": "<redacted>", "HOME": "/root", "URL": "s3://a:<redacted>@c"}
+
+
+def test_scrub_finds_a_secret_in_every_form_a_member_holds_it():
+    redactor = bundle.Redactor()
+    secret = 'pä"ss\\wd\udcff'  # a quote, a backslash, non-ASCII, an undecodable byte (surrogateescape)
+    short = "pä"
+    redactor.value("e", "X_TOKEN", secret)
+    redactor.value("e", "Y_TOKEN", secret + "-longer")
+    raw = secret.encode("utf-8", "surrogateescape")
+    as_json = json.dumps({"v": secret}).encode()  # how facts.json and environ.json write it
+    assert raw in b"<" + raw + b">" and b"\\u00e4" in as_json
+    assert redactor.scrub(b"<" + raw + b">") == b"<<redacted>>"
+    assert redactor.scrub(as_json) == b'{"v": "<redacted>"}'
+    # the longer secret first, or its tail would be left behind
+    longer = json.dumps({"v": secret + "-longer"}).encode()
+    assert redactor.scrub(longer) == b'{"v": "<redacted>"}'
+    assert redactor.scrub(short.encode()) == short.encode()
+
+
+def test_env_names_as_environments_spell_them():
+    for name in ("FOO_TOKEN", "AWS_SECRET_ACCESS_KEY", "A1_PASSWD", "X_CREDENTIALS"):
+        assert bundle._env_name(name), name
+    for name in ("foo_token", "Foo_TOKEN", "_TOKEN", "PATH", "1_TOKEN", "FOO-TOKEN", ""):
+        assert not bundle._env_name(name), name
