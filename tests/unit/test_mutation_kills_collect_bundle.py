@@ -495,6 +495,8 @@ def test_host_and_ldso_members_are_the_hosts_files(captured):
     assert json.loads(c.held["host/uname.json"]) == {
         "system": uname.sysname, "node": uname.nodename, "release": uname.release, "version": uname.version,
         "machine": uname.machine, "processor": platform.uname().processor}
+    text = c.held["host/uname.json"].decode()
+    assert text == json.dumps(json.loads(text), indent=1)
     try:
         torch = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -1263,3 +1265,32 @@ def test_env_names_as_environments_spell_them():
         assert bundle._env_name(name), name
     for name in ("foo_token", "Foo_TOKEN", "_TOKEN", "PATH", "1_TOKEN", "FOO-TOKEN", ""):
         assert not bundle._env_name(name), name
+
+
+def test_a_small_capture_with_python_and_a_config_that_is_not_utf8(tmp_path):
+    """.tgz, --python (torch's version from that interpreter's wheel, never imported) and a
+    config whose comment is not UTF-8: kept, with U+FFFD where the bytes were."""
+    from seedance.collect.scan import CheckOptions, Scanner
+    from seedance.output import prepare_output
+
+    tree = tmp_path / "t"
+    (tree / "seedance").mkdir(parents=True)
+    raw = b"# caf\xe9 \xff\nenv:\n  LD_LIBRARY_PATH: /opt/x\n"
+    (tree / "seedance" / "agent.yaml").write_bytes(raw)
+    path = tmp_path / "small.tgz"
+    err = io.StringIO()
+    options = CheckOptions(targets=[str(tree)], python=sys.executable, strict=True)
+    _report, summary = bundle.capture(options, prepare_output(str(path), what="bundle"), stderr=err)
+    held = {name: data for name, _info, data in read_members(path)}
+    assert held["configs" + str(tree / "seedance" / "agent.yaml")] == raw.decode("utf-8", "replace").encode()
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = None
+    assert json.loads(held["host/versions.json"])["torch"] == torch
+    assert json.loads(held["manifest.json"])["options"]["strict"] is True
+    assert summary.size == path.stat().st_size and path.read_bytes()[:2] == b"\x1f\x8b"
+    scanner = Scanner(CheckOptions(targets=[str(tree)], python=sys.executable))
+    scanner.run()
+    assert scanner.python_torch is not None or torch is None
+    assert bundle._torch_version(scanner) == torch
