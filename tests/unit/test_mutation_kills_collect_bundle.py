@@ -1294,3 +1294,41 @@ def test_a_small_capture_with_python_and_a_config_that_is_not_utf8(tmp_path):
     scanner.run()
     assert scanner.python_torch is not None or torch is None
     assert bundle._torch_version(scanner) == torch
+
+
+def _fact_keys(facts) -> list:
+    return sorted(json.dumps(f.to_dict(), sort_keys=True) for f in facts)
+
+
+def test_rederived_facts_are_the_facts_a_live_check_collects(captured, monkeypatch):
+    """fatbin, fatbin_ptx and cuda_driver facts from runtime.json, field for field the facts
+    the live scan of the same tree collects for that GPU and driver."""
+    from seedance.collect.scan import CheckOptions, Scanner
+
+    c = captured
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(c.tmp / "cuda-12.8" / "compat"))
+    runtime = _json(c.held["runtime.json"])
+    for arch, driver in (("sm_90", "470.82.01"), ("sm_86", "580.65.06")):
+        gpu = bundle._gpu_for(runtime["gpu"], arch, driver)
+        derived = bundle._arch_driver_facts(runtime, gpu)
+        scanner = Scanner(CheckOptions(targets=[str(c.tree)], arch=arch, driver_version=driver))
+        scanner.run()
+        live = [f for f in scanner.facts if f.kind in ("fatbin", "fatbin_ptx", "cuda_driver")]
+        assert _fact_keys(derived) == _fact_keys(live), (arch, driver)
+        if c.nvcc:
+            static = [f for f in derived if f.kind == "cuda_driver" and f.data["linkage"] == "static"]
+            assert {f.subject["path"] for f in static} == {str(c.tree / "libk.so"), str(c.tree / "probe")}
+            assert all(f.data["compat"] == c.compat and f.data["version_source"] == "toolkit release string"
+                       for f in static)
+    # no driver known and none given: nothing about drivers; no target: nothing about fatbins
+    assert bundle._arch_driver_facts(runtime, cuda.GpuInfo()) == []
+    if c.nvcc:
+        away = c.tmp / "tree-away2"
+        os.rename(c.tree, away)
+        try:
+            gone = bundle._arch_driver_facts(runtime, bundle._gpu_for(runtime["gpu"], "sm_90", None))
+        finally:
+            os.rename(away, c.tree)
+        fatbin_facts = [f for f in gone if f.kind in ("fatbin", "fatbin_ptx")]
+        assert fatbin_facts and all(f.data["kernels_from"] == "not captured" for f in fatbin_facts)
+        assert {f.subject["path"] for f in fatbin_facts} <= {str(c.tree / "libk.so"), str(c.tree / "probe")}
