@@ -76,6 +76,7 @@ MODULES = {
                                 # 3.4 s on an idle machine (84 s was measured at load 6-9, with a cold venv)
                                 "tests/unit/test_collect_python_env.py",
                                 "tests/unit/test_mutation_kills_collect_python.py",
+                                "tests/unit/test_mutation_kills_collect_python_torch.py",
                                 "tests/unit/test_mutation_kills_collect_bundle.py"]),
 }
 RULE_TESTS = ["tests/unit/test_engine.py", "tests/unit/test_collect_config.py", "tests/unit/test_collect_process.py",
