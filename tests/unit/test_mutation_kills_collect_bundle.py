@@ -1332,3 +1332,61 @@ def test_rederived_facts_are_the_facts_a_live_check_collects(captured, monkeypat
         fatbin_facts = [f for f in gone if f.kind in ("fatbin", "fatbin_ptx")]
         assert fatbin_facts and all(f.data["kernels_from"] == "not captured" for f in fatbin_facts)
         assert {f.subject["path"] for f in fatbin_facts} <= {str(c.tree / "libk.so"), str(c.tree / "probe")}
+
+
+@needs_gcc
+def test_runtime_major_and_static_markers_of_gcc_built_libraries(tmp_path):
+    """What a file declares decides: DT_SONAME, then its version definitions, then its name
+    (pyelftools reads back what the linker wrote); and an unstripped static runtime's symbol
+    names mark it even without its .rodata template."""
+    from elftools.elf.elffile import ELFFile
+
+    from seedance.elf.reader import read_elf
+
+    (tmp_path / "r.c").write_text("int cudaRuntimeGetVersion(int *v) { *v = 1; return 0; }\n")
+    (tmp_path / "v.map").write_text("libcudart.so.13 { global: cudaRuntimeGetVersion; local: *; };\n")
+    by_soname = tmp_path / "a" / "libcudart.so.12"
+    by_version = tmp_path / "b" / "libcudart.so.12"
+    by_name = tmp_path / "c" / "libcudart.so.12"
+    for lib in (by_soname, by_version, by_name):
+        lib.parent.mkdir()
+    cc("-shared", "-fPIC", tmp_path / "r.c", "-o", by_soname, "-Wl,-soname,libcudart.so.11.0")
+    cc("-shared", "-fPIC", tmp_path / "r.c", "-o", by_version, "-Wl,-soname,libother.so.1",
+       f"-Wl,--version-script={tmp_path / 'v.map'}")
+    cc("-shared", "-fPIC", tmp_path / "r.c", "-o", by_name)
+    for lib, major in ((by_soname, 11), (by_version, 13), (by_name, 12)):
+        with open(lib, "rb") as handle:
+            elf = ELFFile(handle)
+            tags = {t.entry.d_tag: t for t in elf.get_section_by_name(".dynamic").iter_tags()}
+            soname = tags["DT_SONAME"].soname if "DT_SONAME" in tags else None
+            verdef = elf.get_section_by_name(".gnu.version_d")
+            defs = [next(iter(a)).name for d, a in verdef.iter_versions()] if verdef else []
+        info = read_elf(str(lib))
+        assert cuda.runtime_major(str(lib), info) == major, (lib, soname, defs)
+        assert cuda.runtime_major(str(lib)) == 12  # the name alone
+    renamed = tmp_path / "a" / "libwhatever.so"
+    shutil.copyfile(by_soname, renamed)
+    assert cuda.is_cudart(str(renamed), read_elf(str(renamed))) and not cuda.is_cudart(str(renamed), None)
+    assert cuda.runtime_major(str(renamed), read_elf(str(renamed))) == 11
+    # libcudart_static_* symbol names, no .rodata template, no device code: marked, major unknown
+    (tmp_path / "s.c").write_text("void libcudart_static_probe(void) {}\n")
+    marked = tmp_path / "libmarked.so"
+    cc("-shared", "-fPIC", tmp_path / "s.c", "-o", marked)
+    with open(marked, "rb") as handle:
+        elf = ELFFile(handle)
+        assert b"libcudart_static_" in elf.get_section_by_name(".strtab").data()
+        rodata = elf.get_section_by_name(".rodata")
+        assert rodata is None or b"/cudart.shm.%" not in rodata.data()
+    assert cuda.static_runtime(str(marked), read_elf(str(marked))) == {
+        "major": None, "release": None, "marker": "libcudart_static_ in .strtab", "version_source": None}
+    stripped = tmp_path / "libstripped.so"
+    subprocess.run(["strip", "-o", str(stripped), str(marked)], check=True, capture_output=True)
+    assert cuda.static_runtime(str(stripped), read_elf(str(stripped))) is None
+    text = tmp_path / "notes.txt"
+    text.write_text("libcudart_static_ /cudart.shm.% in a text file is no object\n")
+    assert cuda.static_runtime(str(text), None) is None
+    # judged only with device code: a marked object without any is not a cuda_driver fact
+    gpu = cuda.GpuInfo(driver_version="535.104.05", driver_source="nvml")
+    seen: set = set()
+    assert cuda.static_runtime_facts({str(marked): read_elf(str(marked)), str(text): None}, gpu, seen) == []
+    assert seen == {str(marked), str(text)}
