@@ -18,11 +18,16 @@ _new_dict = object.__setattr__
 class FrozenRecord:
     __slots__ = ()
     _fields: tuple = ()
-    _compared: tuple | None = None  # None: every field
+    _compared: tuple = ()  # set to _fields by __init_subclass__ unless the class names its own
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_compared" not in cls.__dict__:
+            cls._compared = cls._fields
 
     def _key(self) -> tuple:
         values = self.__dict__
-        return tuple([values[name] for name in (self._compared or self._fields)])
+        return tuple([values[name] for name in self._compared])
 
     def __eq__(self, other):
         if other.__class__ is self.__class__:

@@ -201,6 +201,7 @@ class Resolver:
         self.caps = caps
         self.platform = caps.platform
         self._subdirs = caps.subdirs()
+        self._priorities = caps.priorities  # a new dict per use of the property: once per lookup
         self._ldcache: LdCache | None = None
         self._loaded_res: dict = {}  # (name, requester, path, soname) -> Resolution 'loaded'
         self._ldcache_stamp = None
@@ -285,7 +286,7 @@ class Resolver:
         cache = self.ldcache()
         key = (name, abi.name)
         if key not in self._cache_memo:
-            self._cache_memo[key] = cache.lookup(name, abi.name, self.caps.priorities,
+            self._cache_memo[key] = cache.lookup(name, abi.name, self._priorities,
                                                  self.caps.hwcap_bits, self.platform)
         return self._cache_memo[key]
 
@@ -397,11 +398,19 @@ class Resolver:
         return None
 
     def _header(self, path: str):
+        # os.open/os.read: a file object and its buffer cost more than the read itself
+        # (~30 candidates per `seedance ldd`, issue 13).  The path is a regular file here
+        # (_open_verify checked), whose one read returns all 64 bytes or up to its end.
         try:
-            with open(self._host(path), "rb") as handle:
-                return handle.read(64)
+            fd = os.open(self._host(path), os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            return os.read(fd, 64)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _host_dirname(path: str) -> str:
