@@ -62,7 +62,7 @@ def python_dlopen_error(path) -> str:
 # --------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory):
+def tree_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("scantree")
     b, t = root / "build", root / "tree"
     b.mkdir()
@@ -141,10 +141,21 @@ def tree(tmp_path_factory):
     for name in ("app", "libbroken.so", "libundef.so", "libusergap.so", "libuserver.so", "mca_btl_demo.so"):
         p[name] = t / name
     p["ext"] = t / ("ext" + EXT_SUFFIX)
-    scanner = Scanner(CheckOptions(targets=[str(t)], strict=True))
-    p["report"] = scanner.run()
-    p["scanner"] = scanner
     return p
+
+
+_SCANS: dict = {}  # tree -> (scanner, report): the strict scan of the tree, once per module
+
+
+@pytest.fixture
+def tree(tree_files):
+    """The tree's paths, with its strict scan (run on first use, then remembered)."""
+    key = str(tree_files["tree"])
+    if key not in _SCANS:
+        scanner = Scanner(CheckOptions(targets=[key], strict=True))
+        _SCANS[key] = (scanner, scanner.run())
+    scanner, report = _SCANS[key]
+    return {**tree_files, "scanner": scanner, "report": report}
 
 
 def facts_of(scanner, kind, path=None):
