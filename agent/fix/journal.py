@@ -632,9 +632,13 @@ class Journal:
                 return True
             return False
         if action == "move":
+            # what a copy across filesystems that stopped half-way left (_move): a tree, or a
+            # single file or link (rmtree refuses those, and the copy would stay for good)
             partial = Path(str(backup) + ".partial")
-            if partial.exists():
+            if partial.is_dir() and not partial.is_symlink():
                 shutil.rmtree(partial, ignore_errors=True)
+            elif os.path.lexists(partial):
+                os.unlink(partial)
             if os.path.lexists(path):
                 return False
             if not os.path.lexists(backup):

@@ -909,3 +909,64 @@ def test_an_entry_keeps_its_backups_private(state, tmp_path):
     for path, want in ((state.root, 0o700), (state.root / entry.id / "files", 0o700),
                        (state.root / entry.id / "manifest.json", 0o600), (state.root / entry.id / "lock", 0o600)):
         assert stat.S_IMODE(os.stat(path).st_mode) == want, path
+
+
+# --- a move across filesystems that fails half-way (bench/mutation-survivors.md: `_move` 9) --------
+
+class _SmallTmpfs:
+    """A 1 MiB tmpfs mounted for the test: a journal there runs out of space in the middle of
+    the copy that a move across filesystems makes (ENOSPC from the kernel, not simulated)."""
+
+    def __init__(self, where):
+        self.where = where
+
+    def __enter__(self):
+        self.where.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(self.where)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        return self.where
+
+    def __exit__(self, *exc):
+        # lazy: a failed assertion's traceback may still hold a file open in it
+        subprocess.run(["umount", "-l", str(self.where)], check=True)
+        return False
+
+
+def _leftovers(root):
+    """Every file and directory in the journal except its own records (manifest, locks)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            parts = rel.split(os.sep)
+            if len(parts) >= 2 and parts[1] == "files":
+                found.append(rel)
+    return sorted(p for p in found if p.split(os.sep)[1:] != ["files"] and len(p.split(os.sep)) > 2)
+
+
+@pytest.mark.parametrize("kind", ["directory", "file"])
+def test_a_move_that_runs_out_of_space_half_way_leaves_no_partial_copy(tmp_path, kind):
+    """The copy into a full journal fails (ENOSPC); the entry is rolled back, the target is
+    where it was with its bytes, and no partial copy stays in the journal, whatever it is
+    named."""
+    target = tmp_path / "cache"
+    if kind == "directory":
+        target.mkdir()
+        for i in range(3):
+            (target / f"blob{i}.bin").write_bytes(os.urandom(600 * 1024))
+    else:
+        target.write_bytes(os.urandom(2 * 1024 * 1024))
+    want = _snapshot(target) if kind == "directory" else target.read_bytes()
+    with _SmallTmpfs(tmp_path / "small") as root:
+        assert os.stat(root).st_dev != os.stat(tmp_path).st_dev
+        journal = Journal(root / "journal")
+        with pytest.raises(OSError) as info:
+            with journal.begin("test") as entry:
+                entry.move_into(str(target))
+        text = str(info.value)
+        assert os.strerror(errno.ENOSPC) in text, text  # the kernel's refusal, not another failure
+        assert (_snapshot(target) if kind == "directory" else target.read_bytes()) == want
+        assert _leftovers(root / "journal") == []
+        assert journal.read(entry.id).manifest["status"] == "rolled-back"
