@@ -466,3 +466,140 @@ def test_replace_makes_the_rename_durable_by_default(tmp_path):
     atomic.replace(str(d / ".in-process.seedance-tmp"), str(d / "in-process"))
     events = _events(_trace(tmp_path, TRACE_REPLACE, str(d)), d)
     assert events == [("fsync", str(d / ".target.seedance-tmp")), ("rename", "target"), ("fsync", str(d))], events
+
+
+# --- the last gaps of bench/mutation-survivors.md (atomic: write_temp 29, users 39, 55, 56) ----------------------------------------------------------------------------
+
+def _in_fork(work):
+    """Run ``work()`` in a forked copy of this process (for process-wide limits and ids the
+    test must not change in itself); returns repr(result) or repr(the exception)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(reader)
+        try:
+            try:
+                answer = repr(work())
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                answer = repr(exc)
+            os.write(writer, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    chunks = []
+    while True:
+        chunk = os.read(reader, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(reader)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode()
+
+
+def test_a_short_write_is_continued_until_the_kernel_refuses(tmp_path):
+    """RLIMIT_FSIZE makes write(2) stop at the limit and return a short count (setrlimit(2));
+    the next write fails with EFBIG (SIGXFSZ ignored).  write_temp must write on after a short
+    write, so it reports the failure instead of leaving a temp that holds only the first 4 KiB.
+    (A single write(2) is also cut at 0x7ffff000 bytes: the same loop is all that saves a
+    temp above 2 GiB.)"""
+    import resource
+
+    temp = tmp_path / "big.seedance-tmp"
+    data = os.urandom(3 * 4096 + 100)
+
+    def work():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+        try:
+            atomic.write_temp(data, str(temp))
+            return ("written", os.path.getsize(temp))
+        except OSError as exc:
+            return ("refused", exc.errno, os.path.lexists(temp))
+
+    assert _in_fork(work) == repr(("refused", errno.EFBIG, False))
+    # without the limit the same bytes are written whole
+    atomic.write_temp(data, str(temp))
+    assert temp.read_bytes() == data
+
+
+MAP_AT = r"""
+import ctypes, mmap, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+keep = []
+print("up", flush=True)
+for line in sys.stdin:
+    path, hint = line.split()
+    f = open(path, "rb")
+    keep.append(f)
+    # PROT_READ, MAP_PRIVATE; the hint is only a hint (no MAP_FIXED): the kernel says where it went
+    at = libc.mmap(int(hint, 16), 8192, 1, 2, f.fileno(), 0)
+    print(hex(at), flush=True)
+"""
+
+
+def test_a_process_mapping_the_old_inode_below_the_new_one_still_counts(tmp_path):
+    """A process maps lib.so, the fix renames a new file over it, and the process maps the new
+    file too, at a higher address: maps lists the old inode's "(deleted)" line first.  The
+    process maps the file now on disk, so it counts."""
+    lib = _lib(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", MAP_AT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        proc.stdin.write(f"{lib} 0x10000000\n")
+        proc.stdin.flush()
+        low = int(proc.stdout.readline(), 16)
+        atomic.atomic_write(str(lib), os.urandom(8192))
+        proc.stdin.write(f"{lib} 0x7e0000000000\n")
+        proc.stdin.flush()
+        high = int(proc.stdout.readline(), 16)
+        with open(f"/proc/{proc.pid}/maps", "rb") as handle:
+            lines = [line for line in handle.read().splitlines() if os.fsencode(str(lib)) in line]
+        # the kernel's own view: the deleted old inode first, then the new one
+        if not (low < high and len(lines) == 2 and lines[0].endswith(b" (deleted)")):
+            pytest.skip(f"the kernel placed the mappings otherwise: {lines}")
+        assert int(lines[1].split()[4]) == os.stat(lib).st_ino
+        assert [pid for pid, _ in atomic.MappedIndex.scan().users(str(lib))] == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_library_on_overlayfs_is_found_by_its_path(tmp_path):
+    """overlayfs over a tmpfs lower layer: stat() gives the overlay's device, maps the device of
+    the layer the file lives on, with the same inode number.  The path is what tells them to be
+    one file (the mapping through overlayfs must count, a file beside it must not)."""
+    lower, upper, work, merged = (tmp_path / n for n in ("lower", "upper", "work", "merged"))
+    for d in (lower, upper, work, merged):
+        d.mkdir()
+    mounted = []
+    try:
+        for args in (["-t", "tmpfs", "tmpfs", str(lower)],
+                     ["-t", "overlay", "overlay", "-o", f"lowerdir={lower},upperdir={upper},workdir={work}",
+                      str(merged)]):
+            proc = subprocess.run(["mount", *args], capture_output=True, text=True)
+            if proc.returncode != 0:
+                pytest.skip(f"cannot mount here: {proc.stderr.strip()}")
+            mounted.insert(0, args[-1])
+            if args[-1] == str(lower):
+                (lower / "lib.so").write_bytes(os.urandom(8192))
+                (lower / "other.so").write_bytes(os.urandom(8192))
+        lib = merged / "lib.so"
+        mappers = Mappers(lib, 1)
+        try:
+            with open(f"/proc/{mappers.pids[0]}/maps", "rb") as handle:
+                [line] = [x for x in handle.read().splitlines() if x.endswith(os.fsencode(str(lib)))]
+            st = os.stat(lib)
+            device = tuple(int(x, 16) for x in line.split()[3].split(b":"))
+            if device == (os.major(st.st_dev), os.minor(st.st_dev)):
+                pytest.skip("this kernel's maps gives the overlay's own device: the path test is not needed")
+            index = atomic.MappedIndex.scan()
+            assert [pid for pid, _ in index.users(str(lib))] == mappers.pids
+            assert index.users(str(merged / "other.so")) == []
+        finally:
+            mappers.close()
+    finally:
+        for where in mounted:
+            subprocess.run(["umount", "-l", where], check=True)
