@@ -468,7 +468,7 @@ def test_replace_makes_the_rename_durable_by_default(tmp_path):
     assert events == [("fsync", str(d / ".target.seedance-tmp")), ("rename", "target"), ("fsync", str(d))], events
 
 
-# --- the last gaps of bench/mutation-survivors.md (atomic: write_temp 29, users 39, 55, 56) ----------------------------------------------------------------------------
+# --- the last gaps of bench/mutation-survivors.md (atomic: write_temp 29, users 39, 55, 56) ---------
 
 def _in_fork(work):
     """Run ``work()`` in a forked copy of this process (for process-wide limits and ids the
