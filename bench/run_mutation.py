@@ -70,6 +70,7 @@ MODULES = {
                                 "tests/unit/test_collect_fatbin.py", "tests/unit/test_collect_host.py",
                                 "tests/unit/test_collect_process.py", "tests/unit/test_collect_scan.py",
                                 "tests/unit/test_collect_torch_ext.py", "tests/unit/test_mutation_kills_collect.py",
+                                "tests/unit/test_mutation_kills_collect_practice.py",
                                 "tests/unit/test_mutation_kills_collect_scan.py",
                                 # bundle.py's only tests (8 s); without them its mutants are all "no tests".
                                 "tests/integration/test_bundle.py",
