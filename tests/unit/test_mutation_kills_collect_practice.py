@@ -828,3 +828,32 @@ def test_host_path_through_the_root():
     assert view.host_path("/usr/lib/libz.so.1") == "/usr/lib/libz.so.1"
     view.root = "/srv/jail"
     assert view.host_path("/usr/lib/libz.so.1") == "/proc/4242/root/usr/lib/libz.so.1"
+
+
+DRIVER_CHILD = "from seedance.collect import practice; import sys; " \
+               "print(sys.argv[1], __import__('os').path.exists(sys.argv[1]), practice.driver_absent('libcuda.so.1'))"
+
+
+@pytest.mark.parametrize("where", ["/usr/lib64", "/usr/lib", "/usr/lib/wsl/lib"])
+def test_driver_installed_in_each_directory_the_driver_uses(tmp_path, where):
+    """A libcuda.so.1 in one of the directories NVIDIA's installers use (the distribution's
+    libdirs, WSL's /usr/lib/wsl/lib): a child in a private mount namespace sees it there,
+    through an overlay on the existing directory, and takes the driver as installed."""
+    if host_has_driver():
+        pytest.skip("this host has the NVIDIA driver")
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare(1) and root for a private mount namespace")
+    base = where if os.path.isdir(where) else "/usr/lib"
+    if not os.path.isdir(base) or os.path.islink(base):
+        pytest.skip(f"{base} is not a directory here")
+    upper, work = tmp_path / "upper", tmp_path / "work"
+    work.mkdir()
+    touch(upper / os.path.relpath(where, base) / "libcuda.so.1")
+    script = (f"mount -t overlay overlay -o lowerdir={base},upperdir={upper},workdir={work} {base} && "
+              f'exec "$0" -c "$1" "$2"')
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable,
+                           DRIVER_CHILD, os.path.join(where, "libcuda.so.1")],
+                          capture_output=True, text=True, errors="replace", timeout=60)
+    if "mount" in proc.stderr and proc.returncode != 0:
+        pytest.skip(f"cannot mount an overlay here: {proc.stderr.strip()}")
+    assert proc.stdout.split() == [os.path.join(where, "libcuda.so.1"), "True", "None"], proc.stderr
