@@ -1390,3 +1390,32 @@ def test_runtime_major_and_static_markers_of_gcc_built_libraries(tmp_path):
     seen: set = set()
     assert cuda.static_runtime_facts({str(marked): read_elf(str(marked)), str(text): None}, gpu, seen) == []
     assert seen == {str(marked), str(text)}
+
+
+def test_a_fact_read_back_from_a_bundle(tmp_path):
+    from seedance.errors import BadInput
+    from seedance.model import Fact
+
+    item = {"kind": "needed", "subject": {"path": "/a"}, "data": {"name": "libx.so"}}
+    assert bundle._fact(item, "b.tar.zst") == Fact("needed", {"path": "/a"}, {"name": "libx.so"}, "")
+    assert bundle._fact({**item, "source": "collect.closure"}, "b").source == "collect.closure"
+    assert bundle._fact({**item, "kind": 7}, "b").kind == "7"
+    for bad in ({"subject": {}, "data": {}}, {**item, "subject": 5}, {**item, "data": ["abc"]}, "needed"):
+        with pytest.raises(BadInput) as caught:
+            bundle._fact(bad, "b.tar.zst")
+        assert str(caught.value) == "b.tar.zst: damaged bundle: a fact without kind, subject or data"
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"\x7fELF" + os.urandom(60))
+    digest = hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert bundle._same_file(str(lib), digest) is True
+    assert bundle._same_file(str(lib), "0" * 64) is False
+    assert bundle._same_file(str(lib), None) is False
+    assert bundle._same_file(str(tmp_path), digest) is False  # a directory is not that file
+    assert bundle._same_file(str(tmp_path / "absent"), digest) is False
+    # files bigger than one read block hash like sha256sum
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom((1 << 20) * 2 + 17))
+    assert bundle._sha256(str(big)) == subprocess.run(["sha256sum", str(big)], capture_output=True,
+                                                      text=True).stdout.split()[0]
+    assert bundle._count(["b", "a", "b", "c"]) == {"a": 1, "b": 2, "c": 1}
+    assert list(bundle._count(["b", "a"])) == ["a", "b"]
