@@ -373,7 +373,8 @@ class _NewTable:
         # _string refuses a string that starts past the end or has no NUL after its start,
         # i.e. one starting after the last NUL of the file: the furthest start decides.
         if self.rows:
-            furthest = base + max(max(row[1] for row in self.rows), max(row[2] for row in self.rows))
+            _flags, keys, values, _osv, _hwcap = zip(*self.rows)
+            furthest = base + max(max(keys), max(values))
             if furthest > data.rfind(b"\0"):
                 raise BadInput("ld.so.cache: string offset out of range or unterminated")
         self.count = nlibs
