@@ -836,8 +836,11 @@ OBJCOPY = shutil.which("objcopy")
 DEVICE_TUS = {
     "a": ('extern "C" __global__ void kern_alpha(float *x) { x[threadIdx.x] += 1.0f; }\n',
           "arch=compute_90,code=[sm_90,compute_90]"),
+    # ten kernels: more than a finding names
     "b": ('extern "C" __global__ void kern_beta(float *x) { x[threadIdx.x] *= 2.0f; }\n'
-          'extern "C" __global__ void kern_gamma(int *x) { x[threadIdx.x] -= 3; }\n', "arch=compute_80,code=sm_80"),
+          'extern "C" __global__ void kern_gamma(int *x) { x[threadIdx.x] -= 3; }\n'
+          + "".join(f'extern "C" __global__ void kern_k{n}(int *x) {{ x[threadIdx.x] += {n}; }}\n' for n in range(8)),
+          "arch=compute_80,code=sm_80"),
     "c": ("__device__ int only_a_variable;\n", "arch=compute_75,code=sm_75"),  # no kernel: a module of variables
 }
 
@@ -903,7 +906,9 @@ def test_fatbin_facts_of_three_modules_in_one_object(fat):
     assert data.pop("compressed") in (True, False)
     assert data == {"target": "sm_90", "target_num": 90, "target_source": "--arch", "sass": sass, "ptx": ptx,
                     "ptx_isa": isas, "modules": 3, "modules_without_code": 2, "failing_modules": [1],
-                    "kernels": ["kern_beta", "kern_gamma"], "kernel_count": 2, "ptx_too_new": False, "dispatch": 0,
+                    # ten kernels in module 1, the first eight by name named
+                    "kernels": ["kern_beta", "kern_gamma"] + [f"kern_k{n}" for n in range(6)], "kernel_count": 10,
+                    "ptx_too_new": False, "dispatch": 0,
                     "runnable": False, "why": "no SASS for this arch and no PTX that JITs to it"}
     assert facts_of(scanner, "fatbin_ptx") == []  # no driver given
     # sm_86: sm_80 SASS runs there (binary compatible), the sm_90 module does not
@@ -912,7 +917,8 @@ def test_fatbin_facts_of_three_modules_in_one_object(fat):
         [0], ["kern_alpha"], False)
     on75 = fatbin_mod.judge(fat["libabc.so"], read_fatbin(fat["libabc.so"]), 75)
     assert on75 == {"modules": 3, "modules_without_code": 2, "failing_modules": [0, 1],
-                    "kernels": ["kern_alpha", "kern_beta", "kern_gamma"], "kernel_count": 3, "ptx_too_new": False,
+                    "kernels": ["kern_alpha", "kern_beta", "kern_gamma"] + [f"kern_k{n}" for n in range(5)],
+                    "kernel_count": 11, "ptx_too_new": False,
                     "dispatch": 0, "runnable": False, "why": "no SASS for this arch and no PTX that JITs to it"}
 
 
@@ -1292,3 +1298,36 @@ def test_config_files_of_a_directory(tmp_path):
     assert config_mod.config_files(str(root)) == [
         str(root / "w.yaml"), str(root / "x.yml"), str(root / "a" / "one.yml"),
         str(root / "a" / "b" / "c" / "d" / "e" / "five.yaml"), str(root / "z" / "v.yaml")]
+
+
+def hand_entry(kind, arch, variant="", module=0, isa=()):
+    from seedance.elf.fatbin import FatbinEntry
+    return FatbinEntry(kind, arch, variant, False, 100, module=module, isa=isa)
+
+
+def test_per_architecture_dispatch_verdict(tmp_path):
+    """cuBLAS's shape (hand-built entries, no file: every module is judged as holding kernels)."""
+    generic = [hand_entry("sass", a, module=0) for a in (50, 60, 70, 75, 80, 90, 100, 120)] + [
+        hand_entry("ptx", 120, module=0)]
+    lib = generic + [hand_entry("sass", 80, module=1), hand_entry("sass", 61, module=2)]
+    verdict = fatbin_mod.judge(str(tmp_path / "none.so"), lib, 90)
+    assert verdict == {"modules": 3, "modules_without_code": 2, "failing_modules": [], "kernels": [],
+                       "kernel_count": 0, "ptx_too_new": False, "dispatch": 2, "runnable": True,
+                       "why": "2 module(s) without code for this GPU serve other GPUs that modules which run here "
+                              "also serve (per-architecture dispatch)"}
+    # a module for a GPU the runnable modules do not serve (sm_110: no SASS of major 11 there, and
+    # compute_120 PTX does not JIT back to 11.0): not dispatch
+    alone = generic + [hand_entry("sass", 110, module=1)]
+    verdict = fatbin_mod.judge(str(tmp_path / "none.so"), alone, 90)
+    assert verdict == {"modules": 2, "modules_without_code": 1, "failing_modules": [1], "kernels": [],
+                       "kernel_count": 0, "ptx_too_new": False, "dispatch": 0, "runnable": False,
+                       "why": "no SASS for this arch and no PTX that JITs to it (1 module(s) could not be decoded "
+                              "and were judged as holding kernels)"}
+    # PTX the driver cannot JIT, in every module that fails
+    new_ptx = [hand_entry("ptx", 80, isa=(9, 0))]
+    verdict = fatbin_mod.judge(str(tmp_path / "none.so"), new_ptx, 90, (8, 4))
+    assert (verdict["runnable"], verdict["ptx_too_new"], verdict["failing_modules"]) == (False, True, [0])
+    assert verdict["why"].startswith("PTX compute_80 is ISA 9.0")
+    mixed = new_ptx + [hand_entry("sass", 53, module=1)]
+    verdict = fatbin_mod.judge(str(tmp_path / "none.so"), mixed, 90, (8, 4))
+    assert (verdict["ptx_too_new"], verdict["failing_modules"]) == (False, [0, 1])
