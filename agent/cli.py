@@ -144,8 +144,9 @@ def _lean_ldd(argv: list[str]):
     """`ldd [--json] [--secure] [--tree] [--env VAR=VALUE]... FILE` read without argparse,
     or None: anything else (--help, an abbreviation, `--env=`, a word starting with '-',
     a missing or second FILE) goes to argparse, which gives the usual help, errors and exit
-    codes.  Importing argparse and building ldd's parser was ~10 ms of a ~35 ms
-    `seedance ldd` (issue 13: within 5x of ldd's wall time).  The words accepted here are
+    codes.  Importing argparse (with re, enum, gettext) and building ldd's parser were
+    ~10 ms of each `seedance ldd` (-X importtime; issue 13 wants it within 5x of ldd's
+    wall time, and ldd takes 7-11 ms here).  The words accepted here are
     exactly those argparse reads the same way: whole option names, an --env value and a
     FILE that do not start with '-' (argparse would take those for options)."""
     if argv[:1] != ["ldd"]:

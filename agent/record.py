@@ -2,8 +2,8 @@
 reader's results, written out.
 
 Importing dataclasses imports inspect (with ast, dis, tokenize, linecache), and each
-@dataclass compiles its methods with exec(): together ~15 ms of a ~35 ms `seedance ldd`,
-whose whole budget is 5x ldd's wall time (issue 13).  A subclass lists its fields in
+@dataclass compiles its methods with exec(): together ~15 ms of each `seedance ldd` start
+(-X importtime), whose whole budget is 5x ldd's 7-11 ms (issue 13).  A subclass lists its fields in
 ``_fields`` (repr order) and, when some are left out of == and hash() like
 dataclasses.field(compare=False), the others in ``_compared``; it writes its own
 ``__init__`` (one dict, set at once: as fast as the generated one).  The behaviour is the
