@@ -1331,3 +1331,42 @@ def test_per_architecture_dispatch_verdict(tmp_path):
     mixed = new_ptx + [hand_entry("sass", 53, module=1)]
     verdict = fatbin_mod.judge(str(tmp_path / "none.so"), mixed, 90, (8, 4))
     assert (verdict["ptx_too_new"], verdict["failing_modules"]) == (False, [0, 1])
+
+
+def test_a_torch_extension_build_directory(tmp_path):
+    """A torch cpp_extension build folder (its build.ninja, written as torch writes one) among
+    the targets: judged as a cached build."""
+    build = tmp_path / "myext"
+    build.mkdir()
+    write(build / "build.ninja", "ninja_required_version = 1.3\ncxx = c++\n"
+                                 f"cflags = -DTORCH_EXTENSION_NAME=myext -I{tmp_path}/gone/torch/include\n")
+    scanner = Scanner(CheckOptions(targets=[str(build)]))
+    report = scanner.run()
+    [fact] = [f for f in scanner.facts if f.kind == "torch_ext_cache"]
+    assert fact.subject == {"path": str(build)} and (fact.data["name"], fact.data["stale"]) == ("myext", True)
+    assert report.stats["facts_by_kind"] == {"torch_ext_cache": 1}
+    assert [b.path for b in scanner.torch_builds] == [str(build)]
+
+
+def test_the_environment_the_resolver_assumes(tree, monkeypatch):
+    """LD_LIBRARY_PATH of this shell is what a program started here would see; LD_PRELOAD
+    is not (it belongs to this session)."""
+    elsewhere = str(tree["tree"] / "elsewhere")
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": elsewhere}
+    proc = subprocess.run([str(tree["dl"]), str(tree["libbroken.so"])], capture_output=True, env=env)
+    assert b"libnowhere.so.7: cannot open" in proc.stdout  # libgone.so.1 was found there
+    monkeypatch.setenv("LD_LIBRARY_PATH", elsewhere)
+    monkeypatch.setenv("LD_PRELOAD", str(tree["libundef.so"]))
+    scanner = Scanner(CheckOptions(targets=[str(tree["libbroken.so"])]))
+    scanner.run()
+    assert scanner.resolver.env == {"LD_LIBRARY_PATH": elsewhere}
+    needed = {f.data["name"]: f.data for f in facts_of(scanner, "needed", tree["libbroken.so"])}
+    assert (needed["libgone.so.1"]["resolved_path"], needed["libgone.so.1"]["source"]) == (
+        os.path.join(elsewhere, "libgone.so.1"), "ld_library_path")
+    assert needed["libnowhere.so.7"]["resolved"] is False
+    # the environment given by the caller wins
+    given = Scanner(CheckOptions(targets=[str(tree["libbroken.so"])], env={}))
+    given.run()
+    assert given.resolver.env == {}
+    assert {f.data["name"]: f.data["resolved"] for f in facts_of(given, "needed", tree["libbroken.so"])} == {
+        "libc.so.6": True, "libgone.so.1": False, "libnowhere.so.7": False}
