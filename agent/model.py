@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .record import FrozenRecord
+
 SEVERITIES = ("info", "warning", "error", "fatal")
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
@@ -145,6 +147,8 @@ def _plain(value: Any) -> Any:
     """Turn dataclasses, tuples, sets and paths into JSON-ready values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _plain(dataclasses.asdict(value))
+    if isinstance(value, FrozenRecord):  # the resolver's and ELF reader's results (record.py)
+        return _plain(value._asdict())
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):

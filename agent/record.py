@@ -48,6 +48,12 @@ class FrozenRecord:
     def __delattr__(self, name):
         raise AttributeError(f"cannot delete field {name!r}")
 
+    def _asdict(self) -> dict:
+        """field -> value, in field order (what dataclasses.asdict gives, one level deep;
+        model._plain converts what the values hold)."""
+        values = self.__dict__
+        return {name: values[name] for name in self._fields}
+
     def _replace(self, **changes):
         """A copy with ``changes`` (dataclasses.replace)."""
         unknown = set(changes) - set(self._fields)
