@@ -287,7 +287,7 @@ class DlopenZygote:
             from ..errors import ELFError
 
             names: dict = {}
-            for path in self.objects or ():
+            for path in self.objects or ():  # as /proc/PID/maps names them: already real paths
                 found = {os.path.basename(path)}
                 try:
                     soname = read_elf(path).soname
@@ -296,14 +296,14 @@ class DlopenZygote:
                 if soname:
                     found.add(soname)
                 for name in found:
-                    names.setdefault(name, set()).add(os.path.realpath(path))
+                    names.setdefault(name, set()).add(path)
             self._names = names
-        out = []
+        out = set()
         for name, path in resolutions:
             held = self._names.get(name)
             if held and "/" not in name and (path is None or os.path.realpath(path) not in held):
-                out.append(name)
-        return sorted(set(out))
+                out.add(name)
+        return sorted(out)
 
     def send(self, path: str) -> None:
         """Have a child of the zygote dlopen ``path`` now; result() collects the verdict."""

@@ -293,12 +293,16 @@ class DynLayout:
 
 @dataclass(frozen=True)
 class Patch:
+    """Bytes to write at an offset of the file."""
+
     offset: int
     data: bytes
 
 
 @dataclass
 class EditPlan:
+    """The byte patches of a rename that fits, with what they change."""
+
     patches: list  # of Patch
     changes: list  # human-readable "role: old -> new"
     strategy: str  # "in-place", "reuse", "in-place+reuse", "none"

@@ -39,6 +39,8 @@ examples:
 
 @dataclass
 class HandleLeakResult:
+    """What `fix handle-leak` changed, or would change."""
+
     mode: str
     gc_interval: str | None
     changed: list = field(default_factory=list)     # paths rewritten

@@ -16,6 +16,8 @@ TORCH_EXT_RULES = ("torch-ext-stale", "cxx-abi-mismatch")
 
 @dataclass
 class RelinkAction:
+    """One library's NEEDED/.gnu.version_r renames, or why they must not be made."""
+
     path: str
     renames: dict  # old NEEDED -> new NEEDED
     version_renames: dict  # old version node -> new (only under the renamed files)
@@ -31,6 +33,8 @@ class RelinkAction:
 
 @dataclass
 class FixPlan:
+    """What a fixer intends to change, and the findings it answers."""
+
     kind: str
     actions: list = field(default_factory=list)
     skipped: list = field(default_factory=list)  # (path, why) for findings it will not act on

@@ -383,8 +383,8 @@ class Relinker:
     def _version_map(self, info, old_name: str, family: str, target_path: str) -> dict:
         """Version nodes named after the old library (libcudart.so.12) -> the target's own."""
         try:
-            target = read_elf(target_path)
-        except ELFError:
+            target = self.resolver.read(target_path)  # the check's parse, cached by identity
+        except (ELFError, OSError):
             return {}
         mapping = {}
         own = [v for v in target.version_defs if family_of(v) == family]
@@ -404,9 +404,13 @@ class Relinker:
 
         ``undefined``: dynedit.undefined_symbols() of the library, (name, version, weak)."""
         try:
-            target = read_elf(target_path, symbols=True)
+            # the check's own parse (its version checks read the runtimes' symbols), cached by
+            # (dev, inode, mtime, size): reading libcudart's symbols again cost a few ms (issue 13)
+            target = self.resolver.read(target_path, symbols=True)
         except ELFError as exc:
             return str(exc)
+        except OSError as exc:
+            return f"{target_path}: {exc.strerror}"
         versions = set()
         for need in info.version_needs:
             if need.file == old_name:
@@ -421,8 +425,8 @@ class Relinker:
         old_defined = {}
         if old_provider:
             try:
-                old_defined = read_elf(old_provider, symbols=True).defined_symbols()
-            except ELFError:
+                old_defined = self.resolver.read(old_provider, symbols=True).defined_symbols()
+            except (ELFError, OSError):
                 old_defined = {}
         prefixes = {"cudart": ("cuda", "__cuda")}.get(family_of(old_name), (f"{family_of(old_name)}",))
         for name, version, weak in undefined:
