@@ -1370,3 +1370,15 @@ def test_the_environment_the_resolver_assumes(tree, monkeypatch):
     assert given.resolver.env == {}
     assert {f.data["name"]: f.data["resolved"] for f in facts_of(given, "needed", tree["libbroken.so"])} == {
         "libc.so.6": True, "libgone.so.1": False, "libnowhere.so.7": False}
+
+
+def test_a_driver_that_cannot_jit_narrows_what_a_module_serves(tmp_path):
+    """Under a CUDA 12.4 driver (PTX ISA <= 8.4), compute_90 PTX of ISA 9.0 JITs nowhere: the
+    module that runs on sm_90 serves sm_90 alone, so an sm_100-only module is no per-arch
+    alternative there.  Judged by architecture alone, the PTX would serve sm_100 too."""
+    entries = [hand_entry("sass", 90, module=0), hand_entry("ptx", 90, module=0, isa=(9, 0)),
+               hand_entry("sass", 100, module=1)]
+    limited = fatbin_mod.judge(str(tmp_path / "none.so"), entries, 90, (8, 4))
+    assert (limited["runnable"], limited["failing_modules"], limited["dispatch"]) == (False, [1], 0)
+    unlimited = fatbin_mod.judge(str(tmp_path / "none.so"), entries, 90)
+    assert (unlimited["runnable"], unlimited["failing_modules"], unlimited["dispatch"]) == (True, [], 1)
