@@ -108,6 +108,14 @@ def site(tmp_path_factory):
         F.shared_lib(os.path.join(pkg, "libs", "libbar.so.1"), f"int bar_{name}(void){{return 1;}}\n",
                      soname="libbar.so.1")
         F.extension(pkg, "_ext", [f"bar_{name}"], links=(f"-L{pkg}/libs", "-l:libbar.so.1"))
+    # va, vb: the pair again with symbol versions (vb's copy adds foo_b to VER_2)
+    for name, extra in (("va", ""), ("vb", " foo_b;")):
+        pkg = F.package(root, name, "from ._ext import value\n")
+        F.shared_lib(os.path.join(pkg, "libs", "libver.so.1"),
+                     "int foo_a(void){return 2;}\nint foo_x(void){return 3;}\nint foo_b(void){return 4;}\n",
+                     soname="libver.so.1",
+                     version_script=f"VER_1 {{ global: foo_a; local: *; }};\nVER_2 {{ global: foo_x;{extra} }} VER_1;\n")
+        F.extension(pkg, "_ext", ["foo_a" if name == "va" else "foo_b"], links=(f"-L{pkg}/libs", "-l:libver.so.1"))
     # h's extension brings libprov in; p's extension uses `provided` without a NEEDED on it
     h = F.package(root, "h", "from ._ext import value\n")
     F.shared_lib(os.path.join(h, "libs", "libprov.so"), "int provided(void){return 5;}\n", soname="libprov.so")
@@ -203,6 +211,39 @@ def test_import_b_a_works_and_a_binds_to_bs_copy(site, interp):
         "consequence": f"{1 if other else 0} of its symbols bind to that copy" + (f" ({other})" if other else ""),
         "error": ""}
     assert len(used) == 1 and bound_to_b
+
+
+def test_versioned_symbols_in_the_shadowing_facts(site, interp):
+    env = _env(site)
+    code, line, _ = real_run(env, "import va, vb")
+    assert code != 0 and ", version VER_2" in line
+    symbol = line.rsplit("undefined symbol: ", 1)[1].replace(", version ", "@")
+    fact, = pe.shadowing_facts(pe.predict_imports(interp, ["va", "vb"]))
+    assert (fact.data["missing"], fact.data["consequence"]) == (symbol, f"undefined symbol: {symbol}")
+    assert fact.data["error"] == line[len("ImportError: "):]
+    code, _, out = real_run(env, "import vb, va; print(va.value)")
+    assert code == 0 and out.strip() == "2"  # both copies' foo_a return 2: nm says which version binds
+    versioned = [n for n in nm(os.path.join(site, "va", "_ext" + EXT), "--undefined-only") if n.startswith("foo_a@")]
+    fact, = pe.shadowing_facts(pe.predict_imports(interp, ["vb", "va"]))
+    assert (fact.data["other_copy"], fact.data["missing"]) == (versioned[0], "")
+    assert fact.data["consequence"] == f"1 of its symbols bind to that copy ({versioned[0]})"
+
+
+def test_the_orders_tried_are_pythons_verdicts(site, interp):
+    env = _env(site)
+    three = pe.predict_imports(interp, ["a", "b", "keyword"])
+    # itertools.permutations' order, up to the first that works; each verdict is the real import's
+    expected = []
+    for order in [("a", "keyword", "b"), ("b", "a", "keyword")]:
+        expected.append((order, real_run(env, "import " + ", ".join(order))[0] == 0))
+    assert three.orders == expected and three.working_order == ("b", "a", "keyword")
+    names = ["a", "b", "keyword", "colorsys", "fnmatch"]
+    five = pe.predict_imports(interp, names)
+    assert real_run(env, "import " + ", ".join(names))[0] != 0 and not five.ok
+    # more than four names: the rotations, not the 120 permutations
+    rotation = tuple(names[1:] + names[:1])
+    assert real_run(env, "import " + ", ".join(rotation))[0] == 0
+    assert five.orders == [(rotation, True)] and five.working_order == rotation
 
 
 def test_no_order_works_for_c_and_d(site, interp):
@@ -306,6 +347,7 @@ def test_predict_dlopens_for_a_program_that_is_not_python(host):
     good = pe.predict_dlopens(program, [(prov, os.RTLD_NOW | os.RTLD_GLOBAL), plugin], os.RTLD_NOW)
     assert (good.ok, good.error, good.failed_module, good.names) == (True, None, None, (prov, plugin))
     assert good.plan is None and good.interpreter is None and pe.shadowing_facts(good) == []
+    assert [step.load.kind for step in good.model.steps] == ["exec", "dlopen", "dlopen"]
     bad = pe.predict_dlopens(program, [prov, plugin], os.RTLD_NOW)
     assert (bad.ok, bad.error, bad.failed_module) == (False, real_local.stdout.strip(), plugin)
     fact, = pe.shadowing_facts(bad)
@@ -347,9 +389,13 @@ def test_ask_interpreter_reads_what_the_interpreter_says(site):
     assert interp.dlopenflags == sys.getdlopenflags() and interp.startup_extensions == ()
     assert interp.platform == sys.platform and interp.version == tuple(sys.version_info[:3])
     assert interp.implementation == sys.implementation.name
-    bare = pe.ask_interpreter(os.path.basename(PYTHON) if shutil.which(os.path.basename(PYTHON)) == PYTHON
-                              else PYTHON)
-    assert bare.python == PYTHON and bare.env is None
+
+
+def test_ask_interpreter_by_name_on_path(monkeypatch):
+    monkeypatch.setenv("PATH", os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH", ""))
+    assert shutil.which(os.path.basename(PYTHON)) == PYTHON
+    bare = pe.ask_interpreter(os.path.basename(PYTHON))
+    assert bare.python == PYTHON and bare.env is None and bare.executable == os.path.realpath(PYTHON)
 
 
 def _script(path, body, mode=0o755):
@@ -383,6 +429,8 @@ def test_observe_reports_the_error_line_and_a_timeout(site):
     env = _env(site)
     seen = pe.observe(PYTHON, "import b, a", env=env)
     assert seen == pe.Observation(tuple(ld_debug_files(env, "import b, a")), 0, "")
+    assert pe.observe(PYTHON, "import sys") == pe.Observation(tuple(ld_debug_files(dict(os.environ), "import sys")),
+                                                              0, "")
     with pytest.raises(BadInput) as err:
         pe.observe(PYTHON, "import time; time.sleep(30)", env=env, timeout=0.6)
     assert str(err.value) == f"{PYTHON} -c 'import time; time.sleep(30)' did not finish in 1 s"
@@ -422,7 +470,7 @@ UNKNOWN = [
     '"a" < sys.platform < "z"', "sys.version_info >= (3, minor)", "sys.version_info == (3, 11)",
     "platform.python_implementation() == name", 'other == "default"', "sys.platform.startswith(prefix)",
     'platform.python_implementation() in "CPython" "x" if x else y', "os.name is 'posix'",
-    'sys.platform < "m"', "flag",
+    'sys.platform < "m"', "flag", "numpy_version >= (1, 20)", "other < (3,)",
 ]
 
 
@@ -546,7 +594,7 @@ def test_literal_items():
 # --- python_env: the planner's walk, against the extension modules Python really maps ---------
 
 WALK_MODULES = ("e_one", "e_ns", "extpkg", "e_range", "e_called", "e_alias", "e_tryok", "e_else", "e_finally",
-                "e_never", "e_cond", "e_deep", "e_with", "e_star")
+                "e_never", "e_cond", "e_deep", "e_with", "e_star", "e_fb1", "e_fb2", "e_late")
 
 
 @pytest.fixture(scope="module")
@@ -560,6 +608,11 @@ def walk_site(tmp_path_factory):
     (w / "extpkg").mkdir()
     (w / "sub").mkdir()
     (root / "nsonly").mkdir()
+    (root / "st" / "inner").mkdir(parents=True)
+    (root / "st" / "__init__.py").write_text("")
+    (root / "st" / "inner" / "__init__.py").write_text("")
+    (root / "startup").mkdir()
+    (root / "startup" / "sitecustomize.py").write_text("import st.inner\n")  # a dotted package at start-up
     include = sysconfig.get_paths()["include"]
     src = root / "many.c"
     src.write_text("#include <Python.h>\n" + "".join(
@@ -569,7 +622,8 @@ def walk_site(tmp_path_factory):
     F.gcc("-shared", "-fPIC", "-I", include, "-o", str(built), str(src))
     for name in WALK_MODULES:
         where = {"e_ns": w / "ns" / ("e_ns" + EXT), "extpkg": w / "extpkg" / ("__init__" + EXT),
-                 "e_star": w / "sub" / ("e_star" + EXT)}.get(name, w / (name + EXT))
+                 "e_star": w / "sub" / ("e_star" + EXT),
+                 "e_late": root / "st" / "inner" / ("e_late" + EXT)}.get(name, w / (name + EXT))
         shutil.copyfile(built, where)
     (w / "sub" / "__init__.py").write_text("from . import e_star\n__all__ = ['e_star']\n")
     (w / "bconly.py").write_text("VALUE = 1\n")
@@ -612,6 +666,14 @@ def walk_site(tmp_path_factory):
             from . import e_else
         finally:
             from . import e_finally
+        try:
+            import sd17_missing_module
+        except ImportError:
+            from . import e_fb1
+        try:
+            import sd17_missing_module
+        except ImportError:
+            from . import e_fb2
         __import__("keyword")
         sys.setdlopenflags(sys.getdlopenflags())
         """))
@@ -646,6 +708,17 @@ def test_planned_loads_and_notes_of_every_statement_kind(walk_site):
                                     "list(sys.modules.items())}))")
     names = ast.literal_eval(out.strip().splitlines()[-1])
     assert [load.module for load in plan.loads] == [names[p] for p in real]
+
+
+def test_a_submodule_of_a_dotted_package_imported_at_start_up(walk_site):
+    env = _env(f"{os.path.join(walk_site, 'startup')}:{walk_site}")
+    code, line, out = real_run(env, "import sys; print('st.inner' in sys.modules, 'st.inner.e_late' in sys.modules)")
+    assert (code, out.split()) == (0, ["True", "False"]), line
+    interp = pe.ask_interpreter(PYTHON, env=env)
+    plan = pe.plan_imports(interp, ["st.inner.e_late"])
+    real = [name for name, _who in ld_debug_files(env, "import st.inner.e_late") if name.endswith(EXT)]
+    assert [load.path for load in plan.loads] == real and plan.missing == []
+    assert real == [os.path.join(walk_site, "st", "inner", "e_late" + EXT)]
 
 
 def test_meta_path_specs_are_what_importlib_finds(walk_site):

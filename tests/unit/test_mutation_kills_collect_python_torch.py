@@ -197,6 +197,17 @@ def test_fake_torch_installs_read_as_python_runs_version_py(tmp_path, version_py
     assert (beside.path, beside.version, beside.source) == (torch_dir, version, "beside it")
 
 
+def test_an_interpreter_without_torch_finds_none(tmp_path, monkeypatch):
+    stdlib = [p for p in sys.path if p and "site-packages" not in p and os.path.isdir(p)]
+    monkeypatch.setattr(sys, "path", stdlib)
+    assert __import__("importlib.util").util.find_spec("torch") is None  # Python agrees: no torch
+    assert torch_ext.find_torch() is None
+    (tmp_path / "torch.py").write_text("")  # a plain module named torch: no package, no version.py
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + stdlib)
+    assert __import__("importlib.util").util.find_spec("torch").submodule_search_locations is None
+    assert torch_ext.find_torch() is None
+
+
 def test_torch_at_sees_version_py_change_and_missing_pieces(tmp_path):
     torch_dir = _fake_torch(tmp_path / "one", "__version__ = '1.0'\n")
     assert torch_ext.torch_at(torch_dir).version == "1.0"
@@ -438,6 +449,11 @@ def test_build_facts_against_the_wheels_torch(cache, real_torch, install, torch_
         "built": {"torch_path": P, "torch": V}, "now": dict(now, abi=abi, missing=1), "kind": "load",
         "fix_command": "seedance fix torch-ext --clean-cache --rebuild here"}
 
+    # a torch with no source named (fix torch-ext passes one so): nothing in parentheses
+    here, = torch_ext.builds_in(cache["here"])
+    assert torch_ext.build_facts(here, dataclasses.replace(install, source=""), None).data["current"] == \
+        f"torch {V} at {P}"
+
     fact = facts["broken"]
     assert fact.data["stale"] is True and len(fact.data["reasons"]) == 1
     assert fact.data["reasons"][0].startswith("built library unreadable: ")
@@ -550,6 +566,10 @@ template <class T, class U> void tpu(T, U) {}
 template void tpu<std::string, int>(std::string, int);
 template void tpu<int, std::map<int, std::string>>(int, std::map<int, std::string>);
 void two(const std::string&, const std::string&) {}
+template <int N> void byval(std::string) {}
+template void byval<5>(std::string);
+template <long N> void lng(std::string, int) {}
+template void lng<123456789>(std::string, int);
 void plain(int, char) {}
 void Ss_in_name_SsX(int) {}
 void S12345(double) {}
@@ -634,8 +654,13 @@ def extensions(tmp_path_factory, real_torch, torch_exports):
     out = {"c10": c10, "lib": lib, "project": str(tmp), "new_fn": new_fn, "old_fn": old_fn}
     out["old"] = _c_object(pkg / "old.so", imports=[old_fn, GONE], weak=["_ZN3c1013weakly_neededERKSs"], links=links)
     out["new"] = _c_object(pkg / "new.so", imports=[new_fn], links=links)
+    out["newgone"] = _c_object(pkg / "newgone.so", imports=[new_fn, GONE], links=links)
     out["plain"] = _c_object(pkg / "plain.so", imports=["puts"])
     out["helper"] = _c_object(tmp / "libhelper.so", defines=[GONE], links=("-Wl,-soname,libhelper.so", *links))
+    # a torch library of the closure in another directory (sorting before torch's own lib/)
+    elsewhere = tmp / "aaa" / "lib"
+    elsewhere.mkdir(parents=True)
+    out["elsewhere"] = _c_object(elsewhere / "libtorch_extra.so")
     out["helped"] = _c_object(pkg / "helped.so", imports=[GONE],
                               links=(f"-L{tmp}", f"-Wl,-rpath,{tmp}", "-lhelper", *links))
     return out
@@ -682,6 +707,12 @@ def test_an_old_abi_extension_against_the_wheels_torch(extensions, real_torch, t
     assert dict(facts[1].data) == {"count": 2, "examples": missing, "torch_version": V,
                                    "torch_path": real_torch["dir"], "torch_source": "src", "explained_by_abi": True,
                                    "fix_command": fix}
+    # torch is where libc10 lives, whatever other torch-named library the closure holds
+    assert sorted([extensions["elsewhere"], extensions["c10"]])[0] == extensions["elsewhere"]
+    again = cxxabi.extension_facts(old, closure, [extensions["elsewhere"], extensions["c10"]], cxxabi.TorchAbiCache(),
+                                   _read_symbols, "src")
+    assert [(f.data["torch_version"], f.data.get("torch_path")) for f in again] == \
+        [(V, extensions["c10"]), (V, real_torch["dir"])]
 
 
 def test_a_new_abi_extension_that_binds(extensions, real_torch):
@@ -693,6 +724,34 @@ def test_a_new_abi_extension_that_binds(extensions, real_torch):
     assert dict(facts[0].data) == {"ext_abi": "cxx11", "torch_abi": "cxx11", "torch_path": extensions["c10"],
                                    "example_symbol": extensions["new_fn"], "torch_version": real_torch["version"],
                                    "torch_source": "", "fix_command": ""}
+
+
+def test_a_new_abi_extension_that_lacks_a_symbol(extensions, real_torch):
+    newgone = extensions["newgone"]
+    assert _dlopen_error(extensions["c10"], newgone).endswith(f"undefined symbol: {GONE}")
+    facts = cxxabi.extension_facts(newgone, _closure(extensions, newgone), [extensions["c10"]],
+                                   cxxabi.TorchAbiCache(), _read_symbols, "s")
+    fix = f"cd {extensions['project']} && python setup.py build_ext --inplace --force"
+    assert [(f.kind, f.data["fix_command"]) for f in facts] == [("cxx_abi", fix), ("torch_symbols", fix)]
+    assert (facts[0].data["ext_abi"], facts[0].data["torch_abi"]) == ("cxx11", "cxx11")
+    assert dict(facts[1].data) == {"count": 1, "examples": [GONE], "torch_version": real_torch["version"],
+                                   "torch_path": real_torch["dir"], "torch_source": "s", "explained_by_abi": False,
+                                   "fix_command": fix}
+
+
+def test_a_torch_library_outside_any_torch_install(extensions, mangled):
+    """A libc10 whose directory is not inside a torch install (no version.py above it): the
+    version is unknown, the verdict still stands (ld.so: new_fn is not in that library)."""
+    lib = mangled["1"][0]
+    assert extensions["new_fn"] not in nm(lib, "--defined-only")
+    new = extensions["new"]
+    closure = {lib: _read_symbols(lib), new: _read_symbols(new)}
+    facts = cxxabi.extension_facts(new, closure, [lib], cxxabi.TorchAbiCache(), _read_symbols)
+    fix = f"cd {extensions['project']} && python setup.py build_ext --inplace --force"
+    assert [(f.kind, f.data["torch_version"], f.data["fix_command"]) for f in facts] == \
+        [("cxx_abi", "?", fix), ("torch_symbols", "?", fix)]
+    assert facts[1].data["torch_path"] == os.path.dirname(os.path.dirname(lib))
+    assert facts[1].data["examples"] == [extensions["new_fn"]]
 
 
 def test_a_symbol_defined_by_a_library_that_links_torch(extensions):
