@@ -427,10 +427,13 @@ def test_an_unreadable_root(tree, tmp_path):
     scanner._root(gone)
     assert scanner.stats["unreadable"] == 1 and scanner.stats["elf"] == 0
     assert scanner.errors == [{"path": gone, "error": enoent_text(gone)}]
-    scanner.explicit.add(gone)
-    with pytest.raises(BadInput) as err:
-        scanner._root(gone)
-    assert str(err.value) == enoent_text(gone)
+    # named on the command line: the reader's error is the command's (exit 2)
+    named, other = ready(), str(tmp_path / "libnamed.so")
+    named.explicit.add(other)
+    with pytest.raises(ELFError) as err:
+        named._root(other)
+    assert str(err.value) == enoent_text(other)
+    assert (named.stats["unreadable"], named.errors) == (0, [])
     corrupt = str(tree["tree"] / "corrupt.so")
     scanner.explicit.add(corrupt)
     with pytest.raises(ELFError):
