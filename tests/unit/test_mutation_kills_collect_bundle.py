@@ -1368,15 +1368,17 @@ def test_runtime_major_and_static_markers_of_gcc_built_libraries(tmp_path):
     shutil.copyfile(by_soname, renamed)
     assert cuda.is_cudart(str(renamed), read_elf(str(renamed))) and not cuda.is_cudart(str(renamed), None)
     assert cuda.runtime_major(str(renamed), read_elf(str(renamed))) == 11
-    # libcudart_static_* symbol names, no .rodata template, no device code: marked, major unknown
-    (tmp_path / "s.c").write_text("void libcudart_static_probe(void) {}\n")
+    # libcudart_static_* symbol names, a .rodata without the template, no device code: marked
+    # in .strtab (where the bytes are, not in whatever follows .rodata in the file), major unknown
+    (tmp_path / "s.c").write_text('const char *libcudart_static_note(void) { return "a note"; }\n')
     marked = tmp_path / "libmarked.so"
     cc("-shared", "-fPIC", tmp_path / "s.c", "-o", marked)
     with open(marked, "rb") as handle:
         elf = ELFFile(handle)
         assert b"libcudart_static_" in elf.get_section_by_name(".strtab").data()
         rodata = elf.get_section_by_name(".rodata")
-        assert rodata is None or b"/cudart.shm.%" not in rodata.data()
+        assert b"a note" in rodata.data() and b"libcudart_static_" not in rodata.data()
+        assert rodata["sh_offset"] < elf.get_section_by_name(".strtab")["sh_offset"]
     assert cuda.static_runtime(str(marked), read_elf(str(marked))) == {
         "major": None, "release": None, "marker": "libcudart_static_ in .strtab", "version_source": None}
     stripped = tmp_path / "libstripped.so"
