@@ -1000,10 +1000,22 @@ def torch_ext(tmp_path_factory):
     if lib is None:
         pytest.skip("the torch wheel is not installed in this interpreter")
     root = tmp_path_factory.mktemp("torchext")
-    write(root / "x.c", "int x(void){return 0;}\n")
+    # a c10 function no torch defines (the name is made up here)
+    write(root / "x.c", f'extern int absent(void) __asm__("{ABSENT_C10}");\nint x(void){{return absent();}}\n')
     out = root / ("ext" + EXT_SUFFIX)
     cc("-shared", "-fPIC", root / "x.c", "-o", out, "-Wl,--no-as-needed", f"-L{lib}", "-lc10")
+    (root / "own").mkdir()  # the same, finding torch through its own DT_RUNPATH
+    cc("-shared", "-fPIC", root / "x.c", "-o", root / "own" / ("ext" + EXT_SUFFIX), "-Wl,--no-as-needed",
+       f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}")
     return out, lib
+
+
+ABSENT_C10 = "_ZN3c1024seedance_absent_for_testEv"
+
+
+def torch_version() -> str:
+    from importlib.metadata import version
+    return version("torch")  # what pip recorded for the wheel
 
 
 def test_a_torch_extension_without_a_torch(torch_ext):
@@ -1036,6 +1048,13 @@ def test_a_torch_extension_judged_against_the_torch_of_python(torch_ext):
     assert str(lib / "libtorch_python.so") in preloaded and str(lib / "libc10.so") in preloaded
     assert str(lib / "libtorch_cpu.so") in preloaded
     assert scanner._torch_lib_near(str(ext)) == str(lib)
+    # the c10 function nothing defines: named, against the torch --python imports
+    [missing] = facts_of(scanner, "torch_symbols", ext)
+    data = dict(missing.data)
+    assert data.pop("fix_command").startswith(f"rebuild {ext.name} ")
+    assert data == {"count": 1, "examples": [ABSENT_C10], "torch_version": torch_version(),
+                    "torch_path": str(lib.parent), "torch_source": f"--python {sys.executable}",
+                    "explained_by_abi": False}
     from seedance.resolve import Resolver
     result = Resolver(env={}).closure(str(ext))
     preload, plan = scanner._preloads(str(ext), result)
@@ -1385,3 +1404,14 @@ def test_a_driver_that_cannot_jit_narrows_what_a_module_serves(tmp_path):
     assert (limited["runnable"], limited["failing_modules"], limited["dispatch"]) == (False, [1], 0)
     unlimited = fatbin_mod.judge(str(tmp_path / "none.so"), entries, 90)
     assert (unlimited["runnable"], unlimited["failing_modules"], unlimited["dispatch"]) == (True, [], 1)
+
+
+def test_a_torch_extension_that_finds_torch_itself(torch_ext):
+    ext, lib = torch_ext
+    own = ext.parent / "own" / ext.name
+    scanner = Scanner(CheckOptions(targets=[str(own)]))
+    scanner.run()
+    assert facts_of(scanner, "torch_env") == [] and scanner.torch_preloads == {}
+    [missing] = facts_of(scanner, "torch_symbols", own)
+    assert (missing.data["examples"], missing.data["torch_path"], missing.data["torch_source"]) == (
+        [ABSENT_C10], str(lib.parent), "found through its own library search path")
