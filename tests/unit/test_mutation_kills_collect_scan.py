@@ -111,6 +111,13 @@ def tree_files(tmp_path_factory):
     write(b / "app.c", "int ay(void);\nint main(void){return ay() - 2;}\n")
     cc(b / "app.c", "-o", t / "app", f"-L{t / 'sub'}", "-lA", "-Wl,--disable-new-dtags,-rpath,$ORIGIN/sub",
        "-Wl,--allow-shlib-undefined")
+    # a NEEDED found already loaded: app2 loads libD itself (its own DT_RUNPATH, which libC
+    # does not inherit), then libC, whose NEEDED libD is the copy already there
+    (t / "sub2").mkdir()
+    cc("-shared", "-fPIC", b / "B.c", "-o", t / "sub2" / "libD.so", "-Wl,-soname,libD.so")
+    cc("-shared", "-fPIC", b / "A.c", "-o", t / "sub2" / "libC.so", "-Wl,-soname,libC.so", f"-L{t / 'sub2'}", "-lD")
+    cc(b / "app.c", "-o", t / "app2", "-Wl,--no-as-needed", f"-L{t / 'sub2'}", "-lD", "-lC",
+       "-Wl,--enable-new-dtags,-rpath,$ORIGIN/sub2")
     # a Python extension: PyLong_FromLong is the interpreter's, nowhere_py nobody's
     write(b / "ext.c", "long PyLong_FromLong(long);\nint nowhere_py(void);\n"
                        "long e(void){ PyLong_FromLong(1); return nowhere_py(); }\n")
@@ -167,7 +174,7 @@ def test_the_trees_counts_and_errors(tree):
     stats = dict(tree["report"].stats)
     duration = stats.pop("duration_s")
     assert isinstance(duration, float) and duration >= 0
-    elf_files = ["app", "libbroken.so", "libprov.so.1", "libundef.so", "libusergap.so", "libuserver.so",
+    elf_files = ["app", "app2", "sub2/libC.so", "sub2/libD.so", "libbroken.so", "libprov.so.1", "libundef.so", "libusergap.so", "libuserver.so",
                  "mca_btl_demo.so", "ext" + EXT_SUFFIX, "elsewhere/libgone.so.1", "sub/libA.so", "sub/libB.so"]
     # every name in the tree, links included (the linked directory is not a file)
     listed = ["notes.txt", "mod.py", "short", "dangling.so", "loop1", "loop2", "libprov.so", "fifo", "arm.so",
@@ -293,6 +300,18 @@ def test_a_needed_found_through_the_loaders_rpath(tree):
                     "package": "", "loader": str(tree["app"]), "installed_at": [], "where": ""}
     rules = {(f.rule, f.subject["path"]) for f in tree["report"].findings}
     assert ("needed-via-loader", str(sub / "libA.so")) in rules
+
+
+def test_a_needed_found_already_loaded_by_the_loader(tree):
+    sub2 = tree["tree"] / "sub2"
+    assert "libD.so: cannot open shared object file" in dlopen_error(tree["dl"], sub2 / "libC.so")
+    assert subprocess.run([str(tree["tree"] / "app2")]).returncode == 0
+    lines = ld_debug_libs(tree["tree"] / "app2", None)
+    assert lines.count("find library=libD.so [0]; searching") == 1  # looked for once: for app2
+    [fact] = [f for f in facts_of(tree["scanner"], "needed", sub2 / "libC.so") if f.data["name"] == "libD.so"]
+    assert (fact.data["resolved_path"], fact.data["source"], fact.data["context"], fact.data["loader"]) == (
+        str(sub2 / "libD.so"), "loaded", "loader", str(tree["tree"] / "app2"))
+    assert fact.data["reason"] == f"found already loaded by {tree['tree'] / 'app2'}"
 
 
 def test_an_optional_plugin_with_a_missing_needed(tree):
