@@ -330,6 +330,11 @@ def test_a_symbol_nothing_defines(tree):
                          "closure_size": 1 + len(ldd_paths(tree["libundef.so"])), "cause": "no-definition",
                          "provider": "", "host": ""}
     assert fact.source == "collect.closure"
+    # a strict check reports it (a rule for strict mode only)
+    assert ("symbol-undefined", str(tree["libundef.so"])) in {(f.rule, f.subject["path"])
+                                                             for f in tree["report"].findings}
+    lax = Scanner(CheckOptions(targets=[str(tree["libundef.so"])])).run()
+    assert "undefined_symbol" not in lax.stats["facts_by_kind"] and lax.findings == []
 
 
 def test_a_symbol_its_version_node_lacks(tree):
@@ -521,6 +526,22 @@ def test_processes_live_and_gone():
     assert report.extra["scope"]["pids"] == [os.getpid()] and report.extra["scope"]["host"] is False
 
 
+def test_a_rules_directory_is_read_before_any_work(tmp_path):
+    from seedance.errors import RuleError
+
+    with pytest.raises(RuleError) as err:
+        Scanner(CheckOptions(targets=[str(tmp_path / "nothing-here")], rules_dir=str(tmp_path))).run()
+    assert str(err.value) == f"{tmp_path}: no rule files (*.yaml)"
+
+
+def test_a_named_process_that_is_gone():
+    child = subprocess.Popen(["true"])
+    child.wait()
+    with pytest.raises(BadInput) as err:
+        Scanner(CheckOptions(pids=[child.pid])).run()
+    assert str(err.value) == f"pid {child.pid}: no such process"
+
+
 def test_gpu_context_from_the_command_line():
     with pytest.raises(UsageError) as err:
         scan.gpu_context(CheckOptions(arch="gfx90a"))
@@ -541,6 +562,8 @@ def test_scope_of_a_target_check(tree):
     report = Scanner(CheckOptions(targets=[str(tree["libundef.so"])], arch="sm_86", driver_version="560.28.03")).run()
     assert report.extra["scope"] == {"host": False, "targets": [str(tree["libundef.so"])], "pids": [],
                                      "strict": False, "gpu_targets": ["sm_86"], "driver_version": "560.28.03"}
+    assert (report.host["gpu"]["driver_version"], report.host["gpu"]["driver_source"]) == (
+        "560.28.03", "--driver-version")
     assert report.command == "check"
 
 
@@ -633,9 +656,19 @@ class Recorder:
 
 
 def test_run_check_reports_progress_and_closures(tree):
+    import socket
+    import time
+
     sub = tree["tree"] / "sub"
     progress = Recorder()
+    before = time.monotonic()
     report = scan.run_check(CheckOptions(targets=[str(sub)]), progress)
+    took = time.monotonic() - before
+    # the duration is the scan's own, measured inside the call (not a wall-time assertion)
+    assert 0 <= report.stats["duration_s"] <= round(took, 3) + 0.001
+    assert report.stats["duration_s"] == round(report.stats["duration_s"], 3)
+    assert report.host["hostname"] == socket.gethostname() and report.host["kernel"] == os.uname().release
+    assert report.host["glibc"] == os.confstr("CS_GNU_LIBC_VERSION")
     roots = [str(sub / "libA.so"), str(sub / "libB.so")]
     assert progress.calls == [("start", 2, "checking"), ("advance", 1, roots[0]), ("advance", 1, roots[1]),
                               ("finish",)]
