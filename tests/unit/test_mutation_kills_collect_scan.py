@@ -136,6 +136,9 @@ def tree_files(tmp_path_factory):
     data[18:20] = (183).to_bytes(2, "little")  # EM_AARCH64: another machine's object
     (t / "arm.so").write_bytes(bytes(data))
     (t / "corrupt.so").write_bytes(b"\x7fELF\x02\x01\x01" + b"\x00" * 9 + b"\xff" * 48)
+    # 16 bytes, the ELF magic first: long enough to be read as an object (and too short to be one)
+    (t / "sixteen.so").write_bytes(b"\x7fELF" + b"\x00" * 12)
+    os.symlink("sixteen.so", t / "sixteen-link.so")
     # configs: seedance's own, a bad one, a plugin manifest, and YAML that is none of ours
     write(t / "seedance.yaml", "env:\n  LD_PRELOAD: ${HOME}/.local/lib/libshim.so\n")
     (b / "bad").mkdir()  # outside the tree: a bad config found in a named tree is bad input
@@ -178,17 +181,19 @@ def test_the_trees_counts_and_errors(tree):
                  "mca_btl_demo.so", "ext" + EXT_SUFFIX, "elsewhere/libgone.so.1", "sub/libA.so", "sub/libB.so"]
     # every name in the tree, links included (the linked directory is not a file)
     listed = ["notes.txt", "mod.py", "short", "dangling.so", "loop1", "loop2", "libprov.so", "fifo", "arm.so",
-              "corrupt.so", "seedance.yaml", "plug/manifest.yaml", "ci/manifest.yml",
+              "corrupt.so", "sixteen.so", "sixteen-link.so", "seedance.yaml", "plug/manifest.yaml", "ci/manifest.yml",
               "ci/workflow.yaml"] + elf_files
     errors = stats.pop("errors")
     assert errors[:2] == [{"path": str(t / "loop1"), "error": "symbolic link loop"},
                           {"path": str(t / "loop2"), "error": "symbolic link loop"}]
-    assert len(errors) == 3 and set(errors[2]) == {"path", "error"}
-    assert errors[2]["path"] == str(t / "corrupt.so")
-    with pytest.raises(ELFError) as read_error:  # the reader's own verdict on the file
-        from seedance.elf.reader import read_elf
-        read_elf(str(t / "corrupt.so"))
-    assert errors[2]["error"] == str(read_error.value) and errors[2]["error"] not in ("", "None")
+    # then the roots, in order: each unreadable object once (sixteen.so, not the link to it)
+    assert [e["path"] for e in errors[2:]] == [str(t / "corrupt.so"), str(t / "sixteen.so")]
+    from seedance.elf.reader import read_elf
+    for error in errors[2:]:
+        assert set(error) == {"path", "error"}
+        with pytest.raises(ELFError) as read_error:  # the reader's own verdict on the file
+            read_elf(error["path"])
+        assert error["error"] == str(read_error.value) and error["error"] not in ("", "None")
     kinds = {}
     for fact in tree["scanner"].facts:
         kinds[fact.kind] = kinds.get(fact.kind, 0) + 1
@@ -202,7 +207,7 @@ def test_the_trees_counts_and_errors(tree):
         # notes, mod.py, short, dangling, fifo, ci/workflow.yaml (not ours), ci/manifest.yml (no
         # seedance_version), and arm.so (another machine's object)
         "skipped": 8,
-        "unreadable": 3,  # two loops and corrupt.so
+        "unreadable": 4,  # two loops, corrupt.so and sixteen.so
         "processes": 0, "processes_vanished": 0,
         "configs": 2,  # seedance.yaml and plug/manifest.yaml
         "facts": len(tree["scanner"].facts), "facts_by_kind": dict(sorted(kinds.items())),
