@@ -1134,7 +1134,7 @@ def wheel_site(tmp_path_factory):
     write(root / "d.c", "int demo(void){return 1;}\n")
     provider = site / "nvidia" / "demo" / "lib" / "libdemo.so.1"
     cc("-shared", "-fPIC", root / "d.c", "-o", provider, "-Wl,-soname,libdemo.so.1")
-    write(root / "t.c", "int demo(void);\nint td(void){return demo();}\n")
+    write(root / "t.c", "int demo(void);\nint nowhere_td(void);\nint td(void){return demo() + nowhere_td();}\n")
     user = site / "torch" / "lib" / "libtd.so"
     cc("-shared", "-fPIC", root / "t.c", "-o", user, f"-L{provider.parent}", "-l:libdemo.so.1")
     return site, user, provider
@@ -1154,6 +1154,13 @@ def test_a_library_an_nvidia_wheel_provides_through_torchs_preload(wheel_site, t
     result = Resolver(env={}).closure(str(user))
     preload, plan = ready()._preloads(str(user), result)
     assert preload == (str(provider),) and plan == {str(provider): (fact.data["reason"], "")}
+    # strict: the preloaded provider's symbols are in scope, so only nowhere_td is missing
+    env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(provider)}
+    loaded = subprocess.run([str(tree["dl"]), str(user)], capture_output=True, env=env)
+    assert b"undefined symbol: nowhere_td" in loaded.stdout
+    strict = Scanner(CheckOptions(targets=[str(user)], strict=True))
+    strict.run()
+    assert [f.data["symbol"] for f in facts_of(strict, "undefined_symbol", user)] == ["nowhere_td"]
 
 
 @pytest.fixture(scope="module")
