@@ -778,9 +778,13 @@ def isa_lib(tmp_path_factory):
     root = tmp_path_factory.mktemp("isa")
     write(root / "v4.c", "int v4(void){return 4;}\n")
     cc("-shared", "-fPIC", root / "v4.c", "-o", root / "libv4.so", "-Wl,-z,x86-64-v4")
-    out = subprocess.run(["readelf", "-n", str(root / "libv4.so")], capture_output=True, text=True, errors="replace")
-    if "x86 ISA needed: x86-64-v4" not in out.stdout:
-        pytest.skip("this linker does not mark an x86-64-v4 ISA level")
+    # and a second marked object that NEEDs the first: two marked objects in one closure
+    cc("-shared", "-fPIC", root / "v4.c", "-o", root / "libv4b.so", "-Wl,-z,x86-64-v4", "-Wl,--no-as-needed",
+       f"-L{root}", "-lv4", "-Wl,-rpath,$ORIGIN")
+    for lib in ("libv4.so", "libv4b.so"):
+        out = subprocess.run(["readelf", "-n", str(root / lib)], capture_output=True, text=True, errors="replace")
+        if "x86 ISA needed: x86-64-v4" not in out.stdout:
+            pytest.skip("this linker does not mark an x86-64-v4 ISA level")
     return root / "libv4.so"
 
 
@@ -795,12 +799,18 @@ def test_an_object_needing_an_isa_level_this_cpu_lacks(isa_lib):
     scanner = Scanner(CheckOptions(targets=[str(isa_lib), str(isa_lib.parent)]))
     scanner.run()
     facts = facts_of(scanner, "cpu_isa")
-    assert len(facts) == 1 and facts[0].subject == {"path": str(isa_lib)}
+    second = isa_lib.parent / "libv4b.so"
+    # one fact per marked object, at the first root (by name) whose closure holds it
+    assert [(f.subject["path"], f.data["loaded_by"]) for f in facts] == [(str(isa_lib), str(isa_lib)),
+                                                                         (str(second), str(second))]
     assert facts[0].data == {"needed": ["x86-64-v4"], "highest_needed": "x86-64-v4",
                              "cpu_levels": supported or ["baseline"], "cpu_highest": (supported or ["baseline"])[-1],
                              "lacking": ["x86-64-v4"], "loaded_by": str(isa_lib),
                              "loader_message": "CPU ISA level is lower than required"}
     assert facts[0].source == "collect.scan"
+    alone = Scanner(CheckOptions(targets=[str(second)]))
+    alone.run()
+    assert [f.subject["path"] for f in facts_of(alone, "cpu_isa")] == [str(second), str(isa_lib)]
     # objects without a marking (libc) give no fact; the same object again is not read again
     scanner._isa_cpu = None
     from seedance.resolve import Resolver
