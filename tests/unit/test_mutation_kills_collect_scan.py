@@ -1494,3 +1494,33 @@ def test_a_torch_extension_that_finds_torch_itself(torch_ext):
     [missing] = facts_of(scanner, "torch_symbols", own)
     assert (missing.data["examples"], missing.data["torch_path"], missing.data["torch_source"]) == (
         [ABSENT_C10], str(lib.parent), "found through its own library search path")
+
+
+def test_where_a_missing_library_is_installed_or_would_come_from(tmp_path, tree):
+    """A NEEDED that a Debian package installs off the loader path (dpkg names the file and
+    the package), and one that torch's NVIDIA wheels would provide but none has."""
+    shared = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/systemd/libsystemd-shared-*.so"))
+    write(tmp_path / "n.c", "int n(void){return 0;}\n")
+    site = tmp_path / "lib" / f"python3.{sys.version_info.minor}" / "site-packages"
+    (site / "torch" / "lib").mkdir(parents=True)
+    write(tmp_path / "s.c", "int s(void){return 0;}\n")
+    cc("-shared", "-fPIC", tmp_path / "s.c", "-o", tmp_path / "libabsent.so.9", "-Wl,-soname,libabsent.so.9")
+    user = site / "torch" / "lib" / "libtx.so"
+    cc("-shared", "-fPIC", tmp_path / "n.c", "-o", user, "-Wl,--no-as-needed", f"-L{tmp_path}", "-l:libabsent.so.9")
+    targets = [str(user)]
+    if shared and dpkg_owner(shared[0]):
+        cc("-shared", "-fPIC", tmp_path / "n.c", "-o", tmp_path / "libuses.so", "-Wl,--no-as-needed",
+           f"-L{os.path.dirname(shared[0])}", f"-l:{os.path.basename(shared[0])}")
+        targets.append(str(tmp_path / "libuses.so"))
+    scanner = Scanner(CheckOptions(targets=targets))
+    scanner.run()
+    [torch_side] = [f.data for f in facts_of(scanner, "needed", user) if f.data["name"] == "libabsent.so.9"]
+    assert (torch_side["resolved"], torch_side["installed_at"], torch_side["context"]) == (False, [], "")
+    assert torch_side["where"] == "; torch loads it from site-packages/nvidia/*/lib, and no NVIDIA wheel there has it"
+    if len(targets) == 2:
+        name = os.path.basename(shared[0])
+        assert f"{name}: cannot open shared object file" in dlopen_error(tree["dl"], tmp_path / "libuses.so")
+        [data] = [f.data for f in facts_of(scanner, "needed", tmp_path / "libuses.so") if f.data["name"] == name]
+        package = dpkg_owner(shared[0])
+        assert (data["installed_at"], data["package"]) == ([shared[0]], package)
+        assert data["where"] == f"; installed at {shared[0]} ({package}), which is not on its loader path"
