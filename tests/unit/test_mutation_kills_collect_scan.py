@@ -129,6 +129,9 @@ def tree_files(tmp_path_factory):
     os.symlink("missing.so", t / "dangling.so")
     os.symlink("loop2", t / "loop1")
     os.symlink("loop1", t / "loop2")
+    for sub in ("zz", "aa"):  # a loop in each of two directories: walked in os.walk's (sorted) order
+        (t / sub).mkdir()
+        os.symlink(f"loop-{sub}", t / sub / f"loop-{sub}")
     os.symlink("sub", t / "linkdir")  # a linked directory: neither entered nor counted
     os.symlink("libprov.so.1", t / "libprov.so")  # the same file again: one root
     os.mkfifo(t / "fifo")
@@ -181,15 +184,15 @@ def test_the_trees_counts_and_errors(tree):
                  "mca_btl_demo.so", "ext" + EXT_SUFFIX, "elsewhere/libgone.so.1", "sub/libA.so", "sub/libB.so"]
     # every name in the tree, links included (the linked directory is not a file)
     listed = ["notes.txt", "mod.py", "short", "dangling.so", "loop1", "loop2", "libprov.so", "fifo", "arm.so",
-              "corrupt.so", "sixteen.so", "sixteen-link.so", "seedance.yaml", "plug/manifest.yaml", "ci/manifest.yml",
+              "corrupt.so", "sixteen.so", "sixteen-link.so", "aa/loop-aa", "zz/loop-zz", "seedance.yaml", "plug/manifest.yaml", "ci/manifest.yml",
               "ci/workflow.yaml"] + elf_files
     errors = stats.pop("errors")
-    assert errors[:2] == [{"path": str(t / "loop1"), "error": "symbolic link loop"},
-                          {"path": str(t / "loop2"), "error": "symbolic link loop"}]
+    loops = [t / "loop1", t / "loop2", t / "aa" / "loop-aa", t / "zz" / "loop-zz"]
+    assert errors[:4] == [{"path": str(p), "error": "symbolic link loop"} for p in loops]
     # then the roots, in order: each unreadable object once (sixteen.so, not the link to it)
-    assert [e["path"] for e in errors[2:]] == [str(t / "corrupt.so"), str(t / "sixteen.so")]
+    assert [e["path"] for e in errors[4:]] == [str(t / "corrupt.so"), str(t / "sixteen.so")]
     from seedance.elf.reader import read_elf
-    for error in errors[2:]:
+    for error in errors[4:]:
         assert set(error) == {"path", "error"}
         with pytest.raises(ELFError) as read_error:  # the reader's own verdict on the file
             read_elf(error["path"])
@@ -207,7 +210,7 @@ def test_the_trees_counts_and_errors(tree):
         # notes, mod.py, short, dangling, fifo, ci/workflow.yaml (not ours), ci/manifest.yml (no
         # seedance_version), and arm.so (another machine's object)
         "skipped": 8,
-        "unreadable": 4,  # two loops, corrupt.so and sixteen.so
+        "unreadable": 6,  # four loops, corrupt.so and sixteen.so
         "processes": 0, "processes_vanished": 0,
         "configs": 2,  # seedance.yaml and plug/manifest.yaml
         "facts": len(tree["scanner"].facts), "facts_by_kind": dict(sorted(kinds.items())),
