@@ -1136,11 +1136,13 @@ def test_cuda_library_dirs_are_the_installs_on_disk_each_once(tmp_path, monkeypa
     (dist / "nvidia" / "nccl").mkdir(parents=True)
     (dist / "nvidia" / "nccl" / "lib").symlink_to(dist / "nvidia" / "cublas" / "lib")
     (dist / "nvidia" / "notes.txt").write_text("not a package")
-    monkeypatch.setattr(sys, "path", [*sys.path, str(dist), str(tmp_path / "gone" / "site-packages")])
+    extra = tmp_path / "extra" / "site-packages"  # on sys.path only, not a site directory
+    (extra / "nvidia" / "cufft" / "lib").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [*sys.path, str(dist), str(tmp_path / "gone" / "site-packages"), str(extra)])
     sites = [d for d in site.getsitepackages() if os.path.isdir(d)]
     sites += [d for d in sys.path if d.endswith(("site-packages", "dist-packages")) and os.path.isdir(d)]
     sites = list(dict.fromkeys(sites))
-    assert host._site_dirs() == sites and str(dist) in sites
+    assert host._site_dirs() == sites and str(dist) in sites and str(extra) in sites
     wheels = []
     for site_dir in sites:
         nvidia = os.path.join(site_dir, "nvidia")
@@ -1155,6 +1157,7 @@ def test_cuda_library_dirs_are_the_installs_on_disk_each_once(tmp_path, monkeypa
     got = host.cuda_library_dirs()
     assert got == expected
     assert str(dist / "nvidia" / "cublas" / "lib") in got and str(dist / "nvidia" / "nccl" / "lib") not in got
+    assert str(extra / "nvidia" / "cufft" / "lib") in got
     if wheel_cudart(12) is not None:
         assert str(wheel_cudart(12).parent) in got
 
@@ -1277,12 +1280,17 @@ def test_a_small_capture_with_python_and_a_config_that_is_not_utf8(tmp_path):
     (tree / "seedance").mkdir(parents=True)
     raw = b"# caf\xe9 \xff\nenv:\n  LD_LIBRARY_PATH: /opt/x\n"
     (tree / "seedance" / "agent.yaml").write_bytes(raw)
+    # a config is kept up to 4 MiB (what the YAML reader itself accepts); one byte more is not
+    (tree / "seedance" / "at-cap.yaml").write_bytes(b"#" * ((4 << 20) - 1) + b"\n")
+    (tree / "seedance" / "over-cap.yaml").write_bytes(b"#" * (4 << 20) + b"\n")
     path = tmp_path / "small.tgz"
     err = io.StringIO()
     options = CheckOptions(targets=[str(tree)], python=sys.executable, strict=True)
     _report, summary = bundle.capture(options, prepare_output(str(path), what="bundle"), stderr=err)
     held = {name: data for name, _info, data in read_members(path)}
     assert held["configs" + str(tree / "seedance" / "agent.yaml")] == raw.decode("utf-8", "replace").encode()
+    assert len(held["configs" + str(tree / "seedance" / "at-cap.yaml")]) == 4 << 20
+    assert "configs" + str(tree / "seedance" / "over-cap.yaml") not in held
     try:
         torch = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
