@@ -354,6 +354,7 @@ def test_a_symbol_its_version_node_lacks(tree):
     assert fact.data == {"symbol": "bar", "version": "VER_1", "provided": False,
                          "closure_size": 1 + len(ldd_paths(tree["libusergap.so"])), "cause": "node-lacks-symbol",
                          "provider": provider, "host": "", "upgrade": "install a newer libprov.so.1"}
+    assert fact.source == "collect.closure"
     [need] = facts_of(tree["scanner"], "version_need", tree["libusergap.so"])
     assert need.data == {"file": "libprov.so.1", "version": "VER_1", "weak": False, "provider": provider,
                          "defined": True, "provider_versions": ["VER_1"]}
@@ -1527,3 +1528,45 @@ def test_where_a_missing_library_is_installed_or_would_come_from(tmp_path, tree)
         package = dpkg_owner(shared[0])
         assert (data["installed_at"], data["package"]) == ([shared[0]], package)
         assert data["where"] == f"; installed at {shared[0]} ({package}), which is not on its loader path"
+
+
+def dpkg_owner_of_file(path) -> str | None:
+    """dpkg's package for ``path``, under either spelling of a merged /usr (/lib -> /usr/lib)."""
+    real = os.path.realpath(path)
+    for candidate in (real, re.sub(r"^/usr/lib/", "/lib/", real), re.sub(r"^/lib/", "/usr/lib/", real)):
+        owner = dpkg_owner(candidate)
+        if owner:
+            return owner
+    return None
+
+
+def test_the_upgrade_command_for_a_provider():
+    from seedance.collect import practice
+
+    libz = "/usr/lib/x86_64-linux-gnu/libz.so.1"
+    package = dpkg_owner_of_file(libz) if os.path.exists(libz) else None
+    if package:
+        assert closure_mod._upgrade(libz, practice.package_of) == f"apt-get install --only-upgrade {package}"
+    lib = real_torch_lib()
+    if lib is not None:  # pip's RECORD lists torch/lib/libc10.so under the distribution "torch"
+        from importlib.metadata import files
+        assert any(str(f).endswith("torch/lib/libc10.so") for f in files("torch"))
+        assert closure_mod._upgrade(str(lib / "libc10.so"), practice.package_of) == "pip install -U torch"
+    for directory in ("site-packages", "dist-packages"):  # a distribution pip knows, by the path alone
+        provider = f"/opt/env/lib/python3/{directory}/pkg/libp.so.1"
+        assert closure_mod._upgrade(provider, {provider: "pkg"}.get) == "pip install -U pkg"
+    assert closure_mod._upgrade("/opt/x/libq.so.2", {}.get) == "install a newer libq.so.2"
+    assert closure_mod._upgrade("/opt/x/libq.so.2", None) == "install a newer libq.so.2"
+
+
+@pytest.mark.xfail(strict=True, reason="closure._upgrade suggests `pip install -U <Debian package>` for a file "
+                                       "dpkg installed under /usr/lib/python3/dist-packages: package_of falls back "
+                                       "to dpkg there, and the path alone decides pip")
+def test_a_debian_python_module_is_upgraded_with_apt():
+    from seedance.collect import practice
+
+    found = [p for p in sorted(glob.glob("/usr/lib/python3/dist-packages/_cffi_backend*.so")) if dpkg_owner(p)]
+    if not found:
+        pytest.skip("no dpkg-installed python3-cffi-backend here")
+    package = dpkg_owner(found[0])
+    assert closure_mod._upgrade(found[0], practice.package_of) == f"apt-get install --only-upgrade {package}"
