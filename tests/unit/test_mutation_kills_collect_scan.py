@@ -1234,6 +1234,11 @@ def test_two_cuda_runtimes_in_one_closure(two_runtimes):
         assert facts_of(quiet, "cuda_driver") == []
     runtimes = closure_mod.closure_runtimes(scanner.resolver.closure(str(tree_dir / "app")))
     assert runtimes == {cu12: (12, str(tree_dir / "libmix_a.so")), cu13: (13, str(tree_dir / "libmix_a.so"))}
+    # a runtime checked as a root loads itself: it needs no driver by itself
+    assert closure_mod.closure_runtimes(scanner.resolver.closure(cu12)) == {cu12: (12, cu12)}
+    alone = Scanner(CheckOptions(targets=[cu12], driver_version="470.256.02"))
+    alone.run()
+    assert facts_of(alone, "cuda_driver") == []
 
 
 # --------------------------------------------------------------------------------------------
