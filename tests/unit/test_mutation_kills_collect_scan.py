@@ -1197,6 +1197,10 @@ def two_runtimes(tmp_path_factory):
     write(root / "app.c", "int main(void){return 0;}\n")
     cc(root / "app.c", "-o", root / "tree" / "app", "-Wl,--no-as-needed", f"-L{root / 'tree'}", "-l:libmix_a.so",
        "-Wl,-rpath,$ORIGIN")
+    # a libcudart.so.12 of our own that loads the CUDA 13 runtime (a forwarding shim)
+    (root / "shim").mkdir()
+    cc("-shared", "-fPIC", root / "m.c", "-o", root / "shim" / "libcudart.so.12", "-Wl,-soname,libcudart.so.12",
+       "-Wl,--no-as-needed", f"-L{cu13.parent}", "-l:libcudart.so.13", f"-Wl,-rpath,{cu13.parent}")
     return root / "tree", str(cu12), str(cu13)
 
 
@@ -1239,6 +1243,13 @@ def test_two_cuda_runtimes_in_one_closure(two_runtimes):
     alone = Scanner(CheckOptions(targets=[cu12], driver_version="470.256.02"))
     alone.run()
     assert facts_of(alone, "cuda_driver") == []
+    # ... but the runtime it loads in turn does
+    shim = str(tree_dir.parent / "shim" / "libcudart.so.12")
+    assert os.path.realpath(cu13) in map(os.path.realpath, ldd_paths(shim))
+    forward = Scanner(CheckOptions(targets=[shim], driver_version="470.256.02"))
+    forward.run()
+    assert [(f.subject["path"], f.data["runtime_major"], f.data["runtime_path"])
+            for f in facts_of(forward, "cuda_driver")] == [(shim, 13, cu13)]
 
 
 # --------------------------------------------------------------------------------------------
