@@ -1402,6 +1402,11 @@ def test_config_nesting(tmp_path):
         facts = []
         config_mod._walk("p", yaml.compose(nested(levels)), None, facts, depth=0)
         assert len(facts) == count, levels
+    # sequences count as levels too (the key is inherited through them)
+    for lists, count in ((63, 1), (64, 0)):
+        facts = []
+        config_mod._walk("p", yaml.compose("LD_PRELOAD: " + "[" * lists + "/x.so" + "]" * lists), None, facts, 0)
+        assert [(f.data["key"], f.data["value"]) for f in facts] == [("LD_PRELOAD", "/x.so")] * count, lists
 
 
 def test_config_files_of_a_directory(tmp_path):
