@@ -207,9 +207,9 @@ def _info(path: str, out, raw: bytes, vn_counts):
     version_needs = []
     for index in range(out.n_verneed):
         count = vn_counts[index]
-        versions = tuple((text[1:], text[0] == "1") for text in parts[at:at + count])
+        versions = tuple([(text[1:], text[0] == "1") for text in parts[at:at + count]])
         at += count
-        version_needs.append(VersionNeed(file=parts[at], versions=versions))
+        version_needs.append(VersionNeed(parts[at], versions))
         at += 1
     version_defs = tuple(parts[at:at + out.n_verdef])
     fields = defaults.copy()
