@@ -1320,10 +1320,12 @@ def test_config_facts_whole(tmp_path):
         f"  LD_AUDIT: {present} {exposed}\n"                                # line 3
         "  LD_LIBRARY_PATH: ${A}/lib:$B/lib:$${C}\n"                       # line 4
         "items: [\"LD_PRELOAD=$HOME/x.so\", \"ld_preload=/opt/y.so\", \"FOO=/opt/z.so\", \"BAR=1\"]\n"  # line 5
+        "lazy:\n"
+        "  ld_preload: $${HOME}/lib/x.so\n"                                    # line 7
         "list:\n"
         "  preload:\n"
-        f"    - {present}\n"                                                  # line 8
-        "    - ${HOME}/y.so\n"                                                # line 9
+        f"    - {present}\n"                                                  # line 10
+        "    - ${HOME}/y.so\n"                                                # line 11
         "? [a, b]\n"
         ": /opt/libkeyless.so\n"
         "other: 5\n"))
@@ -1351,9 +1353,11 @@ def test_config_facts_whole(tmp_path):
                           problem="" if os.path.exists("/opt/y.so") else "preload /opt/y.so does not exist")
     # an env item that is not the loader's: judged under its list's key, by its value
     assert got[5] == fact("items", "FOO=/opt/z.so", 5, "libpath")
-    assert got[6] == fact("preload", str(present), 8, "preload")
-    assert got[7] == fact("preload", "${HOME}/y.so", 9, "preload", names=["HOME"], problem="expands ${HOME}" + lazy)
-    assert len(got) == 8  # the value of a key that is no scalar, and `other`, feed nothing
+    # the lazy form is expanded by the session, later: no file to look for now
+    assert got[6] == fact("ld_preload", "$${HOME}/lib/x.so", 7, "preload")
+    assert got[7] == fact("preload", str(present), 10, "preload")
+    assert got[8] == fact("preload", "${HOME}/y.so", 11, "preload", names=["HOME"], problem="expands ${HOME}" + lazy)
+    assert len(got) == 9  # the value of a key that is no scalar, and `other`, feed nothing
 
 
 def test_config_facts_file_edges(tmp_path):
@@ -1441,6 +1445,10 @@ def test_per_architecture_dispatch_verdict(tmp_path):
                        "kernel_count": 0, "ptx_too_new": False, "dispatch": 2, "runnable": True,
                        "why": "2 module(s) without code for this GPU serve other GPUs that modules which run here "
                               "also serve (per-architecture dispatch)"}
+    # both at once: one module served elsewhere, one for a GPU nothing here serves
+    both = generic + [hand_entry("sass", 80, module=1), hand_entry("sass", 110, module=2)]
+    verdict = fatbin_mod.judge(str(tmp_path / "none.so"), both, 90)
+    assert (verdict["runnable"], verdict["dispatch"], verdict["failing_modules"]) == (False, 1, [2])
     # a module for a GPU the runnable modules do not serve (sm_110: no SASS of major 11 there, and
     # compute_120 PTX does not JIT back to 11.0): not dispatch
     alone = generic + [hand_entry("sass", 110, module=1)]
