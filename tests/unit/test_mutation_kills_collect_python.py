@@ -594,7 +594,7 @@ def test_literal_items():
 # --- python_env: the planner's walk, against the extension modules Python really maps ---------
 
 WALK_MODULES = ("e_one", "e_ns", "extpkg", "e_range", "e_called", "e_alias", "e_tryok", "e_else", "e_finally",
-                "e_never", "e_cond", "e_deep", "e_with", "e_star", "e_fb1", "e_fb2", "e_late")
+                "e_never", "e_cond", "e_deep", "e_with", "e_star", "e_fb1", "e_fb2", "e_late", "e_const")
 
 
 @pytest.fixture(scope="module")
@@ -643,6 +643,8 @@ def walk_site(tmp_path_factory):
             from . import e_with
         for _i in range(1):
             from . import e_range
+        import importlib
+        importlib.import_module("w.e_const")
         def _check():
             from . import e_called
             if os.environ.get("SD17_NEVER_SET"):

@@ -260,10 +260,37 @@ def test_torch_for_python_names_what_is_wrong(tmp_path, real_torch):
         with pytest.raises(BadInput) as err:
             torch_ext.torch_for_python(python)
         assert str(err.value) == f"--python {python}: {reason or 'could not run it (OSError)'}"
+    other = _other_python()
+    if other is not None:  # another Python's tag, when torch/ holds no _C module to name one
+        (fake_site / "torch" / "_C.cpython-399-x86_64-linux-gnu.so").unlink()
+        wrapper = _script(tmp_path / "py-other", f'PYTHONPATH={fake_site} exec {other[0]} -S "$@"')
+        assert torch_ext.torch_for_python(wrapper).python_tag == other[1]
     slow = _script(tmp_path / "slow", "exec sleep 30")
     with pytest.raises(BadInput) as err:
         torch_ext.torch_for_python(slow, timeout=0.3)
     assert str(err.value) == f"--python {slow}: could not run it (TimeoutExpired)"
+
+
+def _other_python():
+    """(path, its cpp_extension tag prefix) of an installed Python of another minor version, or None."""
+    import glob
+    import shutil
+    for minor in (12, 10, 13, 9, 8, 14):
+        if minor == sys.version_info[1]:
+            continue
+        # on PATH, or beside this interpreter's own installation (pyenv's versions/, /usr/bin)
+        candidates = [shutil.which(f"python3.{minor}"), f"/usr/bin/python3.{minor}",
+                      *glob.glob(os.path.join(os.path.dirname(sys.base_prefix), "*", "bin", f"python3.{minor}"))]
+        exe = next((c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)
+                    and subprocess.run([c, "-c", ""], capture_output=True, timeout=60).returncode == 0), None)
+        if exe is None:
+            continue
+        proc = subprocess.run([exe, "-c", "import sys; print('py%d%d%s' % (sys.version_info[0], sys.version_info[1], "
+                                          "getattr(sys, 'abiflags', '')))"], capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return exe, proc.stdout.strip().splitlines()[-1]
+    return None
 
 
 def test_lazily_loaded_libraries_of_torch(tmp_path):
@@ -290,6 +317,7 @@ def test_lazily_loaded_libraries_of_torch(tmp_path):
 
 GONE = "_ZN3c1017gone_in_new_torchEv"
 GONE_TOO = "_ZN2at13also_gone_nowEv"
+OLD_STRING = "_ZN3c1010set_stringERKSs"  # c10::set_string(std::string const&), old ABI
 
 
 def _c_object(path, imports=(), weak=(), defines=(), links=()):
@@ -306,13 +334,17 @@ def _c_object(path, imports=(), weak=(), defines=(), links=()):
     return str(path)
 
 
-def _ninja(build_dir, torch_base, *flags, extra=""):
+def _ninja(build_dir, torch_base, *flags, extra="", torch_in="cflags", **more):
+    """build.ninja as cpp_extension writes it: ``flags`` in cflags, torch's include directories
+    in ``torch_in``, and ``more`` (post_cflags, cuda_cflags, cuda_post_cflags) as given."""
     Path(build_dir).mkdir(parents=True, exist_ok=True)
+    values = {"cflags": f"-DTORCH_EXTENSION_NAME={os.path.basename(build_dir)} {' '.join(flags)} -fPIC -std=c++17",
+              "post_cflags": "", **more}
+    values[torch_in] = f"-isystem {torch_base}/torch/include -isystem {torch_base}/torch/include/torch/csrc/api/" \
+                       f"include {values.get(torch_in, '')}".strip()
     Path(build_dir, "build.ninja").write_text(
-        "ninja_required_version = 1.3\ncxx = c++\n"
-        f"cflags = -DTORCH_EXTENSION_NAME={os.path.basename(build_dir)} -isystem {torch_base}/torch/include "
-        f"-isystem {torch_base}/torch/include/torch/csrc/api/include {' '.join(flags)} -fPIC -std=c++17\n"
-        "post_cflags =\nldflags = -shared -lc10 -ltorch\n" + extra)
+        "ninja_required_version = 1.3\ncxx = c++\n" + "".join(f"{k} = {v}\n" for k, v in values.items())
+        + "ldflags = -shared -lc10 -ltorch\n" + extra)
 
 
 @pytest.fixture(scope="module")
@@ -337,18 +369,22 @@ def cache(tmp_path_factory, real_torch):
     root = tmp / "torch_extensions"
     tag = real_torch["tag"]
     stale = root / tag / "stale3"
-    _ninja(stale, old, "-D_GLIBCXX_USE_CXX11_ABI=0", "-isystem /usr/include/python3.10")
+    _ninja(stale, old, "-isystem /usr/include/python3.10", post_cflags="-D_GLIBCXX_USE_CXX11_ABI=0")
     _c_object(stale / "stale3.so", imports=[GONE, GONE_TOO], weak=["_ZN3c1013weakly_neededEv"])
     other = root / "py39_cu117" / "other"
     _ninja(other, old, "-isystem /usr/include/python3.9")
     _c_object(other / "other.so", imports=[GONE])
     gone = root / "gonetorch"
-    _ninja(gone, tmp / "removed-env", "-isystem /usr/include/python3.10", "-D_GLIBCXX_USE_CXX11_ABI=1")
+    _ninja(gone, tmp / "removed-env", torch_in="cuda_cflags", cuda_cflags="-isystem /usr/include/python3.10",
+           cuda_post_cflags="-D_GLIBCXX_USE_CXX11_ABI=1")
     _c_object(gone / "gonetorch.so", imports=[GONE])
     here = root / "here"
-    _ninja(here, os.path.dirname(real_torch["dir"]), extra="rule compile\n  command = c++ $cflags\n"
+    _ninja(here, os.path.dirname(real_torch["dir"]), torch_in="post_cflags", extra="rule compile\n  command = c++ $cflags\n"
            "build here.o: compile here.cpp\n  cflags = -DSCOPED=1\n# comment = no\n\tdepfile = x\n")
     _c_object(here / "here.so", imports=[GONE])
+    libabi = root / "libabi"  # no ABI flag in build.ninja: the .so's own imports say which
+    _ninja(libabi, os.path.dirname(real_torch["dir"]), torch_in="cuda_cflags")
+    _c_object(libabi / "libabi.so", imports=[OLD_STRING])
     broken = root / tag / "broken"
     broken.mkdir(parents=True)
     (broken / "broken.so").write_bytes(b"not an ELF file at all" * 4)
@@ -361,17 +397,18 @@ def cache(tmp_path_factory, real_torch):
     _c_object(anyso / "aa.so")
     return {"root": str(root), "old": str(old / "torch"), "removed": str(tmp / "removed-env" / "torch"),
             "stale": str(stale), "other": str(other), "gone": str(gone), "here": str(here), "broken": str(broken),
-            "anyso": str(anyso)}
+            "anyso": str(anyso), "libabi": str(libabi)}
 
 
 def test_inventory_reads_ninja_as_ninja_does(cache, real_torch):
     builds = torch_ext.inventory([cache["root"], cache["root"] + "-absent"])
     by_name = {b.name: b for b in builds}
-    assert sorted(by_name) == ["anyso", "broken", "gonetorch", "here", "other", "stale3"]
+    assert sorted(by_name) == ["anyso", "broken", "gonetorch", "here", "libabi", "other", "stale3"]
     tag = real_torch["tag"]
     assert [(b.path, b.tag, b.kind) for b in sorted(builds, key=lambda b: b.path)] == sorted(
         [(cache["anyso"], None, "load"), (cache["broken"], tag, "load"), (cache["gone"], None, "load"),
-         (cache["here"], None, "load"), (cache["other"], "py39_cu117", "load"), (cache["stale"], tag, "load")])
+         (cache["here"], None, "load"), (cache["libabi"], None, "load"), (cache["other"], "py39_cu117", "load"),
+         (cache["stale"], tag, "load")])
     # ninja's top-level `name = value` bindings only (rule and build blocks bind indented names)
     here = Path(cache["here"], "build.ninja").read_text().splitlines()
     top = dict(line.split(" = ", 1) for line in here if " = " in line and line[0] not in " \t#")
@@ -383,7 +420,8 @@ def test_inventory_reads_ninja_as_ninja_does(cache, real_torch):
     assert torch_ext.builds_in(cache["stale"])[0].tag == tag
     assert torch_ext.builds_in(cache["here"])[0].tag is None
     assert sorted(b.name for b in torch_ext.builds_in(os.path.join(cache["root"], tag))) == ["broken", "stale3"]
-    assert sorted(b.name for b in torch_ext.builds_in(cache["root"])) == ["gonetorch", "here", "other", "stale3"]
+    assert sorted(b.name for b in torch_ext.builds_in(cache["root"])) == ["gonetorch", "here", "libabi", "other",
+                                                                          "stale3"]
 
 
 def _facts_by_name(facts):
@@ -449,6 +487,18 @@ def test_build_facts_against_the_wheels_torch(cache, real_torch, install, torch_
         "built": {"torch_path": P, "torch": V}, "now": dict(now, abi=abi, missing=1), "kind": "load",
         "fix_command": "seedance fix torch-ext --clean-cache --rebuild here"}
 
+    demangled = _demangled([OLD_STRING])[0]
+    assert _old_string_in(demangled)  # c++filt: the old ABI's string
+    fact = facts["libabi"]
+    assert dict(fact.data) == {
+        "name": "libabi", "stale": True,
+        "reasons": [f"torch: imports 1 c10/at/torch symbol(s) torch {V} does not define, e.g. {OLD_STRING}",
+                    f"abi: built pre-cxx11, torch {V} uses {abi}"],
+        "other_environment": "", "built_for": "the pre-cxx11 C++ ABI", "current": f"the {abi} C++ ABI (the test's torch)",
+        "library": os.path.join(cache["libabi"], "libabi.so"), "built": {"torch_path": P, "torch": V, "abi": "pre-cxx11"},
+        "now": dict(now, abi=abi, missing=1), "kind": "load",
+        "fix_command": "seedance fix torch-ext --clean-cache --rebuild libabi"}
+
     # a torch with no source named (fix torch-ext passes one so): nothing in parentheses
     here, = torch_ext.builds_in(cache["here"])
     assert torch_ext.build_facts(here, dataclasses.replace(install, source=""), None).data["current"] == \
@@ -464,9 +514,11 @@ def test_each_build_is_judged_by_the_torch_that_loads_it(cache, real_torch):
     """No torch given: the torch build.ninja names, still there, else this interpreter's."""
     V = real_torch["version"]
     builds = torch_ext.builds_in(cache["here"]) + torch_ext.builds_in(cache["gone"]) + \
-        torch_ext.builds_in(cache["stale"])
+        torch_ext.builds_in(cache["stale"]) + torch_ext.builds_in(cache["libabi"])
     facts = _facts_by_name(torch_ext.torch_ext_facts(builds=builds))
+    # torch's include directory in post_cflags (here) or cuda_cflags (libabi), where it still is
     assert facts["here"].data["now"]["source"] == "the torch it was built against"
+    assert facts["libabi"].data["now"]["source"] == "the torch it was built against"
     assert facts["here"].data["now"]["torch_path"] == real_torch["dir"]
     assert facts["gonetorch"].data["now"]["source"] == "this interpreter"
     assert facts["gonetorch"].data["now"]["torch"] == V
