@@ -159,7 +159,10 @@ def _cuda_mismatch(args) -> int:
         from ..fix.dlopen_child import DlopenZygote
 
         if DlopenZygote.safe_to_fork():
-            zygote = DlopenZygote()
+            try:
+                zygote = DlopenZygote()
+            except OSError:  # no fork (EAGAIN, a process limit): verify starts fresh interpreters
+                zygote = None
     try:
         return _relink(args, zygote)
     finally:
