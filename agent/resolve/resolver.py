@@ -705,27 +705,33 @@ class Resolver:
     def _version_checks(self, queue: list, namespace: list) -> list:
         """dl-version.c: every verneed of every object against its provider's verdef."""
         checks = []
+        find_needed = _NeededIndex(namespace).find
         for obj in queue:
             if obj.info is None or not obj.info.version_needs:
                 continue
             for need in obj.info.version_needs:
-                provider = _find_needed(need.file, namespace)
+                provider = find_needed(need.file)
                 # the same requester and provider give the same checks in every closure
-                key = (obj.path, need, provider.path if provider is not None else None)
+                # (need's fields stand for need: hashing them is C's work, not __hash__'s)
+                key = (obj.path, need.file, need.versions, provider.path if provider is not None else None)
                 known = self._checked.get(key)
                 if known is not None:
                     checks.extend(known)
                     continue
                 start = len(checks)
-                for version, weak in need.versions:
-                    if provider is None or provider.info is None:
+                if provider is None or provider.info is None:
+                    for version, weak in need.versions:
                         checks.append(VersionCheck(obj.path, need.file, version, weak, None, False, ()))
-                        continue
+                else:
+                    # what does not change from one version to the next, looked up once
+                    # (~10% of a `seedance ldd`'s closure went to this loop, issue 13)
                     defs = provider.info.version_defs
-                    defined = (version in defs or not _has_verdef(provider.info)
-                               or version == provider.info.soname)
-                    checks.append(VersionCheck(obj.path, need.file, version, weak, provider.path,
-                                               defined, tuple(defs)))
+                    any_version = not _has_verdef(provider.info)
+                    soname, provider_versions = provider.info.soname, tuple(defs)
+                    for version, weak in need.versions:
+                        defined = version in defs or any_version or version == soname
+                        checks.append(VersionCheck(obj.path, need.file, version, weak, provider.path,
+                                                   defined, provider_versions))
                 self._checked[key] = tuple(checks[start:])
         return checks
 
@@ -906,14 +912,24 @@ def _in_chain(target: _Loaded, start: _Loaded) -> bool:
     return False
 
 
-def _find_needed(file: str, namespace: list):
-    for obj in namespace:
-        if file in obj.names or obj.path == file:
-            return obj
-    for obj in namespace:
-        if obj.info is not None and obj.info.soname == file:
-            return obj
-    return None
+class _NeededIndex:
+    """The provider of a verneed file name in one finished namespace: the first object
+    that name was loaded under (or opened as), else the first whose DT_SONAME it is;
+    indexed once instead of two scans of the namespace per verneed entry."""
+
+    def __init__(self, namespace: list):
+        self.named: dict = {}
+        self.by_soname: dict = {}
+        for obj in namespace:
+            for name in obj.names:
+                self.named.setdefault(name, obj)
+            self.named.setdefault(obj.path, obj)
+            if obj.info is not None:
+                self.by_soname.setdefault(obj.info.soname, obj)
+
+    def find(self, file: str):
+        obj = self.named.get(file)
+        return obj if obj is not None else self.by_soname.get(file)
 
 
 def _origin_of(path: str) -> str:
