@@ -286,6 +286,12 @@ def test_a_module_python_cannot_find(site, interp):
     pred = pe.predict_imports(interp, ["nosuchmod_sd17"])
     assert code != 0 and (pred.ok, pred.error, pred.failed_module) == (False, line, "nosuchmod_sd17")
     assert pred.plan.missing == [("nosuchmod_sd17", "nosuchmod_sd17")]
+    # a submodule of a built-in module (no package): Python says "'xxsubtype' is not a package"
+    builtin = next(n for n in ("xxsubtype", "_tracemalloc", "_symtable") if n in sys.builtin_module_names
+                   and n not in interp.modules)
+    code, line, _ = real_run(env, f"import {builtin}.keyword")
+    assert code != 0 and "is not a package" in line
+    assert pe.plan_imports(interp, [f"{builtin}.keyword"]).missing == [(f"{builtin}.keyword",) * 2]
     code, line, _ = real_run(env, "import a, nosuchmod_sd17")
     two = pe.predict_imports(interp, ["a", "nosuchmod_sd17"])
     assert (two.ok, two.error) == (False, line)
@@ -656,6 +662,13 @@ def walk_site(tmp_path_factory):
             _inner()
         def _check2():
             from . import e_alias
+        def _ping(n=0):
+            if n:
+                _pong(n - 1)
+        def _pong(n=0):
+            if n:
+                _ping(n - 1)
+        _ping()
         _check()
         _outer()
         _alias = _check2
