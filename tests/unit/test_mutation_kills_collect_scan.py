@@ -1599,3 +1599,21 @@ def test_a_debian_python_module_is_upgraded_with_apt():
         pytest.skip("no dpkg-installed python3-cffi-backend here")
     package = dpkg_owner(found[0])
     assert closure_mod._upgrade(found[0], practice.package_of) == f"apt-get install --only-upgrade {package}"
+
+
+def test_a_torch_extension_beside_its_torch(torch_ext, tmp_path):
+    """An extension in a site-packages that holds torch is loaded after that torch, without
+    --python (pip's layout: site-packages/torch beside site-packages/pkg)."""
+    ext, lib = torch_ext
+    site = tmp_path / "lib" / f"python3.{sys.version_info.minor}" / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    os.symlink(lib.parent, site / "torch")  # the wheel's own files, seen from this site-packages
+    beside = site / "pkg" / ext.name
+    shutil.copyfile(ext, beside)
+    scanner = Scanner(CheckOptions(targets=[str(beside)]))
+    scanner.run()
+    assert facts_of(scanner, "torch_env") == []
+    needed = {f.data["name"]: f.data for f in facts_of(scanner, "needed", beside)}
+    assert (needed["libc10.so"]["resolved_path"], needed["libc10.so"]["source"]) == (
+        str(site / "torch" / "lib" / "libc10.so"), "loaded")
+    assert scanner._torch_for(str(beside)).path == str(site / "torch")
