@@ -930,7 +930,7 @@ def test_runtime_major_reads_soname_then_versions_then_name(tmp_path):
 def test_compat_driver_on_ld_library_path(tmp_path, monkeypatch):
     first, second = tmp_path / "a" / "compat", tmp_path / "b" / "compat"
     for directory, names in ((first, ["libcuda.so.570.9", "libcuda.so.1", "libcudadebugger.so.1"]),
-                             (second, ["libcuda.so.570.124.06", "libcuda.so.575.51.03.1"])):
+                             (second, ["libcuda.so.570.9", "libcuda.so.570.124.06", "libcuda.so.575.51.03.1"])):
         directory.mkdir(parents=True)
         for name in names:
             (directory / name).write_bytes(b"")
