@@ -345,6 +345,15 @@ def test_a_symbol_nothing_defines(tree):
     assert "undefined_symbol" not in lax.stats["facts_by_kind"] and lax.findings == []
 
 
+def test_undefined_facts_default_to_the_closures_own(tree):
+    from seedance.resolve import Resolver
+
+    result = Resolver(env={}).closure(str(tree["libundef.so"]), symbols=True)
+    facts = closure_mod.undefined_facts(result, closure_mod.FactDedup())
+    assert [(f.subject["path"], f.data["symbol"], f.data["host"]) for f in facts] == [
+        (str(tree["libundef.so"]), "nowhere_at_all", "")]
+
+
 def test_a_symbol_its_version_node_lacks(tree):
     """bar@VER_1: libprov.so.1 defines VER_1, but not bar.  Once, although strict mode
     also looks for undefined symbols (one dedup bucket)."""
@@ -1197,6 +1206,10 @@ def two_runtimes(tmp_path_factory):
     write(root / "app.c", "int main(void){return 0;}\n")
     cc(root / "app.c", "-o", root / "tree" / "app", "-Wl,--no-as-needed", f"-L{root / 'tree'}", "-l:libmix_a.so",
        "-Wl,-rpath,$ORIGIN")
+    # a program that NEEDs the CUDA 12 runtime itself and through libmix_a.so
+    (root / "both").mkdir()
+    cc(root / "app.c", "-o", root / "both" / "app", "-Wl,--no-as-needed", f"-L{cu12.parent}", "-l:libcudart.so.12",
+       f"-L{root / 'tree'}", "-l:libmix_a.so", f"-Wl,-rpath,{cu12.parent}:{root / 'tree'}")
     # a libcudart.so.12 of our own that loads the CUDA 13 runtime (a forwarding shim)
     (root / "shim").mkdir()
     cc("-shared", "-fPIC", root / "m.c", "-o", root / "shim" / "libcudart.so.12", "-Wl,-soname,libcudart.so.12",
@@ -1243,6 +1256,15 @@ def test_two_cuda_runtimes_in_one_closure(two_runtimes):
     alone = Scanner(CheckOptions(targets=[cu12], driver_version="470.256.02"))
     alone.run()
     assert facts_of(alone, "cuda_driver") == []
+    # a runtime NEEDed twice in one closure: its requester is the object ld.so loaded it for
+    both = str(tree_dir.parent / "both" / "app")
+    trace = subprocess.run([both], capture_output=True, timeout=60,
+                           env={"LD_TRACE_LOADED_OBJECTS": "1", "LD_DEBUG": "files", "PATH": "/usr/bin:/bin"})
+    debug = trace.stderr.decode("utf-8", "replace")
+    assert f"file=libcudart.so.12 [0];  needed by {both} [0]" in debug
+    assert f"file=libcudart.so.13 [0];  needed by {tree_dir / 'libmix_a.so'} [0]" in debug
+    assert closure_mod.closure_runtimes(scanner.resolver.closure(both)) == {
+        cu12: (12, both), cu13: (13, str(tree_dir / "libmix_a.so"))}
     # ... but the runtime it loads in turn does
     shim = str(tree_dir.parent / "shim" / "libcudart.so.12")
     assert os.path.realpath(cu13) in map(os.path.realpath, ldd_paths(shim))
@@ -1617,3 +1639,46 @@ def test_a_torch_extension_beside_its_torch(torch_ext, tmp_path):
     assert (needed["libc10.so"]["resolved_path"], needed["libc10.so"]["source"]) == (
         str(site / "torch" / "lib" / "libc10.so"), "loaded")
     assert scanner._torch_for(str(beside)).path == str(site / "torch")
+
+
+def test_the_image_named_is_the_one_this_driver_can_jit(tmp_path):
+    """The first PTX in file order that JITs is the one loaded; under a CUDA 12.4 driver an ISA
+    9.0 image is passed over for the ISA 8.0 one."""
+    entries = [hand_entry("ptx", 86, isa=(9, 0)), hand_entry("ptx", 80, isa=(8, 0))]
+    assert fatbin_mod.judge(str(tmp_path / "none.so"), entries, 90)["why"] == "PTX compute_86 JIT"
+    limited = fatbin_mod.judge(str(tmp_path / "none.so"), entries, 90, (8, 4))
+    assert (limited["runnable"], limited["why"]) == (True, "PTX compute_80 JIT")
+
+
+def test_an_sm_50_module_is_no_alternative_for_an_sm_90_only_one(tmp_path):
+    entries = [hand_entry("sass", 90, module=0), hand_entry("sass", 50, module=1)]
+    verdict = fatbin_mod.judge(str(tmp_path / "none.so"), entries, 90)
+    assert (verdict["runnable"], verdict["failing_modules"], verdict["dispatch"]) == (False, [1], 0)
+
+
+@pytest.fixture(scope="module")
+def zlib_gap(tmp_path_factory):
+    """A library linked against a libz.so.1 of our own whose ZLIB_1.2.0 node has zfake, loaded
+    with the system's libz (dpkg's), whose ZLIB_1.2.0 has no such symbol."""
+    libz = "/lib/x86_64-linux-gnu/libz.so.1"
+    if not os.path.exists(libz) or dpkg_owner_of_file(libz) is None:
+        pytest.skip("no dpkg-installed libz here")
+    root = tmp_path_factory.mktemp("zgap")
+    write(root / "z.c", "int zfake(void){return 0;}\n")
+    write(root / "z.map", "ZLIB_1.2.0 { global: zfake; local: *; };\n")
+    cc("-shared", "-fPIC", root / "z.c", "-o", root / "libz.so.1", "-Wl,-soname,libz.so.1",
+       f"-Wl,--version-script={root / 'z.map'}")
+    write(root / "u.c", "int zfake(void);\nint u(void){return zfake();}\n")
+    (root / "tree").mkdir()
+    cc("-shared", "-fPIC", root / "u.c", "-o", root / "tree" / "libzuser.so", f"-L{root}", "-l:libz.so.1")
+    return root / "tree" / "libzuser.so"
+
+
+def test_a_version_gap_in_a_debian_library(zlib_gap, tree):
+    assert "undefined symbol: zfake, version ZLIB_1.2.0" in dlopen_error(tree["dl"], zlib_gap)
+    scanner = Scanner(CheckOptions(targets=[str(zlib_gap)]))
+    scanner.run()
+    [gap] = facts_of(scanner, "undefined_symbol", zlib_gap)
+    package = dpkg_owner_of_file(gap.data["provider"])
+    assert (gap.data["symbol"], gap.data["version"], gap.data["cause"]) == ("zfake", "ZLIB_1.2.0", "node-lacks-symbol")
+    assert gap.data["upgrade"] == f"apt-get install --only-upgrade {package}"
