@@ -1650,10 +1650,13 @@ def test_the_image_named_is_the_one_this_driver_can_jit(tmp_path):
     assert (limited["runnable"], limited["why"]) == (True, "PTX compute_80 JIT")
 
 
-def test_an_sm_50_module_is_no_alternative_for_an_sm_90_only_one(tmp_path):
-    entries = [hand_entry("sass", 90, module=0), hand_entry("sass", 50, module=1)]
-    verdict = fatbin_mod.judge(str(tmp_path / "none.so"), entries, 90)
-    assert (verdict["runnable"], verdict["failing_modules"], verdict["dispatch"]) == (False, [1], 0)
+def test_a_module_for_other_gpus_is_no_alternative_when_nothing_here_serves_them(tmp_path):
+    # sm_50 SASS runs on 5.0-5.3, which the sm_90 module does not serve; sm_35 SASS runs on no
+    # GPU of the table (Kepler): serving nothing, it covers nothing either
+    for old in (50, 35):
+        entries = [hand_entry("sass", 90, module=0), hand_entry("sass", old, module=1)]
+        verdict = fatbin_mod.judge(str(tmp_path / "none.so"), entries, 90)
+        assert (verdict["runnable"], verdict["failing_modules"], verdict["dispatch"]) == (False, [1], 0), old
 
 
 @pytest.fixture(scope="module")
