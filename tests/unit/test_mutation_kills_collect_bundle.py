@@ -1060,7 +1060,10 @@ def test_static_runtime_facts_judge_each_object_once(static_builds, tmp_path, mo
     major, minor = nvcc_release()
     plain, ptx, sass = (str(static_builds[n]) for n in ("plain", "ptx", "sass"))
     libc = "/lib/x86_64-linux-gnu/libc.so.6"
-    objects = {plain: read_elf(plain), ptx: read_elf(ptx), sass: None, str(tmp_path / "gone"): None}
+    notes = tmp_path / "notes.txt"
+    notes.write_text("no object\n")
+    # first a file that is no static runtime and one that is gone: each skipped, the rest judged
+    objects = {str(notes): None, str(tmp_path / "gone"): None, plain: read_elf(plain), ptx: read_elf(ptx), sass: None}
     if os.path.exists(libc):
         objects[libc] = read_elf(libc)
     seen: set = set()
@@ -1183,6 +1186,8 @@ def test_config_dirs_follow_the_xdg_base_directory_spec(tmp_path, monkeypatch):
 
 
 def test_a_damaged_ld_so_cache_lists_nothing(tmp_path):
+    if os.path.isfile("/etc/ld.so.cache"):  # the default is the system's cache (ld.so(8))
+        assert host.ld_cache_paths() == host.ld_cache_paths("/etc/ld.so.cache") != []
     bad = tmp_path / "ld.so.cache"
     bad.write_bytes(b"glibc-ld.so.cache1.1" + b"\xff" * 40)
     assert host.ld_cache_paths(str(bad)) == []
