@@ -159,7 +159,10 @@ def gap_facts(closure, gaps, dedup: FactDedup, package_of=None) -> list:
 def _upgrade(provider: str, package_of) -> str:
     """The command that brings a newer provider: from its package manager when known."""
     package = package_of(provider) if package_of is not None else None
-    if package and ("site-packages" in provider or "dist-packages" in provider):
+    # /usr/lib/python3/dist-packages holds Debian's own modules, installed by dpkg (Debian
+    # Python Policy, 1.5); pip writes a venv's site-packages or /usr/local/lib/python3.X/dist-packages
+    debian_module = provider.startswith(("/usr/lib/python3/", "/lib/python3/"))
+    if package and not debian_module and ("site-packages" in provider or "dist-packages" in provider):
         return f"pip install -U {package}"
     if package:
         return f"apt-get install --only-upgrade {package}"
