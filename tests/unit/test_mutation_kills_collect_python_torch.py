@@ -563,6 +563,11 @@ def test_a_setup_py_build_is_found_from_its_project(tmp_path, install):
     assert fact.data["fix_command"] == \
         f"python -m pip install --no-build-isolation --no-deps --force-reinstall {project}"
     assert fact.data["kind"] == "setup.py" and fact.data["name"] == "fancy_ops"
+    named = tmp_path / "named" / "build" / "temp.y"
+    named.mkdir(parents=True)
+    (named / "build.ninja").write_text("cflags = -DTORCH_EXTENSION_NAME=plain_ops -fPIC\npost_cflags =\n")
+    build, = torch_ext.builds_in(str(tmp_path / "named"))
+    assert (build.name, build.kind, build.library) == ("plain_ops", "setup.py", None)
     nolib = tmp_path / "nolib" / "build" / "temp.x"
     nolib.mkdir(parents=True)
     (nolib / "build.ninja").write_text("cflags = -fPIC\n")
@@ -587,6 +592,11 @@ def test_rebuild_commands_per_place(tmp_path, monkeypatch, install):
                     "pyproject.toml found above it)"
     assert torch_ext.rebuild_command(str(site / "_C.so"), None).startswith("rebuild _C.so from its sources against "
                                                                            "the torch that imports it")
+    outside = tmp_path / "elsewhere" / "py311_cpu" / "kernels"
+    outside.mkdir(parents=True)
+    (outside / "build.ninja").write_text("cflags = -fPIC\n")
+    assert torch_ext.rebuild_command(str(outside / "kernels.so"), None) == \
+        f"TORCH_EXTENSIONS_DIR={outside.parent} seedance fix torch-ext --clean-cache --rebuild kernels"
     deep = tmp_path / "p" / "a" / "b" / "c" / "d"
     deep.mkdir(parents=True)
     (tmp_path / "p" / "setup.py").write_text("")
@@ -792,6 +802,11 @@ def test_a_new_abi_extension_that_lacks_a_symbol(extensions, real_torch):
     assert dict(facts[1].data) == {"count": 1, "examples": [GONE], "torch_version": real_torch["version"],
                                    "torch_path": real_torch["dir"], "torch_source": "s", "explained_by_abi": False,
                                    "fix_command": fix}
+    # judged for check --python: the rebuild runs with that interpreter
+    named = cxxabi.extension_facts(newgone, _closure(extensions, newgone), [extensions["c10"]],
+                                   cxxabi.TorchAbiCache(), _read_symbols, "--python /opt/py/bin/python")
+    assert [f.data["fix_command"] for f in named] == \
+        [f"cd {extensions['project']} && /opt/py/bin/python setup.py build_ext --inplace --force"] * 2
 
 
 def test_a_torch_library_outside_any_torch_install(extensions, mangled):
