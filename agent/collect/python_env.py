@@ -398,7 +398,9 @@ def _absolute(module: str | None, level: int, package: str) -> str | None:
     if level == 0:
         return module
     parts = package.split(".") if package else []
-    if level - 1 > len(parts) or not parts:
+    # importlib.util.resolve_name: a level past the package's depth is "attempted relative
+    # import beyond top-level package" (package.rsplit('.', level - 1) has fewer than level parts)
+    if level > len(parts) or not parts:
         return None
     base = ".".join(parts[:len(parts) - (level - 1)])
     return f"{base}.{module}" if module else base
@@ -445,10 +447,12 @@ def _static_test(test, interp: Interpreter, known: dict | None = None):
     os.name, sys.version_info, platform.python_implementation(), module constants);
     None otherwise (both branches are followed)."""
     text = ast.unparse(test)
+    # `not typing.TYPE_CHECKING` ends in ".TYPE_CHECKING" too: the negation is tested first
+    if text.startswith("not ") and (text[4:] in ("TYPE_CHECKING", "_TYPE_CHECKING")
+                                    or text.endswith(".TYPE_CHECKING")):
+        return True
     if text in ("TYPE_CHECKING", "_TYPE_CHECKING") or text.endswith(".TYPE_CHECKING"):
         return False
-    if text.startswith("not ") and (text[4:] == "TYPE_CHECKING" or text.endswith(".TYPE_CHECKING")):
-        return True
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         left = ast.unparse(test.left)
         facts = {"platform.python_implementation()": {"cpython": "CPython", "pypy": "PyPy"}.get(
@@ -489,7 +493,16 @@ def _static_test(test, interp: Interpreter, known: dict | None = None):
             ops = {ast.GtE: lambda a, b: a >= b, ast.Lt: lambda a, b: a < b,
                    ast.Gt: lambda a, b: a > b, ast.LtE: lambda a, b: a <= b}
             op = ops.get(type(test.ops[0]))
-            return op(interp.version[:len(value)], value) if op else None
+            if op is None or len(value) > 3:
+                return None  # the release level and serial are not probed
+            # sys.version_info has five fields, and Python compares tuples item by item, a
+            # shorter equal prefix first: on 3.11.7, `sys.version_info > (3, 11)` and even
+            # `> (3, 11, 7)` are True.  The probed (major, minor, micro) plus one more item
+            # compares the same way against any tuple of up to three.
+            try:
+                return op(tuple(interp.version) + ("release",), value)
+            except TypeError:
+                return None
     if isinstance(test, ast.Call) and ast.unparse(test.func) == "sys.platform.startswith" and test.args \
             and isinstance(test.args[0], ast.Constant):
         return interp.platform.startswith(test.args[0].value)

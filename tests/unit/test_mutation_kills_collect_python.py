@@ -493,9 +493,9 @@ def test_static_test_agrees_with_python(text, me):
         assert static is bool(eval(text, dict(_EVAL_NS, unknown=lambda: outcome)))
 
 
-@pytest.mark.xfail(strict=True, reason="`if not typing.TYPE_CHECKING:` runs its body at import (TYPE_CHECKING is "
-                   "False at run time); _static_test tests text.endswith('.TYPE_CHECKING') before the `not `, so "
-                   "it answers False and the body's imports are never followed")
+# fixed in python_env (was a strict xfail): `if not typing.TYPE_CHECKING:` runs its body at import
+# (TYPE_CHECKING is False at run time); _static_test tests text.endswith('.TYPE_CHECKING') before
+# the `not `, so it answers False and the body's imports are never followed
 def test_static_test_not_a_qualified_type_checking(me):
     assert pe._static_test(_expr("not typing.TYPE_CHECKING"), me) is True
 
@@ -510,9 +510,9 @@ def test_static_test_without_known_values(me):
     assert pe._static_test(_expr('_policy == "default"'), me, {}) is None
 
 
-@pytest.mark.xfail(strict=True, reason="sys.version_info > (3, 11) on Python 3.11.7: Python says True (3.11.7 is "
-                   "past 3.11), _static_test compares version[:2] and says False, so only the else branch is "
-                   "followed; <= (3, 11) is the mirror case")
+# fixed in python_env (was a strict xfail): sys.version_info > (3, 11) on Python 3.11.7: Python
+# says True (3.11.7 is past 3.11), _static_test compares version[:2] and says False, so only the
+# else branch is followed; <= (3, 11) is the mirror case
 @pytest.mark.parametrize("op", [">", "<="])
 def test_static_test_version_prefix_like_python(op, me):
     text = f"sys.version_info {op} {tuple(sys.version_info[:2])}"
@@ -545,9 +545,9 @@ def test_absolute_is_importlibs_resolve_name(module, level, package):
     assert pe._absolute(module, level, package) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="`from ...x import y` in pkg.sub: importlib raises 'attempted relative "
-                   "import beyond top-level package'; _absolute's bound (level - 1 > len(parts)) lets level == "
-                   "len(parts) + 1 through and returns '.x'")
+# fixed in python_env (was a strict xfail): `from ...x import y` in pkg.sub: importlib raises
+# 'attempted relative import beyond top-level package'; _absolute's bound (level - 1 > len(parts))
+# lets level == len(parts) + 1 through and returns '.x'
 @pytest.mark.parametrize("level, package", [(3, "pkg.sub"), (2, "pkg")])
 def test_absolute_beyond_the_top_level_package(level, package):
     import importlib.util
