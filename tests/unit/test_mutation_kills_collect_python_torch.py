@@ -200,6 +200,8 @@ def test_fake_torch_installs_read_as_python_runs_version_py(tmp_path, version_py
 def test_an_interpreter_without_torch_finds_none(tmp_path, monkeypatch):
     stdlib = [p for p in sys.path if p and "site-packages" not in p and os.path.isdir(p)]
     monkeypatch.setattr(sys, "path", stdlib)
+    # find_spec answers from sys.modules first: a test earlier in the session may have imported torch
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert __import__("importlib.util").util.find_spec("torch") is None  # Python agrees: no torch
     assert torch_ext.find_torch() is None
     (tmp_path / "torch.py").write_text("")  # a plain module named torch: no package, no version.py
@@ -772,12 +774,12 @@ def test_an_old_abi_extension_against_the_wheels_torch(extensions, real_torch, t
     assert dict(facts[1].data) == {"count": 2, "examples": missing, "torch_version": V,
                                    "torch_path": real_torch["dir"], "torch_source": "src", "explained_by_abi": True,
                                    "fix_command": fix}
-    # torch is where libc10 lives, whatever other torch-named library the closure holds
-    assert sorted([extensions["elsewhere"], extensions["c10"]])[0] == extensions["elsewhere"]
-    again = cxxabi.extension_facts(old, closure, [extensions["elsewhere"], extensions["c10"]], cxxabi.TorchAbiCache(),
-                                   _read_symbols, "src")
-    assert [(f.data["torch_version"], f.data.get("torch_path")) for f in again] == \
-        [(V, extensions["c10"]), (V, real_torch["dir"])]
+    # torch is where libc10 lives, whatever other torch-named library the closure holds, in
+    # either order (which one sorts first depends on where the checkout and /tmp are)
+    for order in ([extensions["elsewhere"], extensions["c10"]], [extensions["c10"], extensions["elsewhere"]]):
+        again = cxxabi.extension_facts(old, closure, order, cxxabi.TorchAbiCache(), _read_symbols, "src")
+        assert [(f.data["torch_version"], f.data.get("torch_path")) for f in again] == \
+            [(V, extensions["c10"]), (V, real_torch["dir"])], order
 
 
 def test_a_new_abi_extension_that_binds(extensions, real_torch):
