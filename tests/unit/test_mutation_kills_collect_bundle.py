@@ -1435,3 +1435,37 @@ def test_a_fact_read_back_from_a_bundle(tmp_path):
                                                       text=True).stdout.split()[0]
     assert bundle._count(["b", "a", "b", "c"]) == {"a": 1, "b": 2, "c": 1}
     assert list(bundle._count(["b", "a"])) == ["a", "b"]
+
+
+def test_static_runtimes_are_judged_by_their_device_code(tmp_path):
+    """Static runtimes are judged when they hold device code: the runtime's release is told
+    from it (the toolkit string inside the fatbin images, or their PTX ISA).  A separately
+    compiled program (-rdc=true) holds __nv_relfatbin beside .nv_fatbin and is judged too; a
+    program that links libcudart_static.a without any kernel gets no fact (seed-2027 sample:
+    static_runtime_facts 11 skipped the objects holding both sections)."""
+    from elftools.elf.elffile import ELFFile
+
+    from seedance.elf.reader import read_elf
+
+    static = Path("/usr/local/cuda/lib64/libcudart_static.a")
+    if GCC is None or NVCC is None or not static.exists():
+        pytest.skip("gcc and the CUDA toolkit's libcudart_static.a are needed")
+    (tmp_path / "host.c").write_text("int cudaRuntimeGetVersion(int *v);\n"
+                                     "int main(void) { int v = 0; return cudaRuntimeGetVersion(&v); }\n")
+    host = tmp_path / "host"
+    cc(tmp_path / "host.c", "-o", host, static, "-lpthread", "-ldl", "-lrt", "-lstdc++")
+    whole = nvcc_build(PROBE, [], tmp_path / "whole")  # nvcc's default: -cudart static
+    separate = nvcc_build(PROBE.replace("int main", "__global__ void k(int *p) { p[0] = 1; }\nint main"),
+                          ["-rdc=true"], tmp_path / "separate")
+
+    def device_sections(path):  # the oracle: pyelftools' section table
+        with open(path, "rb") as handle:
+            return {".nv_fatbin", "__nv_relfatbin"} & {s.name for s in ELFFile(handle).iter_sections()}
+
+    assert (device_sections(host), device_sections(whole)) == (set(), {".nv_fatbin"})
+    assert device_sections(separate) == {".nv_fatbin", "__nv_relfatbin"}
+    assert all(_rodata_has(p, b"/cudart.shm.") for p in (host, whole, separate))  # all three are static runtimes
+    gpu = cuda.GpuInfo(driver_version="535.104.05", driver_source="--driver-version")
+    objects = {str(p): read_elf(str(p)) for p in (host, whole, separate)}
+    facts = cuda.static_runtime_facts(objects, gpu, set())
+    assert [f.subject["path"] for f in facts] == [str(whole), str(separate)]

@@ -867,3 +867,33 @@ def test_defined_names_are_what_nm_exports(extensions):
     helper = extensions["helper"]
     exported = set(nm(helper, "--defined-only"))
     assert cxxabi.TorchAbiCache().defined(helper, read_elf(helper, symbols=True)) == frozenset(exported)
+
+
+def test_a_library_that_links_only_libtorch_cpu_may_define_torch_symbols(real_torch, tmp_path):
+    """A helper library outside torch/lib that links libtorch_cpu (and not libc10) defines an
+    at:: function an extension imports: ld.so binds it, so it is not missing (seed-2027 sample:
+    cxxabi._links_torch 5 knew only libc10 as a torch library, and reported it missing)."""
+    from seedance.elf.reader import read_elf
+
+    lib = os.path.join(real_torch["dir"], "lib")
+    helper_dir = tmp_path / "helper"
+    helper_dir.mkdir()
+    (tmp_path / "helper.cc").write_text("namespace at { int helper() { return 42; } }\n")
+    (tmp_path / "ext.cc").write_text("namespace at { int helper(); }\nint ext_entry() { return at::helper(); }\n")
+    helper, ext = helper_dir / "libhelper.so", tmp_path / "ext.so"
+    subprocess.run(["g++", "-shared", "-fPIC", tmp_path / "helper.cc", "-o", helper, "-Wl,--no-as-needed",
+                    f"-L{lib}", "-ltorch_cpu", f"-Wl,-rpath,{lib}"], check=True, capture_output=True)
+    subprocess.run(["g++", "-shared", "-fPIC", tmp_path / "ext.cc", "-o", ext, f"-L{helper_dir}", "-lhelper",
+                    f"-Wl,-rpath,{helper_dir}"], check=True, capture_output=True)
+    from elftools.elf.elffile import ELFFile
+
+    with open(helper, "rb") as handle:  # the oracle for "links torch": the helper's own DT_NEEDED
+        tags = ELFFile(handle).get_section_by_name(".dynamic").iter_tags()
+        needed = [t.needed for t in tags if t.entry.d_tag == "DT_NEEDED"]
+    assert "libtorch_cpu.so" in needed and not any(n.startswith("libc10") for n in needed)
+    symbol = "_ZN2at6helperEv"
+    assert symbol in nm(ext, "--undefined-only") and symbol in nm(helper, "--defined-only")
+    assert _dlopen_error(str(ext)) == "ok"  # ld.so binds it from the helper
+    closure = {str(helper): read_elf(str(helper)), str(ext): read_elf(str(ext))}
+    c10 = os.path.join(lib, "libc10.so")
+    assert cxxabi.TorchAbiCache().missing([symbol], str(ext), closure, [c10], _read_symbols) == []
