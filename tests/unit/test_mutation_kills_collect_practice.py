@@ -11,6 +11,7 @@ Oracles, never the module itself:
   jre/lib/amd64 tree), whose meaning is the documented search of torch, cuda-pathfinder and
   the java launcher (cited in practice.py's docstring).
 """
+import contextlib
 import importlib.metadata
 import os
 import re
@@ -742,6 +743,21 @@ def soname(path):
     return match.group(1) if match else None
 
 
+@contextlib.contextmanager
+def python_child(setup: str, *args, env=None):
+    """A python child that runs ``setup`` (with ``args`` in sys.argv), says "up" and waits:
+    (the Popen, process.read_process of it) while it runs; it is stopped after."""
+    proc = subprocess.Popen([sys.executable, "-c", setup + "print('up', flush=True); sys.stdin.read()", *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        yield proc, process.read_process(proc.pid)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+
 def test_runtime_facts_of_a_process_that_loaded_libcudart(tmp_path):
     wheel = os.path.join(SITE, "nvidia", "cuda_runtime", "lib", "libcudart.so.12")
     if not os.path.isfile(wheel) or shutil.which("readelf") is None:
@@ -751,16 +767,9 @@ def test_runtime_facts_of_a_process_that_loaded_libcudart(tmp_path):
     shutil.copy(wheel, renamed)
     major = int(re.match(r"libcudart\.so\.(\d+)", soname(str(renamed))).group(1))
     others = [os.path.realpath(p) for p in ("/usr/local/cuda/lib64/libcudart.so.13",) if os.path.isfile(p)]
-    proc = subprocess.Popen([sys.executable, "-c", "import ctypes, sys\nfor p in sys.argv[1:]: ctypes.CDLL(p)\n"
-                             "print('up', flush=True); sys.stdin.read()", str(renamed), *others],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "up"
-        view = process.read_process(proc.pid)
+    with python_child("import ctypes, sys\nfor p in sys.argv[1:]: ctypes.CDLL(p)\n", str(renamed), *others) \
+            as (proc, view):
         facts = process.runtime_facts(view)
-    finally:
-        proc.stdin.close()
-        proc.wait()
     mapped = {str(renamed): major}
     for path in others:
         mapped[path] = int(re.match(r"libcudart\.so\.(\d+)", soname(path)).group(1))
@@ -787,16 +796,8 @@ def test_preload_facts_of_a_child(tmp_path):
     gone = tmp_path / "gone.so"
     gone2 = tmp_path / "gone2.so"
     value = f"libz.so.1 {gone}:{gone2} {inject}"
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=dict(os.environ, LD_PRELOAD=value))
-    try:
-        assert proc.stdout.readline().strip() == "up"
-        view = process.read_process(proc.pid)
+    with python_child("import sys\n", env=dict(os.environ, LD_PRELOAD=value)) as (proc, view):
         facts = process.preload_facts(view)
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
     assert len(facts) == 1
     fact = facts[0]
     assert (fact.kind, fact.subject, fact.source) == ("config_env", {"pid": proc.pid, "path": view.exe},
