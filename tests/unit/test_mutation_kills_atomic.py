@@ -603,3 +603,37 @@ def test_a_library_on_overlayfs_is_found_by_its_path(tmp_path):
     finally:
         for where in mounted:
             subprocess.run(["umount", "-l", where], check=True)
+
+
+def test_a_mapping_in_another_mount_namespace_with_the_target_path_counts(tmp_path):
+    """A process in its own mount namespace (a container) maps a file at the target's path, but
+    its maps line names another inode: a tmpfs mounted over the directory inside that namespace
+    only.  maps gives no way to tell that from an overlay layer of this very file (kernels before
+    overlayfs' xino report the layer's inode), so `users` errs on the side of a busy refusal:
+    the path alone counts.  Without the path test (the pre-filter on the whole maps, or on each
+    line) the process would be missed."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    (tmp_path / "d").mkdir()
+    lib = _lib(tmp_path / "d")
+    other = _lib(tmp_path, "other.so")
+    script = (f"mount -t tmpfs seedance-test {tmp_path / 'd'} && cp {other} {lib} && "
+              f"exec {sys.executable} -c '{MAPPER}' {lib}")
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if proc.stdout.readline().strip() != "up":
+            pytest.skip(f"no private mount namespace here: {proc.stderr.read().strip()}")
+        with open(f"/proc/{proc.pid}/maps", "rb") as handle:
+            lines = [x for x in handle.read().splitlines() if x.endswith(os.fsencode(str(lib)))]
+        # the kernel's own view: the path is the target's, the inode is not
+        assert len(lines) == 1 and int(lines[0].split()[4]) != os.stat(lib).st_ino, lines
+        assert b" %d " % os.stat(lib).st_ino not in open(f"/proc/{proc.pid}/maps", "rb").read()
+        index = atomic.MappedIndex.scan()
+        assert [pid for pid, _ in index.users(str(lib))] == [proc.pid]
+        assert index.users(str(other)) == []
+        with pytest.raises(BadInput, match=rf"busy, mapped by running pid {proc.pid} "):
+            atomic.check_rewritable(str(lib), index)
+    finally:
+        proc.kill()
+        proc.wait()
