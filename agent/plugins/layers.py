@@ -115,9 +115,7 @@ def check_root(root: Path, strict: bool, force_arch: str | None, *, store: Store
         elves[lib] = _read(lib)
 
     # L1 kernel/driver
-    result.facts.append(Fact("plugin_driver", subject(manifest), {
-        "module_version": gpu.module_version or "", "module_source": gpu.module_source,
-        "nvml_version": gpu.driver_version or "", "nvml_error": gpu.nvml_error}, SOURCE))
+    result.facts.append(driver_fact(manifest, gpu))
     result.notes["L1"] = (f"nvidia kernel module {gpu.module_version} ({gpu.module_source}), "
                           f"NVML driver {gpu.driver_version or 'not observed: ' + gpu.nvml_error}"
                           if gpu.module_version or gpu.nvml_ok else
@@ -222,6 +220,14 @@ def _read(path: str):
         return read_elf(path, symbols=True, fatbin=True)
     except ELFError as exc:
         return f"malformed: {exc}"
+
+
+def driver_fact(manifest: Manifest, gpu) -> Fact:
+    """L1: the loaded kernel module's version against NVML's, as ``gpu_host.probe()`` saw them
+    ('' for a side not observed: the rule judges only when both are known)."""
+    return Fact("plugin_driver", subject(manifest), {
+        "module_version": gpu.module_version or "", "module_source": gpu.module_source,
+        "nvml_version": gpu.driver_version or "", "nvml_error": gpu.nvml_error}, SOURCE)
 
 
 def entry_fact(manifest: Manifest, lib: str, info) -> Fact:

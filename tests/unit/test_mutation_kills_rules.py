@@ -308,3 +308,41 @@ def test_driver_module_mismatch_on_this_hosts_driver(rules, tmp_path):
     [fact] = [f for f in check.facts if f.kind == "plugin_driver"]
     assert (fact.data["module_version"], fact.data["nvml_version"]) == (gpu.module_version, gpu.driver_version)
     assert fired(rules, [fact], "driver-module-mismatch") is (gpu.module_version != gpu.driver_version)
+
+
+# NVIDIA's version strings as the driver prints them (/proc/driver/nvidia/version's "Kernel
+# Module" line, nvmlSystemGetDriverVersion): 570.86.15 and 570.133.07 are two R570 releases, the
+# second installed over the first without a reboot leaves the old module loaded.
+MODULE_SOURCE = "/proc/driver/nvidia/version"
+
+
+def probed(module_version, nvml_version):
+    """What gpu_host.probe() returns on a host whose loaded module and NVML report these versions
+    (None: that side was not observed)."""
+    return host.GpuHost(nvml_version is not None, "" if nvml_version else "NVML Shared Library Not Found",
+                        1 if nvml_version else 0, nvml_version, 12 if nvml_version else None, module_version,
+                        MODULE_SOURCE if module_version else "no module")
+
+
+@pytest.mark.parametrize("module_version, nvml_version, mismatch", [
+    ("570.86.15", "570.133.07", True),   # upgraded without a reboot: the old module is still loaded
+    ("570.133.07", "570.86.15", True),   # the other way round (a downgrade)
+    ("570.133.07", "570.133.07", False),  # rebooted: both sides agree
+    ("570.86.15", "570.86.15", False),
+    ("570.86.15", None, False),          # NVML not observed: nothing to compare
+    (None, "570.86.15", False),          # no kernel module observed
+])
+def test_driver_module_mismatch_on_the_fact_check_root_builds(rules, module_version, nvml_version, mismatch):
+    """`driver-module-mismatch` through the real engine and the shipped rules, on the fact
+    check_root appends for L1 (layers.driver_fact, built from gpu_host.probe()'s answer): it fires
+    exactly when both versions are known and differ (bench/mutation-survivors.md: the
+    `module_version != nvml_version` operand dropped made it fire on every host with a driver)."""
+    manifest = load_manifest(EXAMPLES / "fatbin-kernels" / "manifest.yaml")
+    fact = layers.driver_fact(manifest, probed(module_version, nvml_version))
+    assert fact.kind == "plugin_driver"
+    assert (fact.data["module_version"], fact.data["nvml_version"]) == (module_version or "", nvml_version or "")
+    assert fired(rules, [fact], "driver-module-mismatch") is mismatch
+    if mismatch:
+        [finding] = [f for f in rules.evaluate([fact], strict=True) if f.rule == "driver-module-mismatch"]
+        assert finding.message == (f"nvidia kernel module {module_version} ({MODULE_SOURCE}) "
+                                   f"but user-space driver {nvml_version}")
