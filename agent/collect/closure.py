@@ -31,6 +31,14 @@ class FactDedup:
         # frozenset of libcudart paths -> (closure size, root): the mix is reported at the
         # smallest closure that contains it, i.e. where the second runtime comes in.
         self.runtime_mixes: dict = {}
+        # id(VersionCheck) -> the check, for checks version_facts() has judged.  The resolver
+        # hands out one VersionCheck per (requester, verneed, provider) and the same object
+        # again in every closure that maps both (resolver._checked): a check judged once
+        # has its key in ``versions`` already (identities are remembered per path), so it
+        # is skipped without building the key again.  The value keeps the object alive, so
+        # its id is not reused.  A scan of /usr/lib hands out ~39,500 checks, ~7,500 distinct
+        # (issue 13).
+        self.checks_done: dict = {}
 
     def first(self, bucket: set, key) -> bool:
         if key in bucket:
@@ -69,14 +77,22 @@ def note_needed(closure, dedup: FactDedup, skip_names=(), preloaded_by: dict | N
     ``skip_names``: objects the scan preloaded itself (not NEEDED entries of anyone).
     ``preloaded_by``: provider path -> (reason, package) for the providers that a package
     loads before this object (collect/practice.py)."""
-    root_id = dedup.identity(closure.root)
+    root = closure.root
+    root_id = dedup.identity(root)
+    # dedup.identity() inlined: this loop runs for every NEEDED of every closure of a scan
+    # (~16,000 in a check of /usr/lib, issue 13)
+    ids, identity, needed = dedup._ids, dedup.identity, dedup.needed
     for res in closure.resolutions:
-        if res.name in skip_names and res.requester == closure.root:
+        requester = res.requester
+        if skip_names and res.name in skip_names and requester == root:
             continue
-        requester_id = dedup.identity(res.requester)
-        seen = dedup.needed.get((requester_id, res.name))
+        requester_id = ids.get(requester)
+        if requester_id is None:
+            requester_id = identity(requester)
+        key = (requester_id, res.name)
+        seen = needed.get(key)
         if seen is None:
-            seen = dedup.needed[(requester_id, res.name)] = NeededSeen(first=res)
+            seen = needed[key] = NeededSeen(first=res)
         if requester_id == root_id:
             if seen.standalone is None or (seen.standalone.path is None and res.path is not None):
                 seen.standalone = res
@@ -119,12 +135,19 @@ def needed_facts(dedup: FactDedup, explain_missing=None) -> list:
 
 def version_facts(closure, dedup: FactDedup) -> list:
     facts = []
+    done = dedup.checks_done
+    versions = dedup.versions
+    identity = dedup.identity
     for check in closure.version_checks:
+        if id(check) in done:
+            continue  # this very check was judged in an earlier closure (FactDedup.checks_done)
+        done[id(check)] = check
         if check.provider is None:
             continue  # the NEEDED itself is unresolved: needed-unresolved already says so
-        key = (dedup.identity(check.requester), check.file, check.version)
-        if not dedup.first(dedup.versions, key):
+        key = (identity(check.requester), check.file, check.version)
+        if key in versions:
             continue
+        versions.add(key)
         facts.append(Fact("version_need", {"path": check.requester},
                           {"file": check.file, "version": check.version, "weak": bool(check.weak),
                            "provider": check.provider, "defined": bool(check.defined),
@@ -185,19 +208,31 @@ def undefined_facts(closure, dedup: FactDedup, undefined=None, host: str = "") -
     return facts
 
 
-def closure_runtimes(closure) -> dict:
-    """libcudart path -> (major, requester) for every runtime in the closure."""
+def closure_runtimes(closure, memo: dict | None = None) -> dict:
+    """libcudart path -> (major, requester) for every runtime in the closure.
+
+    ``memo``: path -> its runtime major (None: not a runtime) across the closures of one
+    scan, where a path is one ElfInfo (the resolver reads each file once): a library in a
+    thousand closures is looked at once, and closures without a runtime (all of /usr/lib)
+    cost a lookup per object (issue 13)."""
+    majors = {}
+    objects = closure.objects
+    if memo is None:
+        memo = {}
+    for path in objects.keys() - memo.keys():
+        info = objects[path]
+        memo[path] = cuda.runtime_major(path, info) if cuda.is_cudart(path, info) else None
+    for path in objects:
+        major = memo[path]
+        if major is not None:
+            majors[path] = major
+    if not majors:
+        return {}
     requesters = {}
     for res in closure.resolutions:
         if res.path is not None and res.path not in requesters:
             requesters[res.path] = res.requester
-    runtimes = {}
-    for path, info in closure.objects.items():
-        if cuda.is_cudart(path, info):
-            major = cuda.runtime_major(path, info)
-            if major is not None:
-                runtimes[path] = (major, requesters.get(path, closure.root))
-    return runtimes
+    return {path: (major, requesters.get(path, closure.root)) for path, major in majors.items()}
 
 
 def note_runtime_mix(closure, runtimes: dict, dedup: FactDedup) -> None:
@@ -239,11 +274,11 @@ def driver_facts(runtimes: dict, gpu, dedup: FactDedup) -> list:
 TORCH_LIB_PREFIXES = ("libc10", "libtorch", "libshm")
 
 
-def torch_libs(closure) -> list:
-    """Paths of torch's own core libraries (libc10, libtorch*) in the closure."""
-    out = []
-    for path in closure.objects:
-        base = os.path.basename(path)
-        if base.startswith(("libc10.so", "libtorch_cpu.so", "libtorch.so")):
-            out.append(path)
-    return out
+def torch_libs(closure, memo: dict | None = None) -> list:
+    """Paths of torch's own core libraries (libc10, libtorch*) in the closure.
+    ``memo``: path -> whether it is one, across the closures of one scan."""
+    if memo is None:
+        memo = {}
+    for path in closure.objects.keys() - memo.keys():
+        memo[path] = os.path.basename(path).startswith(("libc10.so", "libtorch_cpu.so", "libtorch.so"))
+    return [path for path in closure.objects if memo[path]]

@@ -87,6 +87,12 @@ class Scanner:
         self._private: dict = {}  # (requester, name) -> (loader, reason) or None
         self._isa_cpu = None  # this CPU's x86 ISA_1 mask, once asked (0: no check on this glibc)
         self._isa_seen: set = set()  # objects whose ISA level was read
+        # per path, across the closures of the scan (a path is one ElfInfo: the resolver
+        # reads each file once): what is derived from an object alone is derived once, not
+        # once per root that loads it (issue 13)
+        self._isa_paths: set = set()  # paths whose object _isa_facts has looked at
+        self._runtime_major: dict = {}  # path -> libcudart major or None (closure_runtimes)
+        self._torch_lib: dict = {}  # path -> is one of torch's core libraries (torch_libs)
         # check --bundle (collect/bundle.py) records each closure and process as it is read
         self.on_closure = None  # (root, ClosureResult, runtimes) -> None
         self.on_process = None  # (ProcessView) -> None
@@ -347,7 +353,7 @@ class Scanner:
             incomplete = {r.requester for r in result.resolutions if r.path is None}
             undefined = [u for u in undefined if u[0] not in incomplete]
             add(closure_facts.undefined_facts(result, self.dedup, undefined, host=host or ""))
-        runtimes = closure_facts.closure_runtimes(result)
+        runtimes = closure_facts.closure_runtimes(result, self._runtime_major)
         closure_facts.note_runtime_mix(result, runtimes, self.dedup)
         if self.on_closure is not None:
             self.on_closure(path, result, runtimes)
@@ -358,7 +364,7 @@ class Scanner:
                 if obj_path not in self.fatbin_seen and fatbin.has_fatbin(info):
                     self.fatbin_seen.add(obj_path)
                     add(self._fatbin(obj_path))
-        torch_paths = closure_facts.torch_libs(result)
+        torch_paths = closure_facts.torch_libs(result, self._torch_lib)
         if torch_paths and path not in torch_paths:
             self._cxx_abi(path, result, torch_paths)
         if result.abi == "x86_64":
@@ -379,6 +385,9 @@ class Scanner:
             return []
         facts = []
         for obj_path in result.objects:
+            if obj_path in self._isa_paths:
+                continue  # looked at from an earlier root: its identity is in _isa_seen
+            self._isa_paths.add(obj_path)
             key = self.dedup.identity(obj_path)
             if key in self._isa_seen:
                 continue
