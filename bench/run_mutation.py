@@ -78,7 +78,8 @@ MODULES = {
                                 "tests/unit/test_collect_python_env.py",
                                 "tests/unit/test_mutation_kills_collect_python.py",
                                 "tests/unit/test_mutation_kills_collect_python_torch.py",
-                                "tests/unit/test_mutation_kills_collect_bundle.py"]),
+                                "tests/unit/test_mutation_kills_collect_bundle.py",
+                                "tests/unit/test_mutation_kills_collect_survivors.py"]),
 }
 RULE_TESTS = ["tests/unit/test_engine.py", "tests/unit/test_collect_config.py", "tests/unit/test_collect_process.py",
               "tests/unit/test_collect_closure.py", "tests/unit/test_collect_cuda.py",
