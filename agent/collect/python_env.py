@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 
 from ..errors import BadInput
 
-# Printed with repr() and read back with ast.literal_eval: json would import _json, an
-# extension module of some builds, and change the very start-up state we ask about.
+# Printed with ascii() and read back with ast.literal_eval: json would import _json, an
+# extension module of some builds, and change the very start-up state we ask about.  ascii(),
+# not repr(): a non-ASCII path then reaches us as escapes whatever PYTHONIOENCODING the
+# interpreter's environment sets (repr() under latin-1 printed a byte literal_eval refused).
 _FACTS_SCRIPT = r"""
 import sys, importlib.machinery as m
 mods = []
@@ -30,7 +32,7 @@ for name, mod in list(sys.modules.items()):
     f = getattr(mod, '__file__', None)
     if isinstance(f, str) and f.endswith(tuple(m.EXTENSION_SUFFIXES)):
         mods.append((name, f))
-print(repr({'executable': sys.executable, 'path': list(sys.path),
+print(ascii({'executable': sys.executable, 'path': list(sys.path),
  'builtins': list(sys.builtin_module_names), 'suffixes': list(m.EXTENSION_SUFFIXES),
  'dlopenflags': sys.getdlopenflags(), 'modules': list(sys.modules), 'extensions': mods,
  'platform': sys.platform, 'version': tuple(sys.version_info[:3]), 'impl': sys.implementation.name, 'exe': __import__('os').readlink('/proc/self/exe')}))
@@ -162,7 +164,7 @@ class _Finder:
         ask the interpreter's own importlib.util.find_spec, which runs the finders but no
         code of the package."""
         script = ("import sys, importlib.util as u\ns = u.find_spec(sys.argv[1])\n"
-                  "print(repr(None if s is None else (s.origin, None if s.submodule_search_locations is None "
+                  "print(ascii(None if s is None else (s.origin, None if s.submodule_search_locations is None "
                   "else list(s.submodule_search_locations))))")
         try:
             proc = subprocess.run([self.interp.python, "-c", script, name], capture_output=True, timeout=30,

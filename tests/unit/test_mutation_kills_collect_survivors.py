@@ -232,12 +232,11 @@ def test_a_root_made_private_after_the_walk_is_an_error_record(lib_tree):
     assert json.loads(answer) == [0, 1, [{"path": str(lib), "error": f"{lib}: {reason.lower()}"}]], answer
 
 
-@pytest.mark.xfail(strict=True, reason="python_env._Finder._meta_path's child prints repr(), which keeps é as a "
-                   "character: under PYTHONIOENCODING=latin-1 it comes back as the byte 0xe9, decoded to a lone "
-                   "surrogate that ast.literal_eval cannot compile, so a module under a non-ASCII directory is "
-                   "reported not found (printing ascii() would not depend on the encoding); reported, not changed "
-                   "here (issue 17: agent/collect stays as the mutation sample was staged)")
 def test_a_meta_path_module_under_a_non_ascii_directory_in_latin_1(tmp_path):
+    """A meta-path module under a directory named with é, asked of an interpreter whose
+    environment sets PYTHONIOENCODING=latin-1: found where the real interpreter imports it from.
+    (The child printed repr() once: é came back as the byte 0xe9, and the module was reported
+    missing.)"""
     site, impl = tmp_path / "site", tmp_path / "implé" / "seedance_site_tool.py"
     site.mkdir()
     impl.parent.mkdir()
