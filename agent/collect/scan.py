@@ -19,7 +19,10 @@ from ..errors import BadInput, ELFError, UsageError, describe_os_error
 from ..model import Fact, Report
 from . import closure as closure_facts
 from . import config as config_collect
-from . import cuda, cxxabi, fatbin, host, practice, process, torch_ext
+from . import cuda, cxxabi, fatbin, host, practice
+# process (pids, the host scope) and torch_ext (--python, directories, torch extensions) are
+# imported where used: with their dataclasses ~10M instructions of a `seedance fix` of one
+# library, which needs neither (callgrind, issue 13)
 
 
 @dataclass
@@ -103,7 +106,10 @@ class Scanner:
         rules = load_rules(self.options.rules_dir)  # a bad rules dir fails before any work
         self.gpu = gpu_context(self.options)
         # a bad --python is bad input before any work (exit 2)
-        self.python_torch = torch_ext.torch_for_python(self.options.python) if self.options.python else None
+        self.python_torch = None
+        if self.options.python:
+            from . import torch_ext
+            self.python_torch = torch_ext.torch_for_python(self.options.python)
         from ..resolve import Resolver
 
         env = self.options.env
@@ -138,8 +144,10 @@ class Scanner:
         self.facts.extend(closure_facts.needed_facts(self.dedup, self._explain_missing))
         self.facts.extend(closure_facts.runtime_mix_facts(self.dedup))
         if self.options.host_scope:
+            from . import torch_ext
             self.facts.extend(torch_ext.torch_ext_facts(torch=self.python_torch))
         elif self.torch_builds:
+            from . import torch_ext
             self.facts.extend(torch_ext.torch_ext_facts(builds=self.torch_builds, torch=self.python_torch))
         findings = rules.evaluate(self.facts, strict=self.options.strict)
         kinds = Counter(f.kind for f in self.facts)
@@ -161,6 +169,8 @@ class Scanner:
                  "gpu_targets": [label for _n, _v, label, _s in self.gpu.targets],
                  "driver_version": self.gpu.driver_version}
         if self.options.host_scope:
+            from . import torch_ext
+
             scope.update(ld_so_cache="/etc/ld.so.cache", cuda_dirs=host.cuda_library_dirs(),
                          config_dirs=host.config_dirs(), torch_ext_roots=torch_ext.cache_roots())
         return scope
@@ -175,6 +185,8 @@ class Scanner:
                 raise BadInput(f"{target}: symbolic link loop") from None
             raise BadInput(describe_os_error(exc)) from None
         if stat.S_ISDIR(st.st_mode):
+            from . import torch_ext
+
             self.torch_builds.extend(torch_ext.builds_in(target))  # a torch extension cache?
             return self._walk(target), []
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
@@ -300,6 +312,8 @@ class Scanner:
                 roots.append((path, st))
         for directory in host.cuda_library_dirs():
             roots.extend(self._walk(directory))
+        from . import process
+
         for pid in process.all_pids():
             self._process(pid, explicit=False)
         configs = []
@@ -517,6 +531,8 @@ class Scanner:
             return ()
         torch_lib = self._torch_lib_near(path)
         if torch_lib is None:
+            from . import torch_ext
+
             self.facts.append(torch_ext.torch_not_found_fact(path, missing))
             return tuple(sorted(missing))
         if not any(os.path.exists(os.path.join(torch_lib, n)) for n in missing):
@@ -541,7 +557,11 @@ class Scanner:
 
     def _torch_for(self, path: str):
         """The torch that imports the extension at ``path`` (--python's, else its own environment's)."""
-        return self.python_torch if self.python_torch is not None else torch_ext.torch_beside(path)
+        if self.python_torch is not None:
+            return self.python_torch
+        from . import torch_ext
+
+        return torch_ext.torch_beside(path)
 
     def _fatbin(self, path: str) -> list:
         try:
@@ -566,6 +586,8 @@ class Scanner:
         return self.resolver.read(path, symbols=cxxabi.TORCH_PREFIXES)
 
     def _process(self, pid: int, explicit: bool) -> None:
+        from . import process
+
         try:
             view = process.read_process(pid)
         except process.ProcessGone:

@@ -7,7 +7,6 @@ fixers in seedance.fix return plans and results.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -431,6 +430,8 @@ def _undo(args) -> int:
 
 def _history(args) -> int:
     from ..errors import escape_path
+
+    import json  # only history prints JSON
 
     journal = _journal()
     entries = journal.entries(damaged=True)  # a damaged manifest is one line, never a traceback

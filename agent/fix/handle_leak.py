@@ -21,9 +21,9 @@ import argparse
 import io
 import os
 import sys
+from collections.abc import Mapping  # annotations only; typing is ~12M instructions of a fix's start
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from ..errors import BadInput, NotAvailable, UsageError
 
