@@ -219,9 +219,9 @@ def closure_runtimes(closure, memo: dict | None = None) -> dict:
     objects = closure.objects
     if memo is None:
         memo = {}
-    for path in objects.keys() - memo.keys():
-        info = objects[path]
-        memo[path] = cuda.runtime_major(path, info) if cuda.is_cudart(path, info) else None
+    for path, info in objects.items():
+        if path not in memo:
+            memo[path] = cuda.runtime_major(path, info) if cuda.is_cudart(path, info) else None
     for path in objects:
         major = memo[path]
         if major is not None:
@@ -279,6 +279,7 @@ def torch_libs(closure, memo: dict | None = None) -> list:
     ``memo``: path -> whether it is one, across the closures of one scan."""
     if memo is None:
         memo = {}
-    for path in closure.objects.keys() - memo.keys():
-        memo[path] = os.path.basename(path).startswith(("libc10.so", "libtorch_cpu.so", "libtorch.so"))
+    for path in closure.objects:
+        if path not in memo:
+            memo[path] = os.path.basename(path).startswith(("libc10.so", "libtorch_cpu.so", "libtorch.so"))
     return [path for path in closure.objects if memo[path]]
