@@ -11,7 +11,7 @@ import re
 import stat
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..elf.reader import ELF_MAGIC, read_elf
 from ..engine import load_rules
@@ -35,6 +35,9 @@ class CheckOptions:
     rules_dir: str | None = None
     env: dict | None = None  # the environment the resolver assumes (LD_LIBRARY_PATH, ...)
     python: str | None = None  # check --python: the interpreter whose torch imports extensions
+    # a GpuInfo cuda.probe_nvml() gave earlier in this command: fix checks, then checks again,
+    # and NVML was probed (pynvml imported, initialised, shut down) for each (issue 13)
+    nvml: cuda.GpuInfo | None = None
 
     @property
     def host_scope(self) -> bool:
@@ -54,7 +57,10 @@ class _Null:
 
 def gpu_context(options: CheckOptions) -> cuda.GpuInfo:
     """Target archs and driver: the command line wins; NVML fills what it does not give."""
-    gpu = cuda.probe_nvml()
+    if options.nvml is None:
+        gpu = cuda.probe_nvml()
+    else:  # a copy: this one gets the command line's values
+        gpu = replace(options.nvml, targets=list(options.nvml.targets), devices=list(options.nvml.devices))
     if options.arch:
         try:
             gpu.targets = [fatbin.parse_target(options.arch)]

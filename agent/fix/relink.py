@@ -113,6 +113,8 @@ class Relinker:
         self._layouts: dict = {}  # path -> dynedit.MappedLayout, parsed once for plan and edit
         self.rechecked: list | None = None  # the roots recheck() checked again (None: all)
         self._identities: dict = {}  # real path -> atomic.file_identity() when the check read it
+        # what NVML said at the first check: the checks after it reuse it (one probe a command)
+        self.nvml = None
 
     # --- check ---------------------------------------------------------------------------------
     def check(self, progress=None):
@@ -136,9 +138,11 @@ class Relinker:
                 paths.add(real[path])
             closures[root] = frozenset(paths)
 
-        scanner = Scanner(CheckOptions(targets=list(self.roots), env=self.env), progress)
+        scanner = Scanner(CheckOptions(targets=list(self.roots), env=self.env, nvml=self.nvml), progress)
         scanner.on_closure = seen
         report = scanner.run()
+        if self.nvml is None:
+            self.nvml = scanner.gpu
         self.closures = closures
         self._resolver = scanner.resolver
         return report
@@ -162,8 +166,7 @@ class Relinker:
 
         self.rechecked = None
         if self.closures is None:
-            return self.relevant(Relinker(self.roots, runtime=str(self.runtime or "auto"),
-                                          env=self.env).check().findings)
+            return self.relevant(self._fresh().check().findings)
         # what each finding is about: its subject, and the files its evidence names (a
         # cuda-runtime-mixed finding stands for every root that mixes the same runtimes)
         about = [(os.path.realpath(f.subject["path"]), _evidence_paths(f.evidence))
@@ -187,12 +190,17 @@ class Relinker:
         if not roots:
             return kept
         try:
-            report = run_check(CheckOptions(targets=sorted(roots), env=self.env))
+            report = run_check(CheckOptions(targets=sorted(roots), env=self.env, nvml=self.nvml))
         except SeedanceError:  # a root gone or unreadable since: judge the roots as given
             self.rechecked = None
-            return self.relevant(Relinker(self.roots, runtime=str(self.runtime or "auto"),
-                                          env=self.env).check().findings)
+            return self.relevant(self._fresh().check().findings)
         return kept + self.relevant(report.findings)
+
+    def _fresh(self) -> "Relinker":
+        """A Relinker over the same roots with no check recorded (NVML's answer kept)."""
+        fresh = Relinker(self.roots, runtime=str(self.runtime or "auto"), env=self.env)
+        fresh.nvml = self.nvml
+        return fresh
 
     @staticmethod
     def relevant(findings) -> list:
