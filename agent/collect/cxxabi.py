@@ -35,9 +35,11 @@ def uses_old_string(symbol: str) -> bool:
 
     ``Ss`` may also occur inside an identifier ("isSsl"), so identifiers (<length><name>),
     substitutions and template parameters (S<seq-id>_, T<seq-id>_) and literals (L...E)
-    are stepped over before looking.
+    are stepped over before looking.  Every part stepped over leaves a space in
+    _mangling_codes' output, so an ``Ss`` there is an ``Ss`` of the name: a name without one
+    is not walked (most of torch's names; the walk was a fifth of the C++ ABI check, issue 13).
     """
-    return "Ss" in _mangling_codes(symbol)
+    return "Ss" in symbol and "Ss" in _mangling_codes(symbol)
 
 
 def uses_new_string(symbol: str) -> bool:

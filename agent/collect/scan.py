@@ -222,6 +222,7 @@ class Scanner:
             self.stats["unreadable"] += 1
             self.errors.append({"path": exc.filename or directory, "error": describe_os_error(exc)})
 
+        never_elf = 0  # files counted and skipped by their suffix alone, added up at the end
         stack = [directory]
         while stack:
             base = stack.pop()
@@ -243,14 +244,15 @@ class Scanner:
                             subdirs.append(entry.name)
                     except OSError:
                         pass
+                elif entry.name.endswith(NEVER_ELF_SUFFIXES):
+                    # most of site-packages: counted, never stat'ed nor opened, nor sorted
+                    # with the files that are looked at (issue 13)
+                    never_elf += 1
                 else:
                     files.append((entry.name, entry.path, entry))  # entry.path: joined in C
-            for name, path, entry in sorted(files, key=lambda item: item[0]):
+            files.sort(key=_first)
+            for name, path, entry in files:
                 self.stats["files"] += 1
-                if name.endswith(NEVER_ELF_SUFFIXES):
-                    # most of site-packages: counted, never stat'ed nor opened (issue 13)
-                    self.stats["skipped"] += 1
-                    continue
                 st = None
                 try:
                     # scandir's d_type says "regular file" without a stat; the stat is then
@@ -301,6 +303,8 @@ class Scanner:
                     self.stats["skipped"] += 1
             # pushed in reverse so the sorted first is walked next: os.walk's top-down order
             stack.extend(os.path.join(base, name) for name in sorted(subdirs, reverse=True))
+        self.stats["files"] += never_elf
+        self.stats["skipped"] += never_elf
         return found
 
     def _host_targets(self) -> tuple:
@@ -632,6 +636,10 @@ class Scanner:
 # files of a site-packages with torch and /usr/local/cuda.  Opening each to read 4 bytes was
 # most of that walk (issue 13); they are counted as skipped without being opened.
 NEVER_ELF_SUFFIXES = (".py", ".pyc", ".pyi", ".h", ".hpp", ".cuh")
+
+
+def _first(item):
+    return item[0]
 
 
 def _sniff(path: str):
