@@ -250,6 +250,17 @@ def _read_bytes(path: str) -> bytes:
         os.close(fd)
 
 
+def _info_names() -> list:
+    """os.listdir(DPKG_INFO), once per directory (an OSError is raised each time, as
+    listdir's): ~2,000 names, listed by _dpkg_lists and again by dpkg_files_of for each
+    multi-arch package (pkg:amd64.list) it is asked about (issue 13)."""
+    cache = _DPKG.setdefault("info_names", {})
+    names = cache.get(DPKG_INFO)
+    if names is None:
+        names = cache[DPKG_INFO] = os.listdir(DPKG_INFO)
+    return names
+
+
 def _dpkg_lists() -> list:
     """[(package, bytes of its .list)], read once: ~1000 small files, a few MB.  Kept as
     bytes: only the lines a lookup finds are decoded (_dpkg_by_name)."""
@@ -257,7 +268,7 @@ def _dpkg_lists() -> list:
     if lists is None:
         lists = []
         try:
-            names = sorted(n for n in os.listdir(DPKG_INFO) if n.endswith(".list"))
+            names = sorted(n for n in _info_names() if n.endswith(".list"))
         except OSError:
             names = []
         for listing in names:
@@ -339,7 +350,7 @@ def dpkg_files_of(package: str) -> list:
         with open(os.path.join(DPKG_INFO, package + ".list"), encoding="utf-8", errors="replace") as handle:
             return [line.rstrip("\n") for line in handle if line.strip()]
     except OSError:
-        for name in os.listdir(DPKG_INFO) if os.path.isdir(DPKG_INFO) else ():
+        for name in _info_names() if os.path.isdir(DPKG_INFO) else ():
             if name.startswith(package + ":") and name.endswith(".list"):
                 with open(os.path.join(DPKG_INFO, name), encoding="utf-8", errors="replace") as handle:
                     return [line.rstrip("\n") for line in handle if line.strip()]
