@@ -162,9 +162,20 @@ def _cuda_mismatch(args) -> int:
                 zygote = DlopenZygote()
             except OSError:  # no fork (EAGAIN, a process limit): verify starts fresh interpreters
                 zygote = None
+    # No cyclic collection while the fix runs: its passes over the objects every import
+    # leaves were ~24M of the ~430M instructions of a fix of one small library (callgrind,
+    # issue 13), and a check of /usr/lib/x86_64-linux-gnu or of a site-packages with torch
+    # leaves 311 objects in cycles.  Switched back on after: main() may run in a process
+    # that goes on (the tests, the agent).
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         return _relink(args, zygote)
     finally:
+        if collecting:
+            gc.enable()
         if zygote is not None:
             zygote.close()
 

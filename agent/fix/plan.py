@@ -5,42 +5,90 @@ the findings it answers, so after the fix the check can be re-run and each one s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 # Findings each fixer acts on.  A fixer acts only on findings the check raises.
 RELINK_RULES = ("needed-unresolved", "needed-soname-mismatch", "symbol-version-missing",
                 "cuda-runtime-mixed", "cuda-driver-too-old")
 ENV_LEAK_RULES = ("env-leak",)
 TORCH_EXT_RULES = ("torch-ext-stale", "cxx-abi-mismatch")
 
-
-@dataclass
-class RelinkAction:
-    """One library's NEEDED/.gnu.version_r renames, or why they must not be made."""
-
-    path: str
-    renames: dict  # old NEEDED -> new NEEDED
-    version_renames: dict  # old version node -> new (only under the renamed files)
-    target_major: int
-    targets: dict  # new NEEDED -> the file it is meant to resolve to
-    findings: list = field(default_factory=list)  # messages of the findings it answers
-    refusal: str | None = None  # why it must not be done, when it must not
-    strategy: str = ""  # in-place, reuse, moved-dynstr, lief (filled by the dry run / fixer)
-    growth: int = 0
-    changes: list = field(default_factory=list)
-    identity: tuple | None = None  # atomic.file_identity() when planned; the fixer checks it again
+_NEW_LIST = object()  # a default of "a new empty list" (dataclasses' default_factory=list)
 
 
-@dataclass
-class FixPlan:
-    """What a fixer intends to change, and the findings it answers."""
+class _Plan:
+    """What @dataclass generated for the classes below, written out: each @dataclass compiles
+    its methods with exec(), ~2.5M instructions a class on every `seedance fix` start
+    (callgrind, issue 13).  The same behaviour: a repr of the fields in order, == only with
+    the same class over every field, and unhashable (mutable, like a plain @dataclass)."""
 
-    kind: str
-    actions: list = field(default_factory=list)
-    skipped: list = field(default_factory=list)  # (path, why) for findings it will not act on
-    findings: list = field(default_factory=list)  # the findings the plan was made from
-    target_major: int | None = None
-    target_source: str = ""
+    _fields: tuple = ()
+    __hash__ = None
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return [getattr(self, f) for f in self._fields] == [getattr(other, f) for f in self._fields]
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        return f"{self.__class__.__qualname__}({inner})"
+
+
+class RelinkAction(_Plan):
+    """One library's NEEDED/.gnu.version_r renames, or why they must not be made.
+
+    path            the library
+    renames         old NEEDED -> new NEEDED
+    version_renames old version node -> new (only under the renamed files)
+    target_major    the CUDA major it is retargeted to
+    targets         new NEEDED -> the file it is meant to resolve to
+    findings        messages of the findings it answers
+    refusal         why it must not be done, when it must not
+    strategy        in-place, reuse, moved-dynstr, lief (filled by the dry run / fixer)
+    growth          bytes the file grows by
+    changes         the edits, in words
+    identity        atomic.file_identity() when planned; the fixer checks it again
+    """
+
+    _fields = ("path", "renames", "version_renames", "target_major", "targets", "findings", "refusal",
+               "strategy", "growth", "changes", "identity")
+
+    def __init__(self, path: str, renames: dict, version_renames: dict, target_major: int, targets: dict,
+                 findings: list = _NEW_LIST, refusal: str | None = None, strategy: str = "", growth: int = 0,
+                 changes: list = _NEW_LIST, identity: tuple | None = None):
+        self.path = path
+        self.renames = renames
+        self.version_renames = version_renames
+        self.target_major = target_major
+        self.targets = targets
+        self.findings = [] if findings is _NEW_LIST else findings
+        self.refusal = refusal
+        self.strategy = strategy
+        self.growth = growth
+        self.changes = [] if changes is _NEW_LIST else changes
+        self.identity = identity
+
+
+class FixPlan(_Plan):
+    """What a fixer intends to change, and the findings it answers.
+
+    kind            the fixer (cuda-mismatch)
+    actions         RelinkAction, one per library
+    skipped         (path, why) for findings it will not act on
+    findings        the findings the plan was made from
+    target_major    the CUDA major asked for (None: the closure's own)
+    target_source   where the target major came from
+    """
+
+    _fields = ("kind", "actions", "skipped", "findings", "target_major", "target_source")
+
+    def __init__(self, kind: str, actions: list = _NEW_LIST, skipped: list = _NEW_LIST,
+                 findings: list = _NEW_LIST, target_major: int | None = None, target_source: str = ""):
+        self.kind = kind
+        self.actions = [] if actions is _NEW_LIST else actions
+        self.skipped = [] if skipped is _NEW_LIST else skipped
+        self.findings = [] if findings is _NEW_LIST else findings
+        self.target_major = target_major
+        self.target_source = target_source
 
 
 def dynamic_diff(before, after) -> list:

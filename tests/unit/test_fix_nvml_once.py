@@ -69,3 +69,37 @@ def test_check_and_check_again_probe_nvml_once(tmp_path, probes):
     again = scan.run_check(scan.CheckOptions(targets=[str(app)], env={}, nvml=relinker.nvml))
     assert again.host["gpu"] == first.host["gpu"]
     assert probes == [1]
+
+
+@pytest.mark.skipif(not (CU12 / "libcudart.so.12").exists() or not (CU13 / "libcudart.so.13").exists(),
+                    reason="needs the cu12 runtime wheel and the CUDA 13 toolkit")
+@pytest.mark.parametrize("collecting", [True, False])
+def test_fix_leaves_the_cyclic_collector_as_it_found_it(tmp_path, monkeypatch, capsys, collecting):
+    """fix cuda-mismatch runs without cyclic collection (issue 13); main() in a process that
+    goes on (the agent, these tests) finds the collector as it was, after success or error."""
+    import gc
+
+    from seedance import cli
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    kern = gcc(tmp_path / "libkern.so", "int cudaGetDeviceCount(int*);\nint kern(void){int n=0; return cudaGetDeviceCount(&n);}\n",
+               f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{CU12}")
+    seen = []
+    real = Relinker.check
+
+    def check(self, progress=None):
+        seen.append(gc.isenabled())
+        return real(self, progress)
+
+    monkeypatch.setattr(Relinker, "check", check)
+    was = gc.isenabled()
+    try:
+        (gc.enable if collecting else gc.disable)()
+        assert cli.main(["fix", "cuda-mismatch", "--auto-relink", "--dry-run", str(kern)]) == 0
+        assert gc.isenabled() is collecting
+        assert cli.main(["fix", "cuda-mismatch", "--auto-relink", str(tmp_path / "gone.so")]) == 2
+        assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False]  # the check ran without it
+    assert "nothing to relink" in capsys.readouterr().out
