@@ -85,7 +85,7 @@ RULE_TESTS = ["tests/unit/test_engine.py", "tests/unit/test_collect_config.py", 
               "tests/unit/test_collect_closure.py", "tests/unit/test_collect_cuda.py",
               "tests/unit/test_service_gpu.py", "tests/unit/test_plugins_verify.py",
               "tests/unit/test_collect_fatbin.py", "tests/unit/test_collect_torch_ext.py",
-              "tests/unit/test_mutation_kills_rules.py"]
+              "tests/unit/test_mutation_kills_rules.py", "tests/unit/test_profile_launches.py"]
 ORDER = ["elf", "resolve", "atomic", "journal", "collect", "rules"]
 KILLED = {"killed", "timeout", "segfault", "suspicious"}
 
@@ -350,11 +350,17 @@ def retime(module: str, stored: dict, multiplier: float, log) -> dict:
 
 def recheck_rules(names: list) -> dict:
     """Each named condition mutant ("rules/<file>:<rule id>:<n>: <condition>") written into
-    the rules stage in turn and run against tests/unit/test_mutation_kills_rules.py as it is
-    in the checkout now; the rule file is restored after each."""
+    the rules stage in turn and run against the rule tests (RULE_TESTS, the run's selection,
+    with tests/unit/test_mutation_kills_rules.py) as they are in the checkout now; the rule file
+    is restored after each.  They must pass on the unmutated rules first."""
     where = stage("rules")  # a fresh copy: the rule stage keeps no state between runs
-    tests = ROOT / "tests" / "unit" / "test_mutation_kills_rules.py"
+    tests = [t for t in RULE_TESTS if (where / t).exists()]
     env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
+    base = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "300", *tests],
+                          cwd=where, env=env, capture_output=True, text=True, errors="replace")
+    if base.returncode != 0:
+        raise SystemExit("run_mutation: error: the rule tests fail on the unmutated rules: "
+                         + " | ".join(base.stdout.strip().splitlines()[-3:]))
     verdicts = {}
     for name in names:
         head, _, mutant = name.partition(": ")
@@ -370,7 +376,7 @@ def recheck_rules(names: list) -> dict:
             path.write_text(text[:match.start()] + f'{match.group(1)}"{mutant}"' + text[match.end():])
             shutil.copy2(path, where / "seedance" / "rules_data" / path.name)
             proc = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                   "--timeout", "300", str(Path("tests") / "unit" / tests.name)], cwd=where, env=env,
+                                   "--timeout", "300", *tests], cwd=where, env=env,
                                   capture_output=True, text=True, errors="replace")
             verdicts[name] = "killed" if proc.returncode == 1 else "survived" if proc.returncode == 0 \
                 else f"error (pytest exit {proc.returncode})"
@@ -381,17 +387,29 @@ def recheck_rules(names: list) -> dict:
     return verdicts
 
 
-def recheck(module: str, names: list) -> dict:
+def recheck(module: str, names: list, only: list | None = None) -> dict:
     """Each named mutant applied to the stage's source in turn (mutmut apply) and run against
     tests/unit/test_mutation_kills_<module>*.py as they are in the checkout now: which of them the
     tests written for the survivors kill.  The stage's source is restored after each.  (collect's
     kill tests are several files, one per part of the package, so that people can write them at
-    the same time.)"""
+    the same time.)  `only`: pytest node ids to run instead of the whole files.
+
+    The tests first run on the unmutated stage and must pass there: the stage holds the source
+    of the run, and a test written against newer source fails on it whatever the mutant, which
+    would count every survivor killed."""
     where = STAGE / module
     kill_files = sorted((ROOT / "tests" / "unit").glob(f"test_mutation_kills_{module}*.py"))
     for tests in kill_files:
         shutil.copy2(tests, where / "tests" / "unit" / tests.name)
     env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
+    selected = only or [str(Path("tests") / "unit" / t.name) for t in kill_files]
+    base = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "300", *selected],
+                          cwd=where, env=env, capture_output=True, text=True, errors="replace")
+    if base.returncode != 0:
+        tail = " | ".join(base.stdout.strip().splitlines()[-3:])
+        raise SystemExit(f"run_mutation: error: the kill tests fail on the unmutated {module} stage (older source "
+                         f"than the tests?): {tail}; stage afresh, or name the tests that apply with --only")
+    print(f"baseline: {base.stdout.strip().splitlines()[-1]} on the unmutated stage", flush=True)
     verdicts = {}
     for name in names:
         source = where / Path(*name.split(".")[:-1]).with_suffix(".py")
@@ -400,9 +418,12 @@ def recheck(module: str, names: list) -> dict:
             subprocess.run([str(PYTHON.parent / "mutmut"), "apply", name], cwd=where, env=_mutmut_env(where),
                            capture_output=True, check=True)
             proc = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout", "120",
-                                   *(str(Path("tests") / "unit" / t.name) for t in kill_files)], cwd=where, env=env,
+                                   *selected], cwd=where, env=env,
                                   capture_output=True, text=True, errors="replace")
+            # a pytest killed by a signal under the mutant (the baseline passed) caught it too:
+            # mutmut's "segfault" verdict, a kill
             verdicts[name] = "killed" if proc.returncode == 1 else "survived" if proc.returncode == 0 \
+                else f"killed (signal {-proc.returncode})" if proc.returncode < 0 \
                 else f"error (pytest exit {proc.returncode})"
         except subprocess.CalledProcessError as exc:
             verdicts[name] = f"not applied: {exc.stderr.decode(errors='replace').strip()[-200:]}"
@@ -444,6 +465,9 @@ def main(argv=None) -> int:
                         help="with --collect: the mutants (one a line) a --sample run was given, for its estimate")
     parser.add_argument("--recheck", action="store_true",
                         help="apply each stored survivor to the stage and run the module's kill tests on it")
+    parser.add_argument("--only", nargs="+", metavar="NODEID",
+                        help="with --recheck: run these pytest node ids (tests/unit/test_mutation_kills_*.py::name) "
+                             "instead of every kill file, e.g. when a newer test needs newer source than the stage")
     parser.add_argument("--retime", type=float, metavar="X",
                         help="run the stored run's timeouts again in its stage with mutmut's timeout_multiplier X "
                              "(slow tests on a loaded machine time out without looping) and recompute the estimate")
@@ -464,9 +488,10 @@ def main(argv=None) -> int:
             # a mutant an earlier recheck killed stays killed (the kill tests only grow): only
             # the others are run again
             previous = {n: v for n, v in (stored.get("recheck") or {}).items() if n in names}
-            todo = [n for n in names if previous.get(n) != "killed"]
-            stored["recheck"] = {**previous, **(recheck_rules(todo) if module == "rules" else recheck(module, todo))}
-            stored["recheck_killed"] = sum(1 for v in stored["recheck"].values() if v == "killed")
+            todo = [n for n in names if not previous.get(n, "").startswith("killed")]
+            stored["recheck"] = {**previous, **(recheck_rules(todo) if module == "rules" else
+                                                 recheck(module, todo, args.only))}
+            stored["recheck_killed"] = sum(1 for v in stored["recheck"].values() if v.startswith("killed"))
             merged = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
             merged[module] = stored
             RESULTS.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")

@@ -233,14 +233,14 @@ def _live(pid: int, view, then_dlopen, lines: list):
         for shadow in step.shadowed:
             lines.append(f"    {shadow.name} => {shadow.used} (already loaded; alone it finds {shadow.alone})")
         for shadow in step.shadowed:
-            missing = ", ".join(s for s, _v in shadow.missing)
+            missing = ", ".join(s or f"@{v}" for s, v in shadow.missing)  # a version node alone: "@VER"
             facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester}, {
                 "event": "shadowed", "importer": lib, "module": lib, "name": shadow.name,
                 "how": f"dlopen in process {pid}", "why_args": f"--pid {pid}",
                 "used": shadow.used, "alone": shadow.alone, "loaded_by": shadow.loaded_by,
                 "loaded_for": shadow.loaded_for, "missing": missing, "other_copy": "",
                 "order_hint": "dlopen it before the library that shadows it" if missing else
-                "the copy already loaded serves it", "consequence": f"undefined symbol: {missing}" if missing
+                "the copy already loaded serves it", "consequence": (f"undefined symbol: {missing}" if step.unbound or not step.error else step.error) if missing
                 else "binds to the loaded copy", "error": step.error or ""}, source="process"))
         if not step.ok and not step.shadowed:
             facts.append(Fact("process-load", {"pid": pid, "path": lib}, {

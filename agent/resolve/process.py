@@ -221,6 +221,7 @@ class Simulator:
         # the verdict, in the order dl-open.c meets the failures: a NEEDED not found while
         # mapping, then version checks, then relocation
         error = None
+        failed_check = None
         missing = [e for e in edges if e.path is None]
         if missing:
             error = f"{missing[0].name}: cannot open shared object file: No such file or directory"
@@ -230,6 +231,7 @@ class Simulator:
                         and check.provider is not None):
                     error = (f"{check.provider}: version `{check.version}' not found "
                              f"(required by {check.requester})")
+                    failed_check = check
                     break
         unbound = []
         if error is None and load.flags & RTLD_NOW:
@@ -243,7 +245,7 @@ class Simulator:
                 error = f"{first.requester}: undefined symbol: {first.symbol}" + (
                     f", version {first.version}" if first.version else "")
 
-        shadowed = tuple(self._shadowing(path, edges, new_set, scope, unbound))
+        shadowed = tuple(self._shadowing(path, edges, new_set, scope, unbound, failed_check))
         step = LoadStep(load, error is None, error, tuple(new), edges, shadowed, tuple(unbound), tuple(scope))
         if error is None:  # a failed dlopen is rolled back (dl-open.c _dl_close_worker)
             for obj in new:
@@ -253,7 +255,7 @@ class Simulator:
         return self._record(step)
 
     # --- shadowing -----------------------------------------------------------------------
-    def _shadowing(self, root: str, edges, new_set, scope, unbound):
+    def _shadowing(self, root: str, edges, new_set, scope, unbound, failed_check=None):
         alone = {(r.requester, r.name): r.path for r in self.resolver.closure(root).resolutions}
         for edge in edges:
             if edge.source != "loaded" or edge.path is None or edge.path in new_set:
@@ -265,6 +267,14 @@ class Simulator:
             missing = tuple((b.symbol, b.version) for b in unbound
                             if b.requester == edge.requester or b.requester in new_set)
             missing = tuple(m for m in missing if self.symbols.defines(own, *m))
+            if (failed_check is not None and failed_check.requester == edge.requester
+                    and _same_file(failed_check.provider, edge.path)):
+                # ld.so stopped at the version check (dl-version.c), before relocation left
+                # any symbol unbound: what fails is every symbol the requester wants at the
+                # version node the copy loaded first lacks and its own copy defines
+                missing = tuple((name, version) for name, version in self.symbols.undefined(edge.requester)
+                                if version == failed_check.version and self.symbols.defines(own, name, version)) \
+                    or (("", failed_check.version),)
             copies = []
             for name, version in self.symbols.undefined(edge.requester):
                 if self.symbols.defines(edge.path, name, version) and self.symbols.defines(own, name, version):

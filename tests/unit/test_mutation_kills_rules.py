@@ -346,3 +346,111 @@ def test_driver_module_mismatch_on_the_fact_check_root_builds(rules, module_vers
         [finding] = [f for f in rules.evaluate([fact], strict=True) if f.rule == "driver-module-mismatch"]
         assert finding.message == (f"nvidia kernel module {module_version} ({MODULE_SOURCE}) "
                                    f"but user-space driver {nvml_version}")
+
+
+def test_soname_shadowed_is_an_error_only_when_the_shadowing_copy_lacks_what_is_needed(rules, tmp_path):
+    """soname-shadowed escalates to an error where the copy loaded first lacks a symbol the later
+    library needs (`missing != ''`).  Two sequences run by a gcc-built host (the oracle): v1
+    first, then a library needing VER_2's ver2 (ld.so refuses it: an error), or one needing
+    only VER_1's ver, which v1 defines too (ld.so loads it: shadowed, but a warning)."""
+    import os
+    import shutil
+    import subprocess
+
+    from seedance.collect.python_env import predict_dlopens, shadowing_facts
+    from seedance.resolve.process import RTLD_NOW
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+    import process_fixtures as F
+
+    root = str(tmp_path)
+    host_program = F.host_program(os.path.join(root, "host"))
+    v1 = F.shared_lib(os.path.join(root, "v1", "libver.so.1"), "int ver(void){return 1;}\n", soname="libver.so.1",
+                      version_script="VER_1 { global: ver; local: *; };\n")
+    F.shared_lib(os.path.join(root, "v2", "libver.so.1"), "int ver(void){return 1;}\nint ver2(void){return 2;}\n",
+                 soname="libver.so.1",
+                 version_script="VER_1 { global: ver; local: *; };\nVER_2 { global: ver2; } VER_1;\n")
+    links = (f"-L{root}/v2", "-l:libver.so.1")
+    needs2 = F.shared_lib(os.path.join(root, "v2", "libneeds2.so"), "extern int ver2(void);\nint n(void){return ver2();}\n",
+                          soname="libneeds2.so", links=links, rpath="$ORIGIN")
+    needs1 = F.shared_lib(os.path.join(root, "v2", "libneeds1.so"), "extern int ver(void);\nint n(void){return ver();}\n",
+                          soname="libneeds1.so", links=links, rpath="$ORIGIN")
+    for later, loads, severity in ((needs2, False, "error"), (needs1, True, "warning")):
+        real = subprocess.run([host_program, v1, later], capture_output=True, timeout=60,
+                              env={"PATH": os.environ["PATH"]})
+        assert (real.returncode == 0) is loads, real.stdout
+        facts = shadowing_facts(predict_dlopens(host_program, [v1, later], RTLD_NOW))
+        found = [f for f in rules.evaluate(facts, strict=True) if f.rule == "soname-shadowed"]
+        assert [f.severity for f in found] == [severity], [(f.severity, f.message) for f in found]
+
+
+def test_lib_deleted_fires_for_a_library_replaced_on_disk(rules, tmp_path):
+    """A real process dlopens a library; an upgrade renames a new file over it.  maps marks the
+    old inode "(deleted)" while a file is back under the name: state "replaced", and lib-deleted
+    fires (`deleted || replaced`), as it does once the file is gone."""
+    import os
+    import shutil
+    import subprocess
+
+    from seedance.collect import process
+
+    libz = "/usr/lib/x86_64-linux-gnu/libz.so.1"
+    if not os.path.exists(libz):
+        pytest.skip("libz.so.1 not installed")
+    lib = tmp_path / "libzcopy.so.1"
+    shutil.copy(os.path.realpath(libz), lib)
+    child = subprocess.Popen([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('up', "
+                              "flush=True); sys.stdin.read()", str(lib)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+
+        def judged():
+            [fact] = [f for f in process.mapped_lib_facts(process.read_process(child.pid))
+                      if f.subject["path"] == str(lib)]
+            return fact.data["state"], fired(rules, [fact], "lib-deleted")
+
+        assert judged() == ("ok", False)
+        shutil.copy(lib, tmp_path / "new.so")
+        os.replace(tmp_path / "new.so", lib)
+        with open(f"/proc/{child.pid}/maps") as maps:  # the kernel's own view of the old mapping
+            assert any(line.rstrip("\n").endswith(f"{lib} (deleted)") for line in maps)
+        assert judged() == ("replaced", True)
+        lib.unlink()
+        assert judged() == ("deleted", True)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)
+
+
+def test_plugin_manifest_invalid_exactly_when_the_schema_refuses_the_manifest(rules, tmp_path):
+    """plugin-manifest-invalid fires for a manifest agent/schemas/manifest.schema.json refuses
+    (jsonschema, not seedance, is the judge) and not for the shipped example it accepts."""
+    import json
+    import shutil
+
+    import jsonschema
+    import yaml
+
+    from seedance.plugins.store import Store
+
+    schema = json.loads((Path(__file__).resolve().parents[2] / "agent" / "schemas" /
+                         "manifest.schema.json").read_text())
+    good = tmp_path / "good"
+    shutil.copytree(EXAMPLES / "fatbin-kernels", good)
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    text = (bad / "manifest.yaml").read_text()
+    assert text.count("batch_policy: adaptive") == 1
+    (bad / "manifest.yaml").write_text(text.replace("batch_policy: adaptive", "batch_policy: [adaptive]"))
+    for root, valid in ((good, True), (bad, False)):
+        try:
+            jsonschema.validate(yaml.safe_load((root / "manifest.yaml").read_text()), schema)
+            accepted = True
+        except jsonschema.ValidationError:
+            accepted = False
+        assert accepted is valid
+        check = layers.check_root(root, False, None, store=Store(tmp_path / "store"))
+        assert ("plugin-manifest-invalid" in {f.rule for f in check.findings}) is (not valid)
