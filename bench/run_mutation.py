@@ -85,7 +85,8 @@ RULE_TESTS = ["tests/unit/test_engine.py", "tests/unit/test_collect_config.py", 
               "tests/unit/test_collect_closure.py", "tests/unit/test_collect_cuda.py",
               "tests/unit/test_service_gpu.py", "tests/unit/test_plugins_verify.py",
               "tests/unit/test_collect_fatbin.py", "tests/unit/test_collect_torch_ext.py",
-              "tests/unit/test_mutation_kills_rules.py", "tests/unit/test_profile_launches.py"]
+              "tests/unit/test_mutation_kills_rules.py", "tests/unit/test_profile_launches.py",
+              "tests/unit/test_cpu_isa_level.py", "tests/integration/test_check_scenarios.py"]
 ORDER = ["elf", "resolve", "atomic", "journal", "collect", "rules"]
 KILLED = {"killed", "timeout", "segfault", "suspicious"}
 
