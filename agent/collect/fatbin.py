@@ -20,9 +20,11 @@ registered on its own by the runtime), never per file (issue 11):
 """
 from __future__ import annotations
 
-from ..elf import fatbin as elf_fatbin
-from ..elf import fatbin_payload
 from ..model import Fact
+
+# ..elf.fatbin and ..elf.fatbin_payload (a dataclass, regular expressions: ~9M instructions)
+# are imported by the functions that decode a fatbin: most checks meet none, and a
+# `seedance fix` of one library none at all (issue 13).
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 MAX_NAMED_KERNELS = 8  # kernels named in a finding; the count is always given
@@ -43,6 +45,9 @@ class _Kernels:
     def of(self, module: int):
         """frozenset of kernel names; None when no image of the module could be decoded."""
         if module not in self.cache:
+            from ..elf import fatbin as elf_fatbin
+            from ..elf import fatbin_payload
+
             names, decoded = set(), False
             for entry in sorted(self.grouped[module], key=lambda e: e.usize):
                 if entry.kind == "damaged":
@@ -71,6 +76,8 @@ KNOWN_DEVICES = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100
 
 def _devices(module_entries, ptx_isa_max, devices) -> int:
     """Bit mask over ``devices``: where this module has an image the driver can load."""
+    from ..elf import fatbin as elf_fatbin
+
     mask = 0
     for bit, device in enumerate(devices):
         if elf_fatbin.choose_image(module_entries, device, ptx_isa_max)[0] is not None:
@@ -80,6 +87,8 @@ def _devices(module_entries, ptx_isa_max, devices) -> int:
 
 def judge(path: str, entries, target: int, ptx_isa_max=None) -> dict:
     """The verdict for one object on one device capability, as fact data."""
+    from ..elf import fatbin as elf_fatbin
+
     grouped = elf_fatbin.modules(entries)
     kernels = _Kernels(path, grouped)
     runnable, failing = [], {}
@@ -134,6 +143,8 @@ def judge(path: str, entries, target: int, ptx_isa_max=None) -> dict:
 
 
 def _first_why(grouped, runnable, target, ptx_isa_max) -> str:
+    from ..elf import fatbin as elf_fatbin
+
     reasons = sorted({elf_fatbin.choose_image(grouped[n], target, ptx_isa_max)[1] for n in runnable})
     return "; ".join(reasons[:4])
 
@@ -144,6 +155,8 @@ def fatbin_facts(path: str, entries, targets, driver=None) -> list:
     ``driver`` (a cuda.DriverSpec or a --driver-version string) bounds the PTX ISA the
     driver can JIT; without it PTX is judged by architecture alone.
     """
+    from ..elf import fatbin as elf_fatbin
+
     if not entries:
         return []
     from . import cuda
@@ -174,5 +187,7 @@ def fatbin_facts(path: str, entries, targets, driver=None) -> list:
 
 def parse_target(text: str) -> tuple:
     """--arch value -> (arch_num, variant, label, source); ValueError when malformed."""
+    from ..elf import fatbin as elf_fatbin
+
     arch, variant = elf_fatbin.parse_arch(text)
     return arch, variant, f"sm_{arch}{variant}", "--arch"
