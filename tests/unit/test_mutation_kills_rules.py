@@ -454,3 +454,49 @@ def test_plugin_manifest_invalid_exactly_when_the_schema_refuses_the_manifest(ru
         assert accepted is valid
         check = layers.check_root(root, False, None, store=Store(tmp_path / "store"))
         assert ("plugin-manifest-invalid" in {f.rule for f in check.findings}) is (not valid)
+
+
+def test_torch_not_found_fires_on_the_fact_for_an_extension_with_no_torch_to_judge_it(rules, tmp_path):
+    """An extension whose NEEDED names libtorch_cpu.so (read from a gcc build by pyelftools, the
+    reference reader), with no torch beside it: torch_ext's fact says so and torch-not-found
+    fires (`!found`), as an info."""
+    import shutil
+    import subprocess
+
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    from seedance.collect.torch_ext import torch_not_found_fact
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    (tmp_path / "e.c").write_text("int e(void){return 0;}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / "libtorch_cpu.so", tmp_path / "e.c"], check=True)
+    ext = tmp_path / "ext.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", ext, tmp_path / "e.c", "-Wl,--no-as-needed",
+                    f"-L{tmp_path}", "-ltorch_cpu"], check=True)
+    with open(ext, "rb") as handle:
+        needed = [t.needed for s in ELFFile(handle).iter_sections() if isinstance(s, DynamicSection)
+                  for t in s.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+    assert "libtorch_cpu.so" in needed
+    found = [f for f in rules.evaluate([torch_not_found_fact(str(ext), [n for n in needed if "torch" in n])],
+                                       strict=True)]
+    assert [(f.rule, f.severity) for f in found] == [("torch-not-found", "info")]
+
+
+def test_plugin_redundant_path_fires_for_the_two_normalisations(rules, tmp_path):
+    """The feature-extractor 1.0.0 example normalises each frame along two paths; its
+    standardize also fills an 8 MiB scratch buffer, so removing it saves at least 0.3 * 8 cost
+    units (the example's own design, not seedance's figure): the rule fires on the profiled
+    redundancy (`saving_cost > 0.0`).  One frame keeps the profile short."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.conftest import load_example_builder
+
+    from seedance.profile.calls_report import callgraph_facts, profile_plugin
+
+    plugin = load_example_builder().build("feature-extractor-v1.0.0", tmp_path)
+    manifest, graph = profile_plugin(str(plugin), 1)
+    facts = callgraph_facts(manifest, graph, 1)
+    assert [(f.data["remove"], f.data["keep"]) for f in facts] == [("features.standardize", "features.zscore")]
+    assert facts[0].data["saving_mem_mb"] >= 8.0
+    assert fired(rules, facts, "plugin-redundant-path")
