@@ -213,8 +213,12 @@ class CachedBuild:
     kind: str = "load"  # "load": cpp_extension.load() cache; "setup.py": BuildExtension's build/temp.*
 
 
-def inventory(roots) -> list:
-    """Every cached build under the roots (a directory holding build.ninja or <name>.so)."""
+def inventory(roots, ninja_only: bool = False) -> list:
+    """Every cached build under the roots (a directory holding build.ninja or <name>.so).
+
+    ``ninja_only``: the caller keeps only builds with a build.ninja, so a directory without
+    that file is not read at all (a site-packages checked as a directory: ~190 packages,
+    each listed for a <name>.so, issue 13)."""
     builds = []
     for root in roots:
         if not os.path.isdir(root):
@@ -226,9 +230,10 @@ def inventory(roots) -> list:
             if _TAG.match(entry):
                 for name in _listdir(full):
                     build_dir = os.path.join(full, name)
-                    if os.path.isdir(build_dir) and not os.path.islink(build_dir):
+                    if os.path.isdir(build_dir) and not os.path.islink(build_dir) and (
+                            not ninja_only or os.path.isfile(os.path.join(build_dir, "build.ninja"))):
                         builds.append(_read_build(build_dir, name, entry))
-            else:
+            elif not ninja_only or os.path.isfile(os.path.join(full, "build.ninja")):
                 builds.append(_read_build(full, entry, None))
     return [b for b in builds if b.ninja or b.library]
 
@@ -480,7 +485,7 @@ def builds_in(directory: str) -> list:
     if _TAG.match(base):
         return [b for b in (_read_build(os.path.join(directory, n), n, base) for n in _listdir(directory)
                             if os.path.isdir(os.path.join(directory, n))) if b.ninja or b.library]
-    found = [b for b in inventory([directory]) if b.ninja]
+    found = [b for b in inventory([directory], ninja_only=True) if b.ninja]
     build = os.path.join(directory, "build")  # a setup.py project: build/temp.<platform>/build.ninja
     for entry in _listdir(build):
         if entry.startswith("temp.") and os.path.isfile(os.path.join(build, entry, "build.ninja")):
