@@ -112,8 +112,9 @@ class TorchAbiCache:
     def defined(self, path: str, info) -> frozenset:
         """Names ``path`` exports to other objects: defined, not local, not a hidden version."""
         if path not in self._defined:
-            self._defined[path] = frozenset(s.name for s in info.symbols
-                                            if s.defined and s.binding != "LOCAL" and not s.hidden)
+            # a list comprehension, not a generator: ~100k symbols of libtorch_cpu (issue 13)
+            self._defined[path] = frozenset([s.name for s in info.symbols
+                                             if s.defined and s.binding != "LOCAL" and not s.hidden])
         return self._defined[path]
 
     def missing(self, imports, ext_path: str, closure_objects: dict, torch_paths, read_symbols) -> list:
