@@ -811,7 +811,9 @@ class Resolver:
         _per_release_nodes()."""
         nodes: dict = {}  # requester -> {version: provider}
         for check in closure.version_checks:
-            if check.provider is None or check.weak or check.version not in check.provider_versions:
+            # a weak entry (VER_FLG_WEAK) only excuses a node the provider lacks; where the
+            # node exists, relocation still looks X@V up and fails without X (ld.so, checked)
+            if check.provider is None or check.version not in check.provider_versions:
                 continue
             if check.provider == check.requester:
                 continue
