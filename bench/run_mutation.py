@@ -54,7 +54,8 @@ MODULES = {
     # test_elf_fatbin_oracle.py (cuobjdump) is left out: its nvcc builds take ~50 s, and a
     # fresh pytest session per mutant would rebuild them for every fatbin mutant
     "elf": (["elf/*"], ["tests/unit/test_elf_reader.py", "tests/unit/test_collect_fatbin.py",
-                        "tests/unit/test_elf_fatbin.py", "tests/unit/test_mutation_kills_elf.py"]),
+                        "tests/unit/test_elf_fatbin.py", "tests/unit/test_mutation_kills_elf.py",
+                        "tests/unit/test_elf_fastread.py", "tests/unit/test_cpu_isa_level.py"]),
     "resolve": (["resolve/*"], ["tests/unit/test_resolve_hwcaps.py", "tests/unit/test_resolve_ldcache.py",
                                 "tests/unit/test_resolve_scenarios.py", "tests/unit/test_resolve_symbols.py",
                                 "tests/unit/test_collect_closure.py", "tests/unit/test_resolve_process.py",
@@ -115,6 +116,11 @@ def stage(module: str) -> Path:
         dest = where / ("seedance" + rel[len("agent"):] if rel.startswith("agent/") else rel)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest)
+    # the built C ELF reader (a build output, not tracked): elf/fastread.py's mutants are
+    # reached only through it (tests call fastread directly; SEEDANCE_ELF_READER=python keeps
+    # read_elf on the Python reader, whose mutants would otherwise go unreached)
+    for built in (ROOT / "agent" / "elf").glob("_fastelf*.so"):
+        shutil.copy2(built, where / "seedance" / "elf" / built.name)
     # the installed layout's data subpackages (setup.py package_dir)
     for name, src in (("rules_data", "rules"), ("probes", "probes"), ("shim", "shim")):
         if (where / src).is_dir():
