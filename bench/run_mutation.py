@@ -61,6 +61,7 @@ MODULES = {
                                 "tests/unit/test_collect_closure.py", "tests/unit/test_resolve_process.py",
                                 "tests/unit/test_mutation_kills_resolve.py",
                                 "tests/unit/test_mutation_kills_resolve_sample2027.py",
+                                "tests/unit/test_mutation_kills_resolve_timeouts2027.py",
                                 "tests/unit/test_ldcache_compat_hwcaps.py", "tests/unit/test_ldcache_isa_level.py",
                                 "tests/unit/test_resolve_short_files.py"]),
     "journal": (["fix/journal.py"], ["tests/unit/test_fix_journal.py", "tests/integration/test_fix_crash.py",
