@@ -773,3 +773,19 @@ def test_symbol_names_of_a_misaligned_symbol_table(gnu_lib, tmp_path, monkeypatc
         for reader in _both_readers(monkeypatch):
             got = sorted(s.name for s in _read(monkeypatch, reader, str(moved), symbols=prefixes).symbols)
             assert got == expected, reader
+
+
+def test_a_program_header_entry_size_smaller_than_a_header_is_malformed(gnu_lib, tmp_path):
+    """e_phentsize cut from sizeof(Elf64_Phdr) = 56 to 32: ld.so refuses the object
+    (dl-load.c: "ELF file's phentsize not the expected size"); the reader names the field."""
+    data = bytearray(gnu_lib["path"].read_bytes())
+    assert struct.unpack_from("<H", data, 54)[0] == 56  # Elf64_Ehdr.e_phentsize
+    struct.pack_into("<H", data, 54, 32)
+    bad = tmp_path / "libphent.so"
+    bad.write_bytes(bytes(data))
+    loaded = subprocess.run([sys.executable, "-c", "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], os.RTLD_NOW)",
+                             str(bad)], capture_output=True, text=True, errors="replace")
+    assert loaded.returncode != 0 and "phentsize" in loaded.stderr, loaded.stderr
+    with pytest.raises(ELFError) as caught:
+        read_elf(str(bad))
+    assert str(caught.value) == f"{bad}: malformed ELF: e_phentsize 32 too small"
