@@ -789,3 +789,25 @@ def test_a_program_header_entry_size_smaller_than_a_header_is_malformed(gnu_lib,
     with pytest.raises(ELFError) as caught:
         read_elf(str(bad))
     assert str(caught.value) == f"{bad}: malformed ELF: e_phentsize 32 too small"
+
+
+def test_a_build_id_note_whose_size_wraps_has_no_build_id(tmp_path):
+    """The build-id note's n_descsz set to 0xfffffffc (-4 if read signed): readelf -n warns
+    "note with invalid namesz and/or descsz" and prints no Build ID; the reader gives none
+    either (the note header's three words are unsigned, Elf64_Nhdr)."""
+    if not shutil.which("gcc") or not shutil.which("readelf"):
+        pytest.skip("gcc and readelf needed")
+    (tmp_path / "b.c").write_text("int b(void){return 1;}\n")
+    lib = tmp_path / "libb.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", str(lib), str(tmp_path / "b.c")], check=True)
+    data = bytearray(lib.read_bytes())
+    with open(lib, "rb") as handle:
+        at = ELFFile(handle).get_section_by_name(".note.gnu.build-id")["sh_offset"]
+    assert struct.unpack_from("<III", data, at) == (4, 20, 3)  # "GNU\0", 20-byte SHA-1, NT_GNU_BUILD_ID
+    assert read_elf(str(lib)).build_id is not None
+    struct.pack_into("<I", data, at + 4, 0xFFFFFFFC)
+    bad = tmp_path / "libbadnote.so"
+    bad.write_bytes(bytes(data))
+    shown = subprocess.run(["readelf", "-n", str(bad)], capture_output=True, text=True, errors="replace")
+    assert "invalid namesz and/or descsz" in shown.stderr and "Build ID" not in shown.stdout, shown
+    assert read_elf(str(bad)).build_id is None
