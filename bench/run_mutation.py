@@ -55,7 +55,8 @@ MODULES = {
     # fresh pytest session per mutant would rebuild them for every fatbin mutant
     "elf": (["elf/*"], ["tests/unit/test_elf_reader.py", "tests/unit/test_collect_fatbin.py",
                         "tests/unit/test_elf_fatbin.py", "tests/unit/test_mutation_kills_elf.py",
-                        "tests/unit/test_elf_fastread.py", "tests/unit/test_cpu_isa_level.py"]),
+                        "tests/unit/test_elf_fastread.py", "tests/unit/test_cpu_isa_level.py",
+                        "tests/unit/test_mutation_kills_elf_sample2027.py"]),
     "resolve": (["resolve/*"], ["tests/unit/test_resolve_hwcaps.py", "tests/unit/test_resolve_ldcache.py",
                                 "tests/unit/test_resolve_scenarios.py", "tests/unit/test_resolve_symbols.py",
                                 "tests/unit/test_collect_closure.py", "tests/unit/test_resolve_process.py",
