@@ -418,7 +418,11 @@ def recheck(module: str, names: list, only: list | None = None) -> dict:
         for built in (ROOT / "agent" / "elf").glob("_fastelf*.so"):
             shutil.copy2(built, where / "seedance" / "elf" / built.name)
     env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
+    # as in the run, read_elf answers from the Python reader, where elf's mutants live; only
+    # resolve's recheck leaves the C reader on, for the fallback from it
     env.pop("SEEDANCE_ELF_READER", None)
+    if module != "resolve":
+        env["SEEDANCE_ELF_READER"] = "python"
     selected = only or [str(Path("tests") / "unit" / t.name) for t in kill_files]
     base = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "300", *selected],
                           cwd=where, env=env, capture_output=True, text=True, errors="replace")
