@@ -221,6 +221,7 @@ def test_a_lock_held_at_the_documented_path_refuses_the_fix(journal, tmp_path):
         assert digest.startswith(names[0][:-len(".lock")]) and len(names[0]) > 30
         held = os.open(journal.root / "locks" / names[0], os.O_RDWR)
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's fix, as it holds it
+        os.ftruncate(held, 0)  # as the journal does: the earlier holder's pid may be longer
         os.pwrite(held, b"4242", 0)
         with pytest.raises(BadInput, match=r"another seedance fix or undo \(pid 4242\) is changing it now"):
             with journal.begin("test") as entry:
