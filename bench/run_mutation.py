@@ -466,6 +466,9 @@ def report(results: dict) -> None:
         if r.get("sample") and "recheck_killed" in r and "sample_killed" in r:
             n, k = r["sample"], r["sample_killed"] + r["recheck_killed"]
             after = f"  {k}/{n} = {100.0 * k / n:.0f}% ±{100.0 / n ** 0.5:.0f} (seed {r.get('seed', 17)})"
+        elif not r.get("estimated") and r.get("recheck_killed") and r.get("total"):
+            k = r["killed"] + r["recheck_killed"]  # an exact run: every survivor rechecked
+            after = f"  {k}/{r['total']} = {100.0 * k / r['total']:.1f}% (exact)"
         print(f"{module:10} {r['total']:8} {r['killed']:7} {score:>7} {r['seconds']:6}s  {len(r['survivors']):9}{after}")
 
 
