@@ -235,17 +235,11 @@ def test_plugin_glibc_version_missing_fires_only_for_a_glibc_node_the_host_lacks
                                                    "defined": False})] + cxx, "plugin-glibc-version-missing")
 
 
-def test_soname_shadowed_fires_for_a_shadowing_and_not_for_a_plain_failure(rules, tmp_path):
-    """Two dlopen sequences run by a gcc-built host (the oracle) and predicted by the process
-    model: libver.so.1 v1 loaded first shadows the v2 copy a later library needs (it fails:
-    "VER_2 not found"), and a dlopen of a file that is not there (it fails: "cannot open").
-    Only the first is a shadowing."""
+def libver_copies(tmp_path):
+    """A gcc-built dlopen host and two copies of libver.so.1: v1/ defines VER_1 (ver), v2/ also
+    VER_2 (ver2).  Returns the fixtures module, the root, the host and v1's path."""
     import os
     import shutil
-    import subprocess
-
-    from seedance.collect.python_env import predict_dlopens, shadowing_facts
-    from seedance.resolve.process import RTLD_NOW
 
     if shutil.which("gcc") is None:
         pytest.skip("gcc not found")
@@ -253,12 +247,27 @@ def test_soname_shadowed_fires_for_a_shadowing_and_not_for_a_plain_failure(rules
     import process_fixtures as F
 
     root = str(tmp_path)
-    host = F.host_program(os.path.join(root, "host"))
+    host_program = F.host_program(os.path.join(root, "host"))
     v1 = F.shared_lib(os.path.join(root, "v1", "libver.so.1"), "int ver(void){return 1;}\n", soname="libver.so.1",
                       version_script="VER_1 { global: ver; local: *; };\n")
     F.shared_lib(os.path.join(root, "v2", "libver.so.1"), "int ver(void){return 1;}\nint ver2(void){return 2;}\n",
                  soname="libver.so.1",
                  version_script="VER_1 { global: ver; local: *; };\nVER_2 { global: ver2; } VER_1;\n")
+    return F, root, host_program, v1
+
+
+def test_soname_shadowed_fires_for_a_shadowing_and_not_for_a_plain_failure(rules, tmp_path):
+    """Two dlopen sequences run by a gcc-built host (the oracle) and predicted by the process
+    model: libver.so.1 v1 loaded first shadows the v2 copy a later library needs (it fails:
+    "VER_2 not found"), and a dlopen of a file that is not there (it fails: "cannot open").
+    Only the first is a shadowing."""
+    import os
+    import subprocess
+
+    from seedance.collect.python_env import predict_dlopens, shadowing_facts
+    from seedance.resolve.process import RTLD_NOW
+
+    F, root, host, v1 = libver_copies(tmp_path)
     needs = F.shared_lib(os.path.join(root, "v2", "libneeds.so"),
                          "extern int ver2(void);\nint n(void){return ver2();}\n",
                          soname="libneeds.so", links=(f"-L{root}/v2", "-l:libver.so.1"), rpath="$ORIGIN")
@@ -354,24 +363,12 @@ def test_soname_shadowed_is_an_error_only_when_the_shadowing_copy_lacks_what_is_
     first, then a library needing VER_2's ver2 (ld.so refuses it: an error), or one needing
     only VER_1's ver, which v1 defines too (ld.so loads it: shadowed, but a warning)."""
     import os
-    import shutil
     import subprocess
 
     from seedance.collect.python_env import predict_dlopens, shadowing_facts
     from seedance.resolve.process import RTLD_NOW
 
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not found")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-    import process_fixtures as F
-
-    root = str(tmp_path)
-    host_program = F.host_program(os.path.join(root, "host"))
-    v1 = F.shared_lib(os.path.join(root, "v1", "libver.so.1"), "int ver(void){return 1;}\n", soname="libver.so.1",
-                      version_script="VER_1 { global: ver; local: *; };\n")
-    F.shared_lib(os.path.join(root, "v2", "libver.so.1"), "int ver(void){return 1;}\nint ver2(void){return 2;}\n",
-                 soname="libver.so.1",
-                 version_script="VER_1 { global: ver; local: *; };\nVER_2 { global: ver2; } VER_1;\n")
+    F, root, host_program, v1 = libver_copies(tmp_path)
     links = (f"-L{root}/v2", "-l:libver.so.1")
     needs2 = F.shared_lib(os.path.join(root, "v2", "libneeds2.so"), "extern int ver2(void);\nint n(void){return ver2();}\n",
                           soname="libneeds2.so", links=links, rpath="$ORIGIN")
