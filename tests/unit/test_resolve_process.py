@@ -47,8 +47,11 @@ def libs(tmp_path_factory):
     user = F.shared_lib(os.path.join(root, "p", "libuser.so"),
                         "extern int twice(void);\nint use(void){return twice();}\n", soname="libuser.so",
                         links=(f"-L{root}/p", "-l:libown.so"), rpath="$ORIGIN")
+    # NEEDED libprov.so, which nothing on its search path holds (--no-as-needed: m() calls
+    # nothing of it, and a toolchain defaulting to --as-needed would drop the entry)
     missing = F.shared_lib(os.path.join(root, "m", "libmissing.so"), "int m(void){return 0;}\n",
-                           soname="libmissing.so", links=(f"-L{root}/g", "-l:libprov.so"))
+                           soname="libmissing.so", links=(f"-L{root}/g", "-l:libprov.so"),
+                           extra=("-Wl,--no-as-needed",))
     # a version node the provider lacks
     v1 = F.shared_lib(os.path.join(root, "v1", "libver.so.1"), "int ver(void){return 1;}\n", soname="libver.so.1",
                       version_script="VER_1 { global: ver; local: *; };\n")
@@ -80,6 +83,8 @@ def test_verdict_and_message_match_real_dlopen(libs, case):
         "lazy_plugin": [L["plugin"] + ":LAZY"],
     }[case]
     real_ok, real_text = _real(L["host"], *seq)
+    if case == "missing_needed":  # the case is what it says: ld.so cannot find the NEEDED
+        assert not real_ok and "libprov.so: cannot open shared object file" in real_text, real_text
     model_ok, model_text, _sim = _model(L["host"], *[s.replace(":LAZY", "") for s in seq]) \
         if case != "lazy_plugin" else _lazy(L["host"], L["plugin"])
     assert (model_ok, model_text) == (real_ok, real_text)
