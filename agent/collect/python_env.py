@@ -707,9 +707,7 @@ def shadowing_facts(prediction: Prediction) -> list:
                 "name": shadow.name, "used": shadow.used, "alone": shadow.alone,
                 "loaded_by": shadow.loaded_by, "loaded_for": shadow.loaded_for,
                 "missing": missing, "other_copy": copies, "order_hint": hint,
-                # a version node missing stops ld.so before relocation: its own words then
-                "consequence": ((f"undefined symbol: {missing}" if step.unbound or not step.error else step.error)
-                                if missing else
+                "consequence": (step.shadow_consequence(missing) if missing else
                                 f"{len(shadow.other_copy)} of its symbols bind to that copy"
                                 + (f" ({copies})" if copies else "")),
                 "error": step.error or ""}, source="python_env"))

@@ -240,7 +240,7 @@ def _live(pid: int, view, then_dlopen, lines: list):
                 "used": shadow.used, "alone": shadow.alone, "loaded_by": shadow.loaded_by,
                 "loaded_for": shadow.loaded_for, "missing": missing, "other_copy": "",
                 "order_hint": "dlopen it before the library that shadows it" if missing else
-                "the copy already loaded serves it", "consequence": (f"undefined symbol: {missing}" if step.unbound or not step.error else step.error) if missing
+                "the copy already loaded serves it", "consequence": step.shadow_consequence(missing) if missing
                 else "binds to the loaded copy", "error": step.error or ""}, source="process"))
         if not step.ok and not step.shadowed:
             facts.append(Fact("process-load", {"pid": pid, "path": lib}, {

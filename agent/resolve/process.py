@@ -90,6 +90,12 @@ class LoadStep:
     already_loaded: bool = False  # the target was already in the link map: nothing happens
     notes: tuple = ()
 
+    def shadow_consequence(self, missing: str) -> str:
+        """What a shadowing that leaves ``missing`` (its text, not empty) unsatisfied does to
+        this load: ld.so's own words where it stopped at the version check (dl-version.c),
+        before relocation left any symbol unbound; else the undefined symbols."""
+        return f"undefined symbol: {missing}" if self.unbound or not self.error else self.error
+
     @property
     def python_error(self) -> str | None:
         """What Python prints for a failed extension import (Python/dynload_shlib.c raises
