@@ -297,22 +297,19 @@ def _dpkg_by_name(name: str) -> list:
             needle = ("/" + name + "\n").encode("utf-8")
         except UnicodeEncodeError:
             needle = None  # a lone surrogate: no decoded line holds one
-        if needle is not None and "\ufffd" in name:
-            text_needle = "/" + name + "\n"
+        if needle is not None:
+            in_text = "\ufffd" in name
+            if in_text:
+                needle = "/" + name + "\n"
+            newline = needle[-1:]
             for package, data in _dpkg_lists():
-                text = data.decode("utf-8", "replace")
-                start = text.find(text_needle)
+                haystack = data.decode("utf-8", "replace") if in_text else data
+                start = haystack.find(needle)
                 while start >= 0:
-                    line_start = text.rfind("\n", 0, start) + 1
-                    found.append((package, text[line_start:start + len(text_needle) - 1]))
-                    start = text.find(text_needle, start + 1)
-        elif needle is not None:
-            for package, data in _dpkg_lists():
-                start = data.find(needle)
-                while start >= 0:
-                    line_start = data.rfind(b"\n", 0, start) + 1
-                    found.append((package, data[line_start:start + len(needle) - 1].decode("utf-8", "replace")))
-                    start = data.find(needle, start + 1)
+                    line_start = haystack.rfind(newline, 0, start) + 1
+                    line = haystack[line_start:start + len(needle) - 1]
+                    found.append((package, line if in_text else line.decode("utf-8", "replace")))
+                    start = haystack.find(needle, start + 1)
         memo[name] = found
     return memo[name]
 
