@@ -106,6 +106,14 @@ def repo_files() -> list[str]:
     return files
 
 
+def _carry_built_reader(where: Path) -> None:
+    """The built C ELF reader (a build output, not tracked) into the stage: elf/fastread.py's
+    mutants are reached only through it (tests call fastread directly; SEEDANCE_ELF_READER=python
+    keeps read_elf on the Python reader, whose mutants would otherwise go unreached)."""
+    for built in (ROOT / "agent" / "elf").glob("_fastelf*.so"):
+        shutil.copy2(built, where / "seedance" / "elf" / built.name)
+
+
 def stage(module: str) -> Path:
     """A fresh copy of the checkout with agent/ renamed seedance/ and mutmut's config."""
     where = STAGE / module
@@ -119,11 +127,7 @@ def stage(module: str) -> Path:
         dest = where / ("seedance" + rel[len("agent"):] if rel.startswith("agent/") else rel)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest)
-    # the built C ELF reader (a build output, not tracked): elf/fastread.py's mutants are
-    # reached only through it (tests call fastread directly; SEEDANCE_ELF_READER=python keeps
-    # read_elf on the Python reader, whose mutants would otherwise go unreached)
-    for built in (ROOT / "agent" / "elf").glob("_fastelf*.so"):
-        shutil.copy2(built, where / "seedance" / "elf" / built.name)
+    _carry_built_reader(where)
     # the installed layout's data subpackages (setup.py package_dir)
     for name, src in (("rules_data", "rules"), ("probes", "probes"), ("shim", "shim")):
         if (where / src).is_dir():
@@ -412,15 +416,11 @@ def recheck(module: str, names: list, only: list | None = None) -> dict:
     kill_files = sorted((ROOT / "tests" / "unit").glob(f"test_mutation_kills_{module}*.py"))
     for tests in kill_files:
         shutil.copy2(tests, where / "tests" / "unit" / tests.name)
-    if module == "resolve":
-        # resolver._read_elf's fallback from the C reader to the Python one is reachable only
-        # with the C reader built (the stage copies tracked files; the extension is a build
-        # output).  elf's recheck keeps the Python reader alone: its mutants live there.
-        for built in (ROOT / "agent" / "elf").glob("_fastelf*.so"):
-            shutil.copy2(built, where / "seedance" / "elf" / built.name)
+    _carry_built_reader(where)  # a stage staged before stage() carried it
     env = {**os.environ, "PYTHONPATH": str(where), "PYTHONDONTWRITEBYTECODE": "1"}
     # as in the run, read_elf answers from the Python reader, where elf's mutants live; only
-    # resolve's recheck leaves the C reader on, for the fallback from it
+    # resolve's recheck leaves the C reader on: resolver._read_elf's fallback from it is
+    # reachable only so
     env.pop("SEEDANCE_ELF_READER", None)
     if module != "resolve":
         env["SEEDANCE_ELF_READER"] = "python"
