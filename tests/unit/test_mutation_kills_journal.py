@@ -530,10 +530,14 @@ def _commit_fix(journal, target, data=b"result"):
 
 
 def _next_second():
-    """Entry ids order by their UTC second: wait for the next one."""
+    """Entry ids order by their UTC second: wait for the next one.
+
+    On the clock the ids are made from: time.gmtime() reads time(2), which glibc serves from the
+    kernel's coarse clock, a tick behind time.time(); waiting on time.time() let the next id fall
+    in the same second now and then (a CI failure)."""
     import time
-    start = int(time.time())
-    while int(time.time()) == start:
+    start = time.gmtime()[:6]
+    while time.gmtime()[:6] == start:
         time.sleep(0.05)
 
 
