@@ -335,11 +335,7 @@ class Journal:
     # -- entries ---------------------------------------------------------------------------------
     def begin(self, command: str, argv=(), findings=()) -> Entry:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # os.urandom and uname: what secrets.token_hex and socket.gethostname return, without
-        # importing either module on every fix's start-up (issue 13)
-        entry_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + os.urandom(3).hex()
-        entry_dir = self.root / entry_id
-        (entry_dir / "files").mkdir(parents=True, mode=0o700)
+        entry_id, entry_dir = self._new_entry_dir()
         lock_fd = os.open(entry_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         manifest = {"schema": SCHEMA, "id": entry_id, "status": OPEN, "created": _now(),
@@ -348,6 +344,26 @@ class Journal:
         entry = Entry(self, entry_id, manifest, lock_fd)
         entry.save(durable=False)  # made durable, with the root, by the first save before a change
         return entry
+
+    def _new_entry_dir(self):
+        """A fresh id and its directory, made.  Ids sort in the order fixes began: undo without
+        an id takes the newest, so two fixes in one second must not order by chance (the suffix
+        was random: half of such pairs sorted the older fix last).  The suffix is the
+        microsecond, read with the second from one clock (time.gmtime() alone reads time(2),
+        the kernel's coarse clock, a tick behind); a taken id moves one microsecond on."""
+        now = time.time_ns() // 1000
+        seconds, micro = divmod(now, 1_000_000)
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))
+        while True:
+            entry_id = f"{stamp}-{micro:06x}"
+            entry_dir = self.root / entry_id
+            try:
+                entry_dir.mkdir(mode=0o700)
+            except FileExistsError:
+                micro += 1  # 0xffffff > 999,999: room to move on within the same second's ids
+                continue
+            (entry_dir / "files").mkdir(mode=0o700)
+            return entry_id, entry_dir
 
     def ids(self) -> list:
         if not self.root.is_dir():

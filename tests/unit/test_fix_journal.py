@@ -366,3 +366,32 @@ def test_a_refusal_of_the_first_file_stops_undo_before_the_last_is_written(journ
         journal.undo(entry.id)
     assert b.read_bytes() == b"b1" and a.read_bytes() == (b"user" if spoiled == "edited" else b"a1")
     assert journal.load(entry.id).manifest["status"] == "committed"
+
+
+def test_fixes_begun_in_one_second_undo_newest_first(journal, tmp_path):
+    """Ids order as the fixes began, even within one second: undo without an id takes the
+    newest.  With a random suffix half of such pairs sorted the older fix last, so undo
+    restored the original under the newer fix's result."""
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"v0")
+    made = []
+    for version in (b"v1", b"v2", b"v3", b"v4"):  # in well under a second on any host
+        with journal.begin("test") as entry:
+            entry.replace_file(str(target), version)
+        made.append(entry.id)
+    assert journal.ids() == made
+    for expected in (b"v3", b"v2", b"v1", b"v0"):
+        journal.undo()
+        assert target.read_bytes() == expected
+
+
+def test_an_id_taken_in_the_same_microsecond_moves_on(journal, monkeypatch):
+    import time
+    frozen = time.time_ns()
+    monkeypatch.setattr(time, "time_ns", lambda: frozen)
+    first, second = journal.begin("test"), journal.begin("test")
+    first.commit()
+    second.commit()
+    assert first.id[:16] == second.id[:16]
+    assert int(second.id[16:], 16) == int(first.id[16:], 16) + 1
+    assert journal.ids() == [first.id, second.id]
