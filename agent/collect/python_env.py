@@ -611,20 +611,29 @@ def predict_imports(interp: Interpreter, names, resolver=None, search_orders: bo
     resolver = resolver or Resolver(env=_loader_env())
     names = tuple(names)
     prediction = _run_imports(interp, names, resolver, dlopenflags)
-    if not prediction.ok and search_orders and len(names) > 1:
-        import itertools
-        candidates = list(itertools.permutations(names)) if len(names) <= 4 else \
-            [names[i:] + names[:i] for i in range(1, len(names))]
-        for order in candidates:
-            if order == names:
-                continue
-            other = _run_imports(interp, order, resolver, dlopenflags)
-            prediction.orders.append((order, other.ok))
-            if other.ok:
-                prediction.working_order = order
-                break
-        prediction.searched_orders = True
+    if search_orders:
+        _search_orders(prediction, names, lambda order: _run_imports(interp, order, resolver, dlopenflags))
     return prediction
+
+
+def _search_orders(prediction: Prediction, items: tuple, run) -> None:
+    """When the loads fail in their order, the other orders (all of them up to 4 loads, else
+    the rotations) through ``run``, until one loads: prediction.orders, .working_order."""
+    if prediction.ok or len(items) < 2:
+        return
+    import itertools
+    candidates = list(itertools.permutations(items)) if len(items) <= 4 else \
+        [items[i:] + items[:i] for i in range(1, len(items))]
+    for order in candidates:
+        if order == items:
+            continue
+        ok = run(order).ok
+        named = tuple(x[0] if isinstance(x, tuple) else x for x in order)
+        prediction.orders.append((named, ok))
+        if ok:
+            prediction.working_order = named
+            break
+    prediction.searched_orders = True
 
 
 def _loader_env() -> dict:
@@ -661,11 +670,21 @@ def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Pr
     return Prediction(names, sim.model, plan, interp, ok, error, failed)
 
 
-def predict_dlopens(executable: str, libraries, flags: int, resolver=None) -> Prediction:
-    """A non-Python host: ``executable`` starts, then dlopens each library in order."""
+def predict_dlopens(executable: str, libraries, flags: int, resolver=None,
+                    search_orders: bool = True) -> Prediction:
+    """A non-Python host: ``executable`` starts, then dlopens each library in order; when
+    that fails, the other orders are tried (the order that works is the fix to suggest)."""
     from ..resolve import Resolver
-    from ..resolve.process import Load, Simulator
     resolver = resolver or Resolver(env=_loader_env())
+    libraries = tuple(libraries)
+    prediction = _run_dlopens(executable, libraries, flags, resolver)
+    if search_orders:
+        _search_orders(prediction, libraries, lambda order: _run_dlopens(executable, order, flags, resolver))
+    return prediction
+
+
+def _run_dlopens(executable: str, libraries: tuple, flags: int, resolver) -> Prediction:
+    from ..resolve.process import Load, Simulator
     sim = Simulator(resolver, executable)
     sim.start()
     ok, error, failed = True, None, None
@@ -689,8 +708,10 @@ def shadowing_facts(prediction: Prediction) -> list:
             if prediction.plan is not None else "order that works: " + ", ".join(prediction.working_order)
     elif prediction.searched_orders:
         hint = "no import order works" if prediction.plan is not None else "no order works"
+    elif len(prediction.names) < 2:
+        hint = "a single load: no order to change"  # the shadowing copy is the program's own
     else:
-        hint = ""
+        hint = "other orders not tried"
     facts = []
     python = prediction.plan is not None
     why_args = (f"--imports {','.join(prediction.names)}" if python

@@ -160,6 +160,8 @@ def _dlopens(args, lines: list):
                  + ", predicted:")
     _describe(prediction.model, lines)
     lines.append("predicted: " + ("loads" if prediction.ok else prediction.error))
+    if prediction.working_order:
+        lines.append("a dlopen order that works: " + ", ".join(prediction.working_order))
     return prediction
 
 

@@ -359,8 +359,11 @@ def test_predict_dlopens_for_a_program_that_is_not_python(host):
     fact, = pe.shadowing_facts(bad)
     assert dict(fact.subject) == {"path": plugin}
     assert dict(fact.data) == {"event": "failed", "importer": plugin, "module": plugin, "how": f"dlopen {plugin}",
-                               "why_args": f"--in {program}", "then": "", "error": real_local.stdout.strip(),
-                               "order_hint": ""}
+                               "why_args": f"--in {program}", "then": "; no order works",
+                               "error": real_local.stdout.strip(), "order_hint": "no order works"}
+    assert bad.orders == [((plugin, prov), False)]  # the model's other order fails as the real one does:
+    reverse = subprocess.run([program, plugin, prov], capture_output=True, text=True)
+    assert reverse.returncode == 1  # only RTLD_GLOBAL (above) makes it load
     reverse = subprocess.run([program, plugin, prov + ":GLOBAL"], capture_output=True, text=True)
     assert reverse.returncode == 1  # the order that works is the one above
     hinted = dataclasses.replace(bad, working_order=(prov, plugin))

@@ -280,6 +280,34 @@ def test_soname_shadowed_fires_for_a_shadowing_and_not_for_a_plain_failure(rules
         assert fired(rules, facts, "soname-shadowed") is shadowed
 
 
+def test_a_shadowing_dlopen_sequence_names_the_order_that_works(rules, tmp_path):
+    """The failing order [v1, libneeds] is reversed by the model, and the reversed order really
+    loads in the gcc-built host (the oracle); the finding's message and fix name that order and
+    end in no empty clause (an empty hint left "...; " before)."""
+    import os
+    import subprocess
+
+    from seedance.collect.python_env import predict_dlopens, shadowing_facts
+    from seedance.resolve.process import RTLD_NOW
+
+    F, root, host, v1 = libver_copies(tmp_path)
+    needs = F.shared_lib(os.path.join(root, "v2", "libneeds.so"),
+                         "extern int ver2(void);\nint n(void){return ver2();}\n",
+                         soname="libneeds.so", links=(f"-L{root}/v2", "-l:libver.so.1"), rpath="$ORIGIN")
+    prediction = predict_dlopens(host, [v1, needs], RTLD_NOW)
+    assert not prediction.ok and prediction.working_order == (needs, v1)
+    real = subprocess.run([host, needs, v1], capture_output=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert real.returncode == 0, real.stdout
+    [finding] = [f for f in rules.evaluate(shadowing_facts(prediction)) if f.rule == "soname-shadowed"]
+    assert f"order that works: {needs}, {v1}" in finding.message
+    assert f"order that works: {needs}, {v1}; or make" in finding.fix
+    for text in (finding.message, finding.fix):
+        assert not text.rstrip().endswith(";") and "; ;" not in text and not text.startswith(";")
+    alone = shadowing_facts(predict_dlopens(host, [v1, needs], RTLD_NOW, search_orders=False))
+    [unsearched] = [f for f in rules.evaluate(alone) if f.rule == "soname-shadowed"]
+    assert unsearched.message.endswith("; other orders not tried")
+
+
 def test_plugin_cuda_runtime_declared_without_a_linked_runtime_is_no_contradiction(rules, tmp_path):
     """A manifest declaring CUDA 13 whose library links no CUDA runtime at all (its NEEDED,
     read from a gcc build, names no libcudart): nothing contradicts the declaration."""
