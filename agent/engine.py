@@ -16,12 +16,12 @@ import re
 import string
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 # Any is named in annotations only (strings here): importing typing was ~12M instructions of
 # a `seedance fix` start (callgrind, issue 13)
 
 from .errors import BadInput, RuleError
 from .model import SEVERITIES, Fact, Finding
+from .record import NEW, FrozenRecord, _new_dict
 
 # os.path, not pathlib: pathlib (with urllib.parse) was ~3 ms of every command's start
 RULES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "rules")
@@ -38,40 +38,40 @@ def default_rules_dir() -> str:
     return str(files("seedance") / "rules_data")
 
 
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    title: str
-    severity: str
-    trap: str
-    layer: str
-    fact: str
-    condition: str
-    message: str
-    explain: str
-    metric: str
-    fix: str
-    evidence: tuple = ()
-    strict_only: bool = False
-    maturity: str = "stable"
-    source: str = ""
-    program: Any = field(default=None, compare=False, repr=False)
-    # The identifiers the condition reads.  Only those are handed to CEL: converting a
-    # fact's whole data (search paths, tried lists) cost ~65 us per evaluation against ~3 us
-    # for the few scalars a condition actually reads (bench/bench_check_speed.py).
-    names: tuple = field(default=(), compare=False, repr=False)
-    # CEL is side-effect free, so a verdict over the same scalar inputs is reused: a scan
-    # of /usr/lib offers thousands of facts whose relevant values repeat.
-    memo: dict = field(default_factory=dict, compare=False, repr=False)
-    # escalate: {condition: CEL, severity: S} raises the finding's severity where the
-    # condition holds too, so one stable rule id covers "warning, and error when worse"
-    # (gpu-memory-fragmented: warning at "warning", error at "danger").
-    escalate: Any = None
-    escalate_program: Any = field(default=None, compare=False, repr=False)
-    # defaults: values for data keys a fact may lack, so facts from another collector still
-    # match (trace's observed `needed` facts carry no `same_library`) instead of reading as
-    # a missing attribute, which is no match
-    defaults: Any = None
+class Rule(FrozenRecord):
+    """One rule of rules/*.yaml, compiled (frozen, as the @dataclass(frozen=True) it was;
+    program, names, memo and escalate_program are left out of ==, hash() and repr())."""
+    _fields = ("id", "title", "severity", "trap", "layer", "fact", "condition", "message", "explain",
+               "metric", "fix", "evidence", "strict_only", "maturity", "source", "program", "names", "memo",
+               "escalate", "escalate_program", "defaults")
+    _compared = _shown = ("id", "title", "severity", "trap", "layer", "fact", "condition", "message",
+                          "explain", "metric", "fix", "evidence", "strict_only", "maturity", "source",
+                          "escalate", "defaults")
+
+    def __init__(self, id: str, title: str, severity: str, trap: str, layer: str, fact: str, condition: str,
+                 message: str, explain: str, metric: str, fix: str, evidence: tuple = (),
+                 strict_only: bool = False, maturity: str = "stable", source: str = "", program=None,
+                 names: tuple = (), memo: dict = NEW, escalate=None, escalate_program=None, defaults=None):
+        _new_dict(self, "__dict__", {
+            "id": id, "title": title, "severity": severity, "trap": trap, "layer": layer, "fact": fact,
+            "condition": condition, "message": message, "explain": explain, "metric": metric, "fix": fix,
+            "evidence": evidence, "strict_only": strict_only, "maturity": maturity, "source": source,
+            "program": program,
+            # The identifiers the condition reads.  Only those are handed to CEL: converting a
+            # fact's whole data (search paths, tried lists) cost ~65 us per evaluation against
+            # ~3 us for the few scalars a condition actually reads (bench/bench_check_speed.py).
+            "names": names,
+            # CEL is side-effect free, so a verdict over the same scalar inputs is reused: a
+            # scan of /usr/lib offers thousands of facts whose relevant values repeat.
+            "memo": {} if memo is NEW else memo,
+            # escalate: {condition: CEL, severity: S} raises the finding's severity where the
+            # condition holds too, so one stable rule id covers "warning, and error when worse"
+            # (gpu-memory-fragmented: warning at "warning", error at "danger").
+            "escalate": escalate, "escalate_program": escalate_program,
+            # defaults: values for data keys a fact may lack, so facts from another collector
+            # still match (trace's observed `needed` facts carry no `same_library`) instead of
+            # reading as a missing attribute, which is no match
+            "defaults": defaults})
 
     def matches(self, fact: Fact) -> bool:
         return self._verdict(fact, *_context_and_key(fact, self.names, self.defaults))
@@ -544,7 +544,7 @@ def _build_rule(entry: Any, where: str, lazy: bool = False) -> Rule:
     if not isinstance(defaults, Mapping) or not all(
             isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in defaults.items()):
         raise RuleError(f"{where} ({entry['id']}): defaults must map data keys to plain values")
-    known = set(Rule.__dataclass_fields__) - {"program", "source", "escalate_program"}
+    known = set(Rule._fields) - {"program", "source", "escalate_program"}
     unknown = set(entry) - known
     if unknown:
         raise RuleError(f"{where} ({entry['id']}): unknown field(s) {', '.join(sorted(unknown))}")

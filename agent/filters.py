@@ -20,7 +20,7 @@ import fnmatch
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from .record import NEW, Record
 
 from .errors import BadInput, UsageError, escape_path
 from .model import SEVERITIES, SEVERITY_RANK, fingerprint
@@ -30,11 +30,14 @@ _FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 _KEYS = {"select", "ignore", "min-severity", "min_severity", "baseline"}
 
 
-@dataclass
-class Ignore:
-    rule: str | None = None  # None: a fingerprint entry
-    glob: str | None = None
-    fingerprint: str | None = None
+class Ignore(Record):
+    """One ignore entry: a rule (with a path glob or not), or a finding's fingerprint."""
+    _fields = ("rule", "glob", "fingerprint")
+
+    def __init__(self, rule: str | None = None, glob: str | None = None, fingerprint: str | None = None):
+        self.rule = rule  # None: a fingerprint entry
+        self.glob = glob
+        self.fingerprint = fingerprint
 
     def matches(self, finding) -> bool:
         if self.fingerprint is not None:
@@ -47,14 +50,19 @@ class Ignore:
         return isinstance(path, str) and fnmatch.fnmatchcase(path, self.glob)
 
 
-@dataclass
-class FindingFilter:
-    select: frozenset | None = None
-    ignore: list = field(default_factory=list)
-    min_severity: str | None = None
-    baseline: frozenset | None = None  # fingerprints of the findings already known
-    baseline_path: str | None = None
-    config_path: str | None = None
+class FindingFilter(Record):
+    """Which findings a report keeps: --select, --ignore, --min-severity, --baseline."""
+    _fields = ("select", "ignore", "min_severity", "baseline", "baseline_path", "config_path")
+
+    def __init__(self, select: frozenset | None = None, ignore: list = NEW, min_severity: str | None = None,
+                 baseline: frozenset | None = None, baseline_path: str | None = None,
+                 config_path: str | None = None):
+        self.select = select
+        self.ignore = [] if ignore is NEW else ignore
+        self.min_severity = min_severity
+        self.baseline = baseline  # fingerprints of the findings already known
+        self.baseline_path = baseline_path
+        self.config_path = config_path
 
     @property
     def active(self) -> bool:

@@ -9,12 +9,11 @@ attributes that rule conditions read.  Facts never judge; rules do.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
+import sys
 from collections.abc import Mapping  # not typing's alias: typing was ~12M instructions of a fix's start (issue 13)
-from dataclasses import dataclass, field
 
-from .record import FrozenRecord
+from .record import NEW, FrozenRecord, Record, _new_dict
 
 SEVERITIES = ("info", "warning", "error", "fatal")
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
@@ -24,29 +23,29 @@ SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 WASTE_TRAPS = ("affinity-unset", "version-fallback", "batch-static")
 
 
-@dataclass(frozen=True)
-class Fact:
-    kind: str
-    subject: Mapping[str, Any]
-    data: Mapping[str, Any]
-    source: str = ""  # which collector produced it (for --verbose and debugging)
+class Fact(FrozenRecord):
+    """kind, subject, data and source (which collector produced it, for --verbose and
+    debugging); frozen, as the @dataclass(frozen=True) it was (record.py)."""
+    _fields = ("kind", "subject", "data", "source")
+
+    def __init__(self, kind: str, subject: Mapping[str, Any], data: Mapping[str, Any], source: str = ""):
+        _new_dict(self, "__dict__", {"kind": kind, "subject": subject, "data": data, "source": source})
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "subject": dict(self.subject), "data": _plain(self.data),
                 "source": self.source}
 
 
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    severity: str
-    trap: str
-    layer: str
-    subject: Mapping[str, Any]
-    message: str
-    evidence: Mapping[str, Any] = field(default_factory=dict)
-    fix: str = ""
-    title: str = ""
+class Finding(FrozenRecord):
+    """What a rule concluded from a fact (frozen, as the @dataclass(frozen=True) it was)."""
+    _fields = ("rule", "severity", "trap", "layer", "subject", "message", "evidence", "fix", "title")
+
+    def __init__(self, rule: str, severity: str, trap: str, layer: str, subject: Mapping[str, Any],
+                 message: str, evidence: Mapping[str, Any] = NEW, fix: str = "", title: str = ""):
+        _new_dict(self, "__dict__", {"rule": rule, "severity": severity, "trap": trap, "layer": layer,
+                                     "subject": subject, "message": message,
+                                     "evidence": {} if evidence is NEW else evidence, "fix": fix,
+                                     "title": title})
 
     @property
     def rank(self) -> int:
@@ -78,17 +77,19 @@ class Finding:
         return fingerprint(self.rule, self.subject, self.message)
 
 
-@dataclass
-class Report:
+class Report(Record):
     """What every command that judges emits; serialised as seedance.report/v1."""
-
-    command: str
-    host: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)  # command-specific sections (run: devices, ...)
+    _fields = ("command", "host", "stats", "findings", "extra")
 
     SCHEMA = "seedance.report/v1"
+
+    def __init__(self, command: str, host: dict = NEW, stats: dict = NEW, findings: list = NEW,
+                 extra: dict = NEW):
+        self.command = command
+        self.host = {} if host is NEW else host
+        self.stats = {} if stats is NEW else stats
+        self.findings = [] if findings is NEW else findings
+        self.extra = {} if extra is NEW else extra  # command-specific sections (run: devices, ...)
 
     def add(self, findings) -> None:
         seen = {f.key() for f in self.findings}
@@ -144,11 +145,13 @@ def fingerprint(rule: str, subject: Mapping[str, Any], message: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """Turn dataclasses, tuples, sets and paths into JSON-ready values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _plain(dataclasses.asdict(value))
-    if isinstance(value, FrozenRecord):  # the resolver's and ELF reader's results (record.py)
+    """Turn records, dataclasses, tuples, sets and paths into JSON-ready values."""
+    if isinstance(value, (FrozenRecord, Record)):  # facts, findings, resolver results (record.py)
         return _plain(value._asdict())
+    # a dataclass instance means dataclasses is imported already: no import here for the rest
+    dataclasses = sys.modules.get("dataclasses")
+    if dataclasses is not None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):

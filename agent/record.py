@@ -1,29 +1,35 @@
-"""Frozen records: what @dataclass(frozen=True) generated for the resolver's and the ELF
-reader's results, written out.
+"""Records: what @dataclass generated, written out, for the classes every command builds
+(the resolver's and the ELF reader's results, facts, findings, rules, fix plans).
 
 Importing dataclasses imports inspect (with ast, dis, tokenize, linecache), and each
-@dataclass compiles its methods with exec(): together ~15 ms of each `seedance ldd` start
-(-X importtime), whose whole budget is 5x ldd's 7-11 ms (issue 13).  A subclass lists its fields in
-``_fields`` (repr order) and, when some are left out of == and hash() like
-dataclasses.field(compare=False), the others in ``_compared``; it writes its own
-``__init__`` (one dict, set at once: as fast as the generated one).  The behaviour is the
-generated one: equality only with the same class, a hash of the compared fields, the same
-repr, and AttributeError on assignment.  Instances keep a __dict__, as the dataclasses had.
+@dataclass compiles its methods with exec(): ~47M instructions for the import and ~3M a class
+(callgrind), a quarter of a small `seedance fix` and ~15 ms of each `seedance ldd` start
+(issue 13).  A subclass lists its fields in ``_fields`` (__init__ order); when some are left
+out of == and hash() like dataclasses.field(compare=False), the others in ``_compared``;
+when some are left out of repr() (field(repr=False)), the others in ``_shown``.  It writes
+its own ``__init__`` (a default_factory is the NEW marker: a new container per instance,
+while an explicit None stays None, as with dataclasses).  The behaviour is the generated
+one: equality only with the same class over the compared fields, and the same repr.
+FrozenRecord (frozen=True) hashes the compared fields and raises AttributeError on
+assignment; Record (a plain @dataclass) is mutable and unhashable.  Instances keep a
+__dict__, as the dataclasses had.
 """
 from __future__ import annotations
 
 _new_dict = object.__setattr__
+
+NEW = object()  # a default meaning "a new empty list/dict for this instance" (default_factory)
 
 
 class FrozenRecord:
     __slots__ = ()
     _fields: tuple = ()
     _compared: tuple = ()  # set to _fields by __init_subclass__ unless the class names its own
+    _shown: tuple = ()  # the same, for repr()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "_compared" not in cls.__dict__:
-            cls._compared = cls._fields
+        _complete(cls)
 
     def _key(self) -> tuple:
         values = self.__dict__
@@ -39,7 +45,7 @@ class FrozenRecord:
 
     def __repr__(self) -> str:
         values = self.__dict__
-        inner = ", ".join(f"{name}={values[name]!r}" for name in self._fields)
+        inner = ", ".join(f"{name}={values[name]!r}" for name in self._shown)
         return f"{self.__class__.__qualname__}({inner})"
 
     def __setattr__(self, name, value):
@@ -61,4 +67,47 @@ class FrozenRecord:
             raise TypeError(f"{self.__class__.__name__} has no field {sorted(unknown)[0]!r}")
         copy = object.__new__(self.__class__)
         _new_dict(copy, "__dict__", {**self.__dict__, **changes})
+        return copy
+
+
+def _complete(cls) -> None:
+    if "_compared" not in cls.__dict__:
+        cls._compared = cls._fields
+    if "_shown" not in cls.__dict__:
+        cls._shown = cls._fields
+
+
+class Record:
+    """A mutable record: what a plain @dataclass generated (eq over the compared fields with
+    the same class only, __hash__ None, the repr of the shown fields)."""
+    __slots__ = ()
+    _fields: tuple = ()
+    _compared: tuple = ()
+    _shown: tuple = ()
+    __hash__ = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _complete(cls)
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return [getattr(self, f) for f in self._compared] == [getattr(other, f) for f in self._compared]
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._shown)
+        return f"{self.__class__.__qualname__}({inner})"
+
+    def _asdict(self) -> dict:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def _replace(self, **changes):
+        """A copy with ``changes`` (dataclasses.replace: a shallow copy, the rest shared)."""
+        unknown = set(changes) - set(self._fields)
+        if unknown:
+            raise TypeError(f"{self.__class__.__name__} has no field {sorted(unknown)[0]!r}")
+        copy = object.__new__(self.__class__)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.update(changes)
         return copy

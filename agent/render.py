@@ -120,8 +120,6 @@ def _grouped(findings: list) -> list:
     """One row per library, rule and cause for symbol findings, with a count: --strict on a
     Python tree would otherwise print one line per C-API symbol (issue 11, item 5).  The
     JSON report keeps every finding."""
-    from dataclasses import replace
-
     groups: dict = {}
     order = []
     for finding in findings:
@@ -148,15 +146,13 @@ def _grouped(findings: list) -> list:
         cause = SYMBOL_CAUSES.get(item[2], item[2] or "undefined")
         host = members[0].evidence.get("host")
         where = f" (with {host} in scope)" if host and item[2] == "no-definition" else ""
-        out.append(replace(members[0], message=f"{len(members)} symbols {cause}{where}: {shown}"))
+        out.append(members[0]._replace(message=f"{len(members)} symbols {cause}{where}: {shown}"))
     return out
 
 
 def _folded(findings: list) -> list:
     """Fold a rule's rows for one cause beyond FOLD_AFTER into the first FOLD_SHOWN and one
     counted row, in place of the rest."""
-    from dataclasses import replace
-
     keys = [(f.rule, f.severity, str(f.evidence.get("cause", ""))) for f in findings]
     totals: dict = {}
     for key in keys:
@@ -169,7 +165,7 @@ def _folded(findings: list) -> list:
             out.append(finding)
         elif seen[key] == FOLD_SHOWN + 1:
             rest = totals[key] - FOLD_SHOWN
-            out.append(replace(finding, subject={"path": f"({rest} more)"},
+            out.append(finding._replace(subject={"path": f"({rest} more)"},
                                message=f"{rest} more {finding.rule} finding(s) like the ones above "
                                        f"(--verbose shows every one; the JSON report has them all)",
                                fix=None))

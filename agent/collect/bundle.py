@@ -684,7 +684,7 @@ def _mark_live(finding, bundle: Bundle, rederived: bool):
         why = "kernel images are not in the bundle: modules were judged as holding kernels"
     if why is None:
         return finding
-    return dataclasses.replace(finding, evidence={**finding.evidence, "needed_live_data": why})
+    return finding._replace(evidence={**finding.evidence, "needed_live_data": why})
 
 
 def _count(kinds) -> dict:

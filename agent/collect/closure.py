@@ -8,9 +8,9 @@ library is reported once, not once per object that loads it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from ..model import Fact
+from ..record import Record
 from ..resolve.names import same_library
 from . import cuda
 
@@ -59,16 +59,19 @@ class FactDedup:
         return known
 
 
-@dataclass
-class NeededSeen:
+class NeededSeen(Record):
     """Every way one NEEDED entry of one object was resolved during a scan."""
-    standalone: object = None  # Resolution with the requester loaded as the main program
-    via_loader: object = None  # a Resolution that found it in another root's closure
-    loader: str | None = None  # that root
-    first: object = None
-    context: str = ""  # 'preloaded' when the scan modelled a package's preload
-    reason: str = ""
-    package: str = ""
+    _fields = ("standalone", "via_loader", "loader", "first", "context", "reason", "package")
+
+    def __init__(self, standalone=None, via_loader=None, loader: str | None = None, first=None,
+                 context: str = "", reason: str = "", package: str = ""):
+        self.standalone = standalone  # Resolution with the requester loaded as the main program
+        self.via_loader = via_loader  # a Resolution that found it in another root's closure
+        self.loader = loader  # that root
+        self.first = first
+        self.context = context  # 'preloaded' when the scan modelled a package's preload
+        self.reason = reason
+        self.package = package
 
 
 def note_needed(closure, dedup: FactDedup, skip_names=(), preloaded_by: dict | None = None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from ..record import NEW, FrozenRecord, Record, _new_dict
 
 from ..model import Fact
 
@@ -50,19 +50,20 @@ def version_tuple(text: str) -> tuple:
     return tuple(parts)
 
 
-@dataclass(frozen=True)
-class DriverSpec:
-    """What --driver-version (or NVML) says about the driver.
+class DriverSpec(FrozenRecord):
+    """What --driver-version (or NVML) says about the driver (frozen, as the
+    @dataclass(frozen=True) it was: record.py).
 
     kind "driver": a full version (535.104.05); "branch": a branch (535), taken as its
     newest release; "cuda": a CUDA version (12.4, what nvidia-smi prints as "CUDA
     Version"), the newest CUDA the driver supports, NOT a driver version.
+    version: the driver version, or (branch,) for a branch; () for a CUDA version.
+    cuda: the newest CUDA (major, minor) it supports; None when older than our table.
     """
+    _fields = ("text", "kind", "version", "cuda")
 
-    text: str
-    kind: str
-    version: tuple  # the driver version, or (branch,) for a branch; () for a CUDA version
-    cuda: tuple | None  # newest CUDA (major, minor) it supports; None when older than our table
+    def __init__(self, text: str, kind: str, version: tuple, cuda: tuple | None):
+        _new_dict(self, "__dict__", {"text": text, "kind": kind, "version": version, "cuda": cuda})
 
     def meets(self, required: str) -> bool:
         """Is this driver at least ``required`` (a full driver version from NVIDIA's table)?"""
@@ -301,16 +302,18 @@ def compat_driver(env: dict | None = None) -> str | None:
     return None
 
 
-@dataclass
-class GpuInfo:
+class GpuInfo(Record):
     """What is known about this host's GPUs: from NVML, or from the command line."""
+    _fields = ("driver_version", "driver_source", "targets", "devices", "nvml", "nvml_error")
 
-    driver_version: str | None = None
-    driver_source: str = ""
-    targets: list = field(default_factory=list)  # of (arch_num, variant, label, source)
-    devices: list = field(default_factory=list)  # of {index, name, arch}
-    nvml: bool = False
-    nvml_error: str = ""
+    def __init__(self, driver_version: str | None = None, driver_source: str = "", targets: list = NEW,
+                 devices: list = NEW, nvml: bool = False, nvml_error: str = ""):
+        self.driver_version = driver_version
+        self.driver_source = driver_source
+        self.targets = [] if targets is NEW else targets  # of (arch_num, variant, label, source)
+        self.devices = [] if devices is NEW else devices  # of {index, name, arch}
+        self.nvml = nvml
+        self.nvml_error = nvml_error
 
     def to_dict(self) -> dict:
         return {"nvml": self.nvml, "nvml_error": self.nvml_error or None,

@@ -6,7 +6,7 @@ while we read it: that is a normal event (ProcessGone), not an error.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from ..record import NEW, Record
 
 from ..elf.reader import read_elf
 from ..errors import ELFError
@@ -20,22 +20,28 @@ class ProcessGone(Exception):
     """The process exited (or its /proc entry became unreadable) while we read it."""
 
 
-@dataclass
-class Mapping:
-    path: str
-    inode: int
-    dev: str  # "maj:min" in hex, as maps prints it
-    range: str  # "start-end", the name of its /proc/PID/map_files entry
-    deleted: bool
+class Mapping(Record):
+    """One file a process maps."""
+    _fields = ("path", "inode", "dev", "range", "deleted")
+
+    def __init__(self, path: str, inode: int, dev: str, range: str, deleted: bool):
+        self.path = path
+        self.inode = inode
+        self.dev = dev  # "maj:min" in hex, as maps prints it
+        self.range = range  # "start-end", the name of its /proc/PID/map_files entry
+        self.deleted = deleted
 
 
-@dataclass
-class ProcessView:
-    pid: int
-    exe: str | None
-    root: str
-    environ: dict = field(default_factory=dict)
-    mappings: list = field(default_factory=list)  # one Mapping per distinct file
+class ProcessView(Record):
+    """What /proc says of one process."""
+    _fields = ("pid", "exe", "root", "environ", "mappings")
+
+    def __init__(self, pid: int, exe: str | None, root: str, environ: dict = NEW, mappings: list = NEW):
+        self.pid = pid
+        self.exe = exe
+        self.root = root
+        self.environ = {} if environ is NEW else environ
+        self.mappings = [] if mappings is NEW else mappings  # one Mapping per distinct file
 
     def host_path(self, path: str) -> str:
         """The path as seen from here, through the process's root (containers, chroots)."""

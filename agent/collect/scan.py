@@ -12,12 +12,12 @@ import re
 import stat
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
 
 from ..elf.reader import ELF_MAGIC, read_elf
 from ..engine import load_rules
 from ..errors import BadInput, ELFError, UsageError, describe_os_error
 from ..model import Fact, Report
+from ..record import NEW, Record
 from . import closure as closure_facts
 from . import config as config_collect
 from . import cuda, cxxabi, fatbin, host, practice
@@ -26,19 +26,24 @@ from . import cuda, cxxabi, fatbin, host, practice
 # library, which needs neither (callgrind, issue 13)
 
 
-@dataclass
-class CheckOptions:
-    targets: list = field(default_factory=list)
-    pids: list = field(default_factory=list)
-    arch: str | None = None
-    driver_version: str | None = None
-    strict: bool = False
-    rules_dir: str | None = None
-    env: dict | None = None  # the environment the resolver assumes (LD_LIBRARY_PATH, ...)
-    python: str | None = None  # check --python: the interpreter whose torch imports extensions
-    # a GpuInfo cuda.probe_nvml() gave earlier in this command: fix checks, then checks again,
-    # and NVML was probed (pynvml imported, initialised, shut down) for each (issue 13)
-    nvml: cuda.GpuInfo | None = None
+class CheckOptions(Record):
+    """What a check covers and assumes."""
+    _fields = ("targets", "pids", "arch", "driver_version", "strict", "rules_dir", "env", "python", "nvml")
+
+    def __init__(self, targets: list = NEW, pids: list = NEW, arch: str | None = None,
+                 driver_version: str | None = None, strict: bool = False, rules_dir: str | None = None,
+                 env: dict | None = None, python: str | None = None, nvml: cuda.GpuInfo | None = None):
+        self.targets = [] if targets is NEW else targets
+        self.pids = [] if pids is NEW else pids
+        self.arch = arch
+        self.driver_version = driver_version
+        self.strict = strict
+        self.rules_dir = rules_dir
+        self.env = env  # the environment the resolver assumes (LD_LIBRARY_PATH, ...)
+        self.python = python  # check --python: the interpreter whose torch imports extensions
+        # a GpuInfo cuda.probe_nvml() gave earlier in this command: fix checks, then checks
+        # again, and NVML was probed (pynvml imported, initialised, shut down) for each (issue 13)
+        self.nvml = nvml
 
     @property
     def host_scope(self) -> bool:
@@ -61,7 +66,7 @@ def gpu_context(options: CheckOptions) -> cuda.GpuInfo:
     if options.nvml is None:
         gpu = cuda.probe_nvml()
     else:  # a copy: this one gets the command line's values
-        gpu = replace(options.nvml, targets=list(options.nvml.targets), devices=list(options.nvml.devices))
+        gpu = options.nvml._replace(targets=list(options.nvml.targets), devices=list(options.nvml.devices))
     if options.arch:
         try:
             gpu.targets = [fatbin.parse_target(options.arch)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field, replace
+from ..record import NEW, Record
 
 from ..elf.reader import read_elf
 from ..errors import ELFError
@@ -48,17 +48,20 @@ def cache_roots(environ=None, home=None) -> list:
     return roots
 
 
-@dataclass
-class TorchInstall:
+class TorchInstall(Record):
     """One torch install, read from disk (never imported)."""
+    _fields = ("path", "version", "cuda", "hip", "python_tag", "source")
 
-    path: str  # .../site-packages/torch
-    version: str
-    cuda: str | None
-    hip: str | None = None
-    python_tag: str = field(default_factory=lambda: f"py{sys.version_info[0]}{sys.version_info[1]}"
-                                                     f"{getattr(sys, 'abiflags', '')}")
-    source: str = ""  # how it was chosen: "beside it", "--python /usr/bin/python3", ...
+    def __init__(self, path: str, version: str, cuda: str | None, hip: str | None = None,
+                 python_tag: str = NEW, source: str = ""):
+        self.path = path  # .../site-packages/torch
+        self.version = version
+        self.cuda = cuda
+        self.hip = hip
+        # by default this interpreter's tag (a default_factory: read per instance, as before)
+        self.python_tag = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}" \
+            if python_tag is NEW else python_tag
+        self.source = source  # how it was chosen: "beside it", "--python /usr/bin/python3", ...
 
     @property
     def accelerator(self) -> str:
@@ -122,7 +125,7 @@ def torch_at(torch_dir: str, source: str = "") -> TorchInstall | None:
         stamp = None
     known = _TORCH_AT.get((torch_dir, source)) if stamp is not None else None
     if known is not None and known[0] == stamp:
-        return replace(known[1]) if known[1] is not None else None  # a copy: callers may set fields
+        return known[1]._replace() if known[1] is not None else None  # a copy: callers may set fields
     version, cuda, hip = read_torch_version(torch_dir)
     install = None
     if version is not None:
@@ -131,7 +134,7 @@ def torch_at(torch_dir: str, source: str = "") -> TorchInstall | None:
     if stamp is not None:
         if len(_TORCH_AT) > 256:
             _TORCH_AT.clear()
-        _TORCH_AT[(torch_dir, source)] = (stamp, replace(install) if install is not None else None)
+        _TORCH_AT[(torch_dir, source)] = (stamp, install._replace() if install is not None else None)
     return install
 
 
@@ -203,14 +206,18 @@ def torch_for_python(python: str, timeout: float = 60) -> TorchInstall:
     return install
 
 
-@dataclass
-class CachedBuild:
-    path: str  # the build directory
-    name: str
-    tag: str | None  # py311_cpu, when the default layout records it
-    ninja: dict = field(default_factory=dict)  # variable -> value from build.ninja
-    library: str | None = None
-    kind: str = "load"  # "load": cpp_extension.load() cache; "setup.py": BuildExtension's build/temp.*
+class CachedBuild(Record):
+    """One cached torch extension build."""
+    _fields = ("path", "name", "tag", "ninja", "library", "kind")
+
+    def __init__(self, path: str, name: str, tag: str | None, ninja: dict = NEW, library: str | None = None,
+                 kind: str = "load"):
+        self.path = path  # the build directory
+        self.name = name
+        self.tag = tag  # py311_cpu, when the default layout records it
+        self.ninja = {} if ninja is NEW else ninja  # variable -> value from build.ninja
+        self.library = library
+        self.kind = kind  # "load": cpp_extension.load() cache; "setup.py": BuildExtension's build/temp.*
 
 
 def inventory(roots, ninja_only: bool = False) -> list:

@@ -279,7 +279,7 @@ def _attempt(attempt) -> str:
         return f"{attempt[0]}: {attempt[1]}"
     if isinstance(attempt, (list, tuple)):
         return " - ".join(str(x) for x in attempt)
-    if hasattr(attempt, "__dataclass_fields__"):
+    if hasattr(attempt, "__dataclass_fields__") or hasattr(attempt, "_asdict"):  # a record (record.py)
         from ..model import _plain
         return _attempt(_plain(attempt))
     return str(attempt)

@@ -14,9 +14,9 @@ import hashlib
 import os
 import signal
 import stat
-from dataclasses import dataclass, field
 
 from ..errors import BadInput
+from ..record import NEW, Record
 
 CRASH_ENV = "SEEDANCE_FIX_CRASH_AT"
 TEMP_TAG = ".seedance-tmp"
@@ -165,8 +165,7 @@ def _unlink_quietly(path: str) -> None:
 
 # --- pre-flight: refuse before anything is touched -------------------------------------------
 
-@dataclass
-class MappedIndex:
+class MappedIndex(Record):
     """Which running processes map which files, read once from /proc/*/maps.
 
     A rewrite by rename leaves a running process on the old inode: it keeps running the old
@@ -177,7 +176,10 @@ class MappedIndex:
     with a C-speed substring search and parses only the lines that name it.  Parsing every
     line of every process up front cost 0.2 s of a 15 KB library's fix (issue 13).
     """
-    maps: list = field(default_factory=list)  # (pid, comm, raw /proc/PID/maps bytes)
+    _fields = ("maps",)
+
+    def __init__(self, maps: list = NEW):
+        self.maps = [] if maps is NEW else maps  # (pid, comm, raw /proc/PID/maps bytes)
 
     @classmethod
     def scan(cls, proc: str = "/proc") -> "MappedIndex":

@@ -26,9 +26,9 @@ import hashlib
 import os
 import struct
 import sys
-from dataclasses import dataclass
 
 from ..errors import ELFError
+from ..record import FrozenRecord, Record, _new_dict
 from .atomic import file_identity
 
 DT_NULL, DT_NEEDED, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ = 0, 1, 4, 5, 6, 10
@@ -56,15 +56,18 @@ def elf_hash(name: bytes) -> int:
     return h
 
 
-@dataclass
-class StrRef:
+class StrRef(Record):
     """A field in the file that holds an offset into .dynstr."""
-    field_off: int  # file offset of the offset value
-    size: int  # 4 or 8 bytes
-    value: int  # the offset into .dynstr it holds now
-    role: str  # needed, soname, vn_file, vna_name, vda_name, dynsym, ...
-    hash_off: int | None = None  # vna_name: file offset of its vna_hash
-    owner: str | None = None  # vna_name: the vn_file it belongs to
+    _fields = ("field_off", "size", "value", "role", "hash_off", "owner")
+
+    def __init__(self, field_off: int, size: int, value: int, role: str, hash_off: int | None = None,
+                 owner: str | None = None):
+        self.field_off = field_off  # file offset of the offset value
+        self.size = size  # 4 or 8 bytes
+        self.value = value  # the offset into .dynstr it holds now
+        self.role = role  # needed, soname, vn_file, vna_name, vda_name, dynsym, ...
+        self.hash_off = hash_off  # vna_name: file offset of its vna_hash
+        self.owner = owner  # vna_name: the vn_file it belongs to
 
 
 class DynLayout:
@@ -291,21 +294,22 @@ class DynLayout:
         return [self.string(r.value) for r in self.refs if r.role == "needed"]
 
 
-@dataclass(frozen=True)
-class Patch:
+class Patch(FrozenRecord):
     """Bytes to write at an offset of the file."""
+    _fields = ("offset", "data")
 
-    offset: int
-    data: bytes
+    def __init__(self, offset: int, data: bytes):
+        _new_dict(self, "__dict__", {"offset": offset, "data": data})
 
 
-@dataclass
-class EditPlan:
+class EditPlan(Record):
     """The byte patches of a rename that fits, with what they change."""
+    _fields = ("patches", "changes", "strategy")
 
-    patches: list  # of Patch
-    changes: list  # human-readable "role: old -> new"
-    strategy: str  # "in-place", "reuse", "in-place+reuse", "none"
+    def __init__(self, patches: list, changes: list, strategy: str):
+        self.patches = patches  # of Patch
+        self.changes = changes  # human-readable "role: old -> new"
+        self.strategy = strategy  # "in-place", "reuse", "in-place+reuse", "none"
 
 
 def plan_rename(layout: DynLayout, needed_renames: dict, version_renames: dict | None = None) -> EditPlan | None:
@@ -549,16 +553,19 @@ def apply_patches(data: bytes, patches: list) -> bytes:
     return bytes(out)
 
 
-@dataclass
-class FileEdit:
+class FileEdit(Record):
     """The planned edit of one file: byte patches over a copy, or LIEF's rebuilt bytes."""
-    path: str
-    strategy: str
-    changes: list
-    size_before: int
-    patches: list | None = None
-    data: bytes | None = None
-    identity: tuple | None = None  # atomic.file_identity() of the file planned from
+    _fields = ("path", "strategy", "changes", "size_before", "patches", "data", "identity")
+
+    def __init__(self, path: str, strategy: str, changes: list, size_before: int, patches: list | None = None,
+                 data: bytes | None = None, identity: tuple | None = None):
+        self.path = path
+        self.strategy = strategy
+        self.changes = changes
+        self.size_before = size_before
+        self.patches = patches
+        self.data = data
+        self.identity = identity  # atomic.file_identity() of the file planned from
 
     @property
     def growth(self) -> int:

@@ -22,10 +22,10 @@ import io
 import os
 import sys
 from collections.abc import Mapping  # annotations only; typing is ~12M instructions of a fix's start
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput, NotAvailable, UsageError
+from ..record import NEW, Record
 
 MODES = ("per-instance", "shared")
 
@@ -37,16 +37,18 @@ examples:
 """
 
 
-@dataclass
-class HandleLeakResult:
+class HandleLeakResult(Record):
     """What `fix handle-leak` changed, or would change."""
+    _fields = ("mode", "gc_interval", "changed", "unchanged", "journal_id", "agent")
 
-    mode: str
-    gc_interval: str | None
-    changed: list = field(default_factory=list)     # paths rewritten
-    unchanged: list = field(default_factory=list)   # paths that already said so
-    journal_id: str | None = None
-    agent: str = ""                                 # what the running agent did
+    def __init__(self, mode: str, gc_interval: str | None, changed: list = NEW, unchanged: list = NEW,
+                 journal_id: str | None = None, agent: str = ""):
+        self.mode = mode
+        self.gc_interval = gc_interval
+        self.changed = [] if changed is NEW else changed  # paths rewritten
+        self.unchanged = [] if unchanged is NEW else unchanged  # paths that already said so
+        self.journal_id = journal_id
+        self.agent = agent  # what the running agent did
 
 
 def configure_parser(sub) -> argparse.ArgumentParser:

@@ -38,10 +38,10 @@ import shutil
 import stat
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput
+from ..record import NEW, Record
 from . import atomic
 from .atomic import crash_point, sha256_bytes, sha256_file
 
@@ -83,13 +83,17 @@ def _write_json(path: Path, obj: dict, sync: bool = True) -> None:
                         mode=0o600, sync=sync)
 
 
-@dataclass
-class UndoResult:
-    id: str
-    restored: list = field(default_factory=list)  # paths whose original bytes were put back
-    notes: list = field(default_factory=list)
-    unchanged: list = field(default_factory=list)  # paths that already held their original
-    refused: str = ""  # why recovery could not put the files back ('' when it could)
+class UndoResult(Record):
+    """What an undo or a recovery did to one entry's files."""
+    _fields = ("id", "restored", "notes", "unchanged", "refused")
+
+    def __init__(self, id: str, restored: list = NEW, notes: list = NEW, unchanged: list = NEW,
+                 refused: str = ""):
+        self.id = id
+        self.restored = [] if restored is NEW else restored  # paths whose original bytes were put back
+        self.notes = [] if notes is NEW else notes
+        self.unchanged = [] if unchanged is NEW else unchanged  # paths that already held their original
+        self.refused = refused  # why recovery could not put the files back ('' when it could)
 
 
 class Entry:

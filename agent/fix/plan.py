@@ -11,29 +11,13 @@ RELINK_RULES = ("needed-unresolved", "needed-soname-mismatch", "symbol-version-m
 ENV_LEAK_RULES = ("env-leak",)
 TORCH_EXT_RULES = ("torch-ext-stale", "cxx-abi-mismatch")
 
-_NEW_LIST = object()  # a default of "a new empty list" (dataclasses' default_factory=list)
+from ..record import NEW, Record
+
+# RelinkAction and FixPlan were @dataclass classes; written out (record.py) they cost no
+# exec() on every `seedance fix` start (issue 13).
 
 
-class _Plan:
-    """What @dataclass generated for the classes below, written out: each @dataclass compiles
-    its methods with exec(), ~2.5M instructions a class on every `seedance fix` start
-    (callgrind, issue 13).  The same behaviour: a repr of the fields in order, == only with
-    the same class over every field, and unhashable (mutable, like a plain @dataclass)."""
-
-    _fields: tuple = ()
-    __hash__ = None
-
-    def __eq__(self, other):
-        if other.__class__ is self.__class__:
-            return [getattr(self, f) for f in self._fields] == [getattr(other, f) for f in self._fields]
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
-        return f"{self.__class__.__qualname__}({inner})"
-
-
-class RelinkAction(_Plan):
+class RelinkAction(Record):
     """One library's NEEDED/.gnu.version_r renames, or why they must not be made.
 
     path            the library
@@ -53,22 +37,22 @@ class RelinkAction(_Plan):
                "strategy", "growth", "changes", "identity")
 
     def __init__(self, path: str, renames: dict, version_renames: dict, target_major: int, targets: dict,
-                 findings: list = _NEW_LIST, refusal: str | None = None, strategy: str = "", growth: int = 0,
-                 changes: list = _NEW_LIST, identity: tuple | None = None):
+                 findings: list = NEW, refusal: str | None = None, strategy: str = "", growth: int = 0,
+                 changes: list = NEW, identity: tuple | None = None):
         self.path = path
         self.renames = renames
         self.version_renames = version_renames
         self.target_major = target_major
         self.targets = targets
-        self.findings = [] if findings is _NEW_LIST else findings
+        self.findings = [] if findings is NEW else findings
         self.refusal = refusal
         self.strategy = strategy
         self.growth = growth
-        self.changes = [] if changes is _NEW_LIST else changes
+        self.changes = [] if changes is NEW else changes
         self.identity = identity
 
 
-class FixPlan(_Plan):
+class FixPlan(Record):
     """What a fixer intends to change, and the findings it answers.
 
     kind            the fixer (cuda-mismatch)
@@ -81,12 +65,12 @@ class FixPlan(_Plan):
 
     _fields = ("kind", "actions", "skipped", "findings", "target_major", "target_source")
 
-    def __init__(self, kind: str, actions: list = _NEW_LIST, skipped: list = _NEW_LIST,
-                 findings: list = _NEW_LIST, target_major: int | None = None, target_source: str = ""):
+    def __init__(self, kind: str, actions: list = NEW, skipped: list = NEW,
+                 findings: list = NEW, target_major: int | None = None, target_source: str = ""):
         self.kind = kind
-        self.actions = [] if actions is _NEW_LIST else actions
-        self.skipped = [] if skipped is _NEW_LIST else skipped
-        self.findings = [] if findings is _NEW_LIST else findings
+        self.actions = [] if actions is NEW else actions
+        self.skipped = [] if skipped is NEW else skipped
+        self.findings = [] if findings is NEW else findings
         self.target_major = target_major
         self.target_source = target_source
 

@@ -31,7 +31,7 @@ import stat as _stat
 from ..elf import fastread as _fastread
 from ..elf.info import ElfInfo
 from ..errors import ELFError
-from ..record import FrozenRecord
+from ..record import FrozenRecord, Record
 from . import hwcaps as _hwcaps
 from . import tokens
 from .ldcache import LdCache, cache_stamp
@@ -109,12 +109,11 @@ class VersionCheck(FrozenRecord):
             "provider_versions": provider_versions})
 
 
-class Closure:
+class Closure(Record):
     """Everything one root loads (mutable, compared field by field, unhashable: as the
     dataclass it was)."""
     _fields = ("root", "objects", "resolutions", "version_checks", "undefined", "interpreter", "abi",
                "load_names", "load_order")
-    __hash__ = None
 
     def __init__(self, root: str, objects: dict, resolutions: list, version_checks: list, undefined: list,
                  interpreter: str | None = None, abi: str | None = None, load_names: dict | None = None,
@@ -130,13 +129,6 @@ class Closure:
         # [(name, path or None, Resolution that first brought it in)] after the root, in ldd's order
         self.load_order = [] if load_order is None else load_order
 
-    def __eq__(self, other):
-        if other.__class__ is self.__class__:
-            return all(getattr(self, name) == getattr(other, name) for name in self._fields)
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        return "Closure(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields) + ")"
 
 
 class _Loaded:

@@ -37,7 +37,7 @@ def cache_files(tmp_path) -> list:
 
 
 def fields(ruleset) -> list:
-    keys = [k for k in engine.Rule.__dataclass_fields__ if k not in ("program", "escalate_program", "memo")]
+    keys = [k for k in engine.Rule._fields if k not in ("program", "escalate_program", "memo")]
     return [tuple(getattr(rule, k) for k in keys) for rule in ruleset.rules]
 
 

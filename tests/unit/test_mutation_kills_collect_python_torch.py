@@ -503,7 +503,7 @@ def test_build_facts_against_the_wheels_torch(cache, real_torch, install, torch_
 
     # a torch with no source named (fix torch-ext passes one so): nothing in parentheses
     here, = torch_ext.builds_in(cache["here"])
-    assert torch_ext.build_facts(here, dataclasses.replace(install, source=""), None).data["current"] == \
+    assert torch_ext.build_facts(here, install._replace(source=""), None).data["current"] == \
         f"torch {V} at {P}"
 
     fact = facts["broken"]
@@ -602,7 +602,7 @@ def test_rebuild_commands_per_place(tmp_path, monkeypatch, install):
     deep = tmp_path / "p" / "a" / "b" / "c" / "d"
     deep.mkdir(parents=True)
     (tmp_path / "p" / "setup.py").write_text("")
-    assert torch_ext.rebuild_command(str(deep / "x.so"), dataclasses.replace(install, source="--python /v/python")) \
+    assert torch_ext.rebuild_command(str(deep / "x.so"), install._replace(source="--python /v/python")) \
         == f"cd {tmp_path / 'p'} && /v/python setup.py build_ext --inplace --force"
 
 
