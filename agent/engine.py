@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 # Any is named in annotations only (strings here): importing typing was ~12M instructions of
 # a `seedance fix` start (callgrind, issue 13)
 
+from . import cel_subset
 from .errors import BadInput, RuleError
 from .model import SEVERITIES, Fact, Finding
 from .record import NEW, FrozenRecord, _new_dict
@@ -455,14 +456,24 @@ def _write_cache(cache: str, directory: str, stamp: list, docs: list) -> None:
 
 
 class _LazyProgram:
-    """A CEL condition known to compile (the rules cache says so), compiled on first use."""
+    """A rule's CEL condition: answered by cel_subset where it can be (no CEL binding loaded
+    for it), else by the CEL program, compiled on first use when the rules cache says it
+    compiles (``program`` given: compiled already)."""
 
-    __slots__ = ("text", "where", "_program")
+    __slots__ = ("text", "where", "_program", "_native")
 
-    def __init__(self, text: str, where: str):
-        self.text, self.where, self._program = text, where, None
+    def __init__(self, text: str, where: str, program=None):
+        self.text, self.where, self._program, self._native = text, where, program, _UNPARSED
 
     def execute(self, context: dict):
+        native = self._native
+        if native is _UNPARSED:
+            native = self._native = cel_subset.compile(self.text)
+        if native is not None:
+            try:
+                return cel_subset.evaluate(native, context)
+            except cel_subset.Defer:
+                pass
         program = self._program
         if program is None:
             try:
@@ -470,7 +481,28 @@ class _LazyProgram:
             except Exception as exc:  # the CEL binding changed under the cache
                 raise RuleError(f"{self.where}: condition does not compile: "
                                 f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
-        return program.execute(context)
+        try:
+            return program.execute(context)
+        except ValueError as exc:
+            if "Conversion Error" not in str(exc):
+                raise
+        # a string that is not UTF-8 (a NEEDED or path with other bytes, os.fsdecode'd): the
+        # binding cannot take it, and a check stopped with "condition failed"; its bytes
+        # are shown \xNN instead, so equal names stay equal and different ones different
+        return program.execute({k: _utf8_safe(v) for k, v in context.items()})
+
+
+_UNPARSED = object()
+
+
+def _utf8_safe(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, list):
+        return [_utf8_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {_utf8_safe(k): _utf8_safe(v) for k, v in value.items()}
+    return value
 
 
 def _cel_core():
@@ -522,8 +554,8 @@ def _build_rule(entry: Any, where: str, lazy: bool = False) -> Rule:
         except ValueError as exc:
             raise RuleError(f"{where} ({entry['id']}): bad {key} template: {exc}") from None
     try:
-        program = _LazyProgram(str(entry["condition"]), f"{where} ({entry['id']})") if lazy \
-            else cel.compile(str(entry["condition"]))
+        text = str(entry["condition"])
+        program = _LazyProgram(text, f"{where} ({entry['id']})", None if lazy else cel.compile(text))
     except Exception as exc:
         raise RuleError(f"{where} ({entry['id']}): condition does not compile: "
                         f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
@@ -535,8 +567,9 @@ def _build_rule(entry: Any, where: str, lazy: bool = False) -> Rule:
             raise RuleError(f"{where} ({entry['id']}): escalate must be {{condition: CEL, severity: "
                             f"{'|'.join(SEVERITIES)}}}")
         try:
-            escalate_program = _LazyProgram(str(escalate["condition"]), f"{where} ({entry['id']}) escalate") \
-                if lazy else cel.compile(str(escalate["condition"]))
+            text = str(escalate["condition"])
+            escalate_program = _LazyProgram(text, f"{where} ({entry['id']}) escalate",
+                                            None if lazy else cel.compile(text))
         except Exception as exc:
             raise RuleError(f"{where} ({entry['id']}): escalate condition does not compile: "
                             f"{str(exc).splitlines()[0] if str(exc) else exc}") from None

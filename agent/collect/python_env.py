@@ -708,10 +708,11 @@ def shadowing_facts(prediction: Prediction) -> list:
             if prediction.plan is not None else "order that works: " + ", ".join(prediction.working_order)
     elif prediction.searched_orders:
         hint = "no import order works" if prediction.plan is not None else "no order works"
-    elif len(prediction.names) < 2:
-        hint = "a single load: no order to change"  # the shadowing copy is the program's own
     else:
-        hint = "other orders not tried"
+        hint = ""
+    # a shadowing's message and fix always say something of the order (never "...; ")
+    shadow_hint = hint or ("a single load: no order to change" if len(prediction.names) < 2
+                           else "other orders not tried")
     facts = []
     python = prediction.plan is not None
     why_args = (f"--imports {','.join(prediction.names)}" if python
@@ -727,7 +728,7 @@ def shadowing_facts(prediction: Prediction) -> list:
                 "how": how, "why_args": why_args,
                 "name": shadow.name, "used": shadow.used, "alone": shadow.alone,
                 "loaded_by": shadow.loaded_by, "loaded_for": shadow.loaded_for,
-                "missing": missing, "other_copy": copies, "order_hint": hint,
+                "missing": missing, "other_copy": copies, "order_hint": shadow_hint,
                 "consequence": (step.shadow_consequence(missing) if missing else
                                 f"{len(shadow.other_copy)} of its symbols bind to that copy"
                                 + (f" ({copies})" if copies else "")),

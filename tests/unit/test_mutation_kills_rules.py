@@ -129,9 +129,9 @@ def test_plugin_cxxrt_version_missing_stays_quiet_when_the_runtime_has_every_nod
     # node is another rule's finding, not this one's
     cxx = next(f for f in facts if f.data["family"] == "GLIBCXX")
     glibc = next(f for f in facts if f.data["family"] == "GLIBC")
-    assert fired(rules, [replace(cxx, data={**cxx.data, "node": "GLIBCXX_9.9", "defined": False})],
+    assert fired(rules, [cxx._replace(data={**cxx.data, "node": "GLIBCXX_9.9", "defined": False})],
                  "plugin-cxxrt-version-missing")
-    assert not fired(rules, [replace(glibc, data={**glibc.data, "node": "GLIBC_9.9", "defined": False})],
+    assert not fired(rules, [glibc._replace(data={**glibc.data, "node": "GLIBC_9.9", "defined": False})],
                      "plugin-cxxrt-version-missing")
 
 
@@ -231,7 +231,7 @@ def test_plugin_glibc_version_missing_fires_only_for_a_glibc_node_the_host_lacks
     assert fired(rules, facts, "plugin-glibc-version-missing")
     cxx = [f for f in facts if f.data["family"] != "GLIBC"]
     glibc = next(f for f in facts if f.data["family"] == "GLIBC")
-    assert not fired(rules, [replace(glibc, data={**glibc.data, "family": "GLIBCXX", "node": "GLIBCXX_9.9",
+    assert not fired(rules, [glibc._replace(data={**glibc.data, "family": "GLIBCXX", "node": "GLIBCXX_9.9",
                                                    "defined": False})] + cxx, "plugin-glibc-version-missing")
 
 
