@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 
 
@@ -111,7 +110,7 @@ class Step:
         self.lines = enabled is True and not on_terminal(self.stream)
         self.enabled = on_terminal(self.stream) if enabled is None else enabled
         self.elapsed_s = 0.0
-        self._stop = threading.Event()
+        self._stop = None  # a threading.Event once the ticking thread runs
         self._thread = None
         self._started = 0.0
 
@@ -122,6 +121,9 @@ class Step:
         if self.lines:
             self._write(f"{self.label} ...\n")
         else:
+            import threading  # only for a ticking line: ~4M instructions of every command's start
+
+            self._stop = threading.Event()
             self._thread = threading.Thread(target=self._tick, name="seedance-progress", daemon=True)
             self._thread.start()
         return self

@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import threading
 import time
@@ -656,6 +655,8 @@ class Journal:
             # single file or link (rmtree refuses those, and the copy would stay for good)
             partial = Path(str(backup) + ".partial")
             if partial.is_dir() and not partial.is_symlink():
+                import shutil  # only after a move across filesystems: not on every fix's start
+
                 shutil.rmtree(partial, ignore_errors=True)
             elif os.path.lexists(partial):
                 os.unlink(partial)
@@ -849,6 +850,8 @@ def _move(src: str, dest: str) -> None:
     except OSError as exc:
         if exc.errno != 18:  # EXDEV
             raise
+        import shutil  # across filesystems only: not on every fix's start (~7M instructions)
+
         partial = dest + ".partial"
         if os.path.isdir(src) and not os.path.islink(src):
             shutil.copytree(src, partial, symlinks=True)
