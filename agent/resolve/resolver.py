@@ -415,8 +415,13 @@ class Resolver:
         return path[:-1] if path.endswith("/") and len(path) > 1 else path
 
     # --- one NEEDED ----------------------------------------------------------------------
-    def _plan(self, requester: _Loaded, main: _Loaded, abi: Abi) -> list:
-        """[(source, [dirs])] in the order _dl_map_object searches; the cache as one step."""
+    def _plan(self, requester: _Loaded, main: _Loaded, abi: Abi, secure_preload: bool = False) -> list:
+        """[(source, [dirs])] in the order _dl_map_object searches; the cache as one step.
+
+        ``secure_preload``: an LD_PRELOAD name in secure mode (rtld.c do_preload passes
+        __RTLD_SECURE): _dl_map_object skips ld.so.cache for it, so only the searched
+        directories can give it, and open_path then wants S_ISUID (tried as nobody running a
+        set-user-ID program: a set-user-ID library listed only in the cache is not preloaded)."""
         plan: list = []
         req_info = requester.info
         if not req_info.runpath:
@@ -437,14 +442,15 @@ class Resolver:
             plan.append(("ld_library_path", self._path_list([llp], main, abi, separators=":;")))
         if req_info.runpath:
             plan.append(("runpath", self._path_list(req_info.runpath, requester, abi)))
-        plan.append(("ld.so.cache", None))
+        if not secure_preload:
+            plan.append(("ld.so.cache", None))
         if not req_info.nodeflib:
             plan.append(("default", list(abi.system_dirs)))
         return plan
 
-    def _search(self, name: str, requester: _Loaded, main: _Loaded, abi: Abi):
+    def _search(self, name: str, requester: _Loaded, main: _Loaded, abi: Abi, secure_preload: bool = False):
         """The search of _dl_map_object for a name without '/': (found, tried, search_order)."""
-        plan = self._plan(requester, main, abi)
+        plan = self._plan(requester, main, abi, secure_preload)
         order = tuple((source, d) for source, dirs in plan
                       for d in (dirs if dirs is not None else [self.cache_path]))
         if requester.info.nodeflib:
@@ -526,7 +532,8 @@ class Resolver:
             order = (("direct", expanded),)
             found = (expanded, detail, "direct") if verdict == "ok" else None
         else:
-            found, tried, order = self._search(expanded, requester, main, abi)
+            found, tried, order = self._search(expanded, requester, main, abi,
+                                               secure_preload=preload and self.secure)
 
         if found is not None and found[0] == "fatal":
             found = None

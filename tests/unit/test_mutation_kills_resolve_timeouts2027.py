@@ -212,6 +212,38 @@ def test_a_secure_preload_takes_only_a_set_user_id_library(secure_dir):
     assert suid in closure.objects and plain not in closure.objects
 
 
+def test_a_secure_preload_is_not_taken_from_the_ld_so_cache(secure_dir, tmp_path):
+    """dl-load.c _dl_map_object skips ld.so.cache for a name loaded with __RTLD_SECURE under
+    AT_SECURE (every LD_PRELOAD of a set-user-ID program): a set-user-ID library that only the
+    cache lists is not preloaded, while one in a default directory is (the real ld.so, run as
+    nobody with a cache listing both bound over /etc/ld.so.cache, is the oracle)."""
+    only_cached = os.path.join(secure_dir, "cached")
+    os.mkdir(only_cached)
+    os.chmod(only_cached, 0o755)
+    cached = _lib(os.path.join(only_cached, "libseedcached.so"), "libseedcached.so", "int seedc(void){return 1;}\n")
+    os.chmod(cached, 0o4755)  # set-user-ID, yet not taken: the cache is not searched
+    conf = tmp_path / "ld.so.conf"
+    conf.write_text(only_cached + "\n")
+    cache = tmp_path / "ld.so.cache"
+    subprocess.run(["ldconfig", "-X", "-C", str(cache), "-f", str(conf)], check=True)
+    prog = _setuid_program(os.path.join(secure_dir, "cacheprog"), LIST_MAPS % ("", ""))
+    env = {"LD_PRELOAD": "libseedcached.so"}
+    proc = run_with_ld_so_cache(cache, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", prog,
+                                env={**CLEAN, **env})
+    assert proc.returncode == 0, proc.stderr
+    assert cached not in proc.stdout.split(), proc.stdout
+    assert "libseedcached.so' from LD_PRELOAD cannot be preloaded" in proc.stderr, proc.stderr
+    as_root = run_with_ld_so_cache(cache, prog, env={**CLEAN, **env})  # not secure: the cache serves it
+    assert cached in as_root.stdout.split(), as_root.stdout + as_root.stderr
+    secure = Resolver(env=env, secure=True, cache_path=str(cache)).closure(prog)
+    [pre] = [r for r in secure.resolutions if r.name == "libseedcached.so"]
+    assert pre.path is None and cached not in secure.objects
+    assert "ld.so.cache" not in [source for source, _d in pre.search_order]
+    plain = Resolver(env=env, cache_path=str(cache)).closure(prog)
+    [pre] = [r for r in plain.resolutions if r.name == "libseedcached.so"]
+    assert (pre.source, pre.path) == ("ld.so.cache", cached)
+
+
 def test_secure_origin_rpath_is_dropped_for_the_program_but_kept_for_its_library(secure_dir):
     """dl-load.c _dl_dst_substitute: under AT_SECURE a $ORIGIN path must lie in a trusted
     directory only for the executable (l_type == lt_executable).  The program and libA, in
