@@ -110,7 +110,16 @@ def test_static_wakes_its_worker_for_nothing_at_low_load(low_load):
     # request and once more for a deadline that brings nothing; adaptive only for the request
     static, adaptive = low_load["static"][2], low_load["adaptive"][2]
     assert static >= 2 * 8, static  # at least two sleeps per request
-    assert static > adaptive, (static, adaptive)
+    # A worker also switches when it blocks on the queue's lock held by a preempted client:
+    # on a loaded host that adds switches to either policy (a CI run counted 16 and 16).
+    # The least of up to three runs each is the policy's own count.
+    rounds = 1
+    while static <= adaptive and rounds < 3:
+        static = min(static, _low_load("static")[2])
+        adaptive = min(adaptive, _low_load("adaptive")[2])
+        rounds += 1
+    assert static >= 2 * 8, static
+    assert static > adaptive, (static, adaptive, rounds)
 
 
 def test_batches_form_under_load_and_respect_max_size():
