@@ -334,7 +334,7 @@ def nvml_library_present() -> bool:
     if any(os.path.exists(os.path.join(d, NVML_LIBRARY)) for d in dirs):
         return True
     try:
-        return any(e.name == NVML_LIBRARY for e in LdCache.load().entries)
+        return LdCache.load().lists(NVML_LIBRARY)
     except Exception:
         return True  # cannot tell: let pynvml try
 

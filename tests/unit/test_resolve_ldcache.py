@@ -120,6 +120,32 @@ def test_ldconfig_written_cache_formats(library_dir, fmt):
 
 
 @needs_ldconfig
+@pytest.mark.parametrize("fmt", ["new", "old", "compat"])
+def test_lists_answers_as_a_scan_of_every_entry(library_dir, fmt):
+    """LdCache.lists (a binary search over the names) against the names of every decoded
+    entry: for each listed name, near misses of it, and names listed nowhere; on the host's
+    cache too."""
+    base, conf = library_dir
+    cache_file = base / f"lists.{fmt}"
+    subprocess.run([LDCONFIG, "-X", "-C", str(cache_file), "-f", str(conf), "-c", fmt], check=True,
+                   capture_output=True)
+    from seedance.resolve import ldcache
+    for path in (str(cache_file), "/etc/ld.so.cache"):
+        listed = {entry.name for entry in parse(Path(path).read_bytes())[0]}  # the whole table decoded
+        probes = listed | {name + "x" for name in listed} | {"a" + name for name in listed} | {"libnot-there.so.1", ""}
+        for decoded in (False, True):  # the search over the raw table, then over decoded entries
+            ldcache._LOADED.clear()
+            cache = LdCache.load(path)
+            if decoded:
+                assert len(cache.entries) == len(parse(Path(path).read_bytes())[0])
+            for name in probes:  # none of them differs from a listed name only by a leading zero
+                assert cache.lists(name) is (name in listed), (path, decoded, name)
+        assert listed  # the oracle compared something
+    # a digit run with a leading zero is the same name to ld.so's comparison (_dl_cache_libcmp)
+    assert LdCache.load(str(cache_file)).lists("libnum.so.01") and not LdCache.load(str(cache_file)).lists("libnum.so.3")
+
+
+@needs_ldconfig
 def test_libcmp_agrees_with_ldconfig_sort_order(library_dir):
     """ldconfig writes entries sorted by the same comparator, descending; binary search needs it."""
     base, conf = library_dir
