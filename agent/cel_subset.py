@@ -148,6 +148,7 @@ class _Parser:
 
 
 _PLAIN = (bool, int, float, str)
+_INT64 = 1 << 63
 
 
 def evaluate(tree, context: dict) -> bool:
@@ -165,6 +166,8 @@ def _eval(node, context: dict):
             value = context[node[1]]
         except KeyError:
             raise Defer from None  # CEL: no such variable (an error the engine reads as no match)
+        if value.__class__ is int and not -_INT64 <= value < _INT64:
+            raise Defer  # past CEL's int64: the binding's conversion decides
         if value.__class__ in _PLAIN or value.__class__ in (list, tuple):
             return value
         raise Defer
@@ -187,9 +190,9 @@ def _eval(node, context: dict):
         return right
     if op == "size":
         value = _eval(node[1], context)
-        if value.__class__ in (list, tuple, str):
-            return len(value)  # a string's size is its code points, as len() counts
-        raise Defer
+        if value.__class__ in (list, tuple) or (value.__class__ is str and value.isascii()):
+            return len(value)
+        raise Defer  # the binding counts a string's UTF-8 bytes, not its code points: its answer
     if op == "startsWith":
         value = _eval(node[1], context)
         if value.__class__ is not str:

@@ -17,7 +17,8 @@ from seedance.engine import _cel_core, default_rules_dir, load_rules
 from seedance.model import Fact
 
 VALUES = [None, True, False, 0, 1, 2, -1, 0.0, 1.5, -2.5, "", "x", "GLIBC", "danger", "healthy", "shadowed",
-          "private", "node-lacks-symbol", "depends.x", "adaptive", [], [1], [12, 13], {"k": 1}]
+          "private", "node-lacks-symbol", "depends.x", "adaptive", [], [1], [12, 13], {"k": 1},
+          "\u00e9", "d\u00e9pends.\U0001F600", 1 << 63, -(1 << 63) - 1]
 
 
 def conditions() -> list:
@@ -127,6 +128,8 @@ def test_precedence_and_short_circuit_as_cel(text, context, expected):
     ("a && true", {"a": 1}),  # a non-bool operand
     ("a == ''", {"a": None}),
     ("size(a) > 0", {"a": {"k": 1}}),
+    ("size(a) == 1", {"a": "\u00e9"}),  # the binding counts UTF-8 bytes (2), not code points (1)
+    ("a > 1", {"a": 1 << 63}),  # past int64
 ])
 def test_what_the_subset_leaves_to_cel(text, context):
     with pytest.raises(cel_subset.Defer):
