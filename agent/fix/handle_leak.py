@@ -22,7 +22,6 @@ import io
 import os
 import sys
 from collections.abc import Mapping  # annotations only; typing is ~12M instructions of a fix's start
-from pathlib import Path
 
 from ..errors import BadInput, NotAvailable, UsageError
 from ..record import NEW, Record
@@ -98,13 +97,13 @@ def shim_handles_default(env: Mapping[str, str] = os.environ) -> str:
     return mode
 
 
-def _settings_paths(env: Mapping[str, str]) -> tuple[Path, Path]:
+def _settings_paths(env: Mapping[str, str]) -> tuple:
     from ..service.config import agent_config_path, config_dir
 
     return agent_config_path(env), config_dir(env) / "shim.yaml"
 
 
-def _updated(path: Path, section: str | None, values: dict) -> tuple[bytes | None, bytes]:
+def _updated(path, section: str | None, values: dict) -> tuple[bytes | None, bytes]:
     """(old bytes or None, new bytes) with values merged in, keeping the user's comments."""
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
@@ -161,6 +160,8 @@ def apply(mode: str, gc_interval: str | None = None, dry_run: bool = False, env:
     result = HandleLeakResult(mode=mode, gc_interval=interval)
 
     def verify_agent(temp: str) -> None:
+        from pathlib import Path  # here, not on the start of every `seedance fix` (its parser imports us)
+
         build_config(read_config_file(Path(temp)), {}, env={})  # the agent must be able to load it
 
     def verify_shim(temp: str) -> None:

@@ -37,7 +37,6 @@ import re
 import stat
 import threading
 import time
-from pathlib import Path
 
 from ..errors import BadInput
 from ..record import NEW, Record
@@ -72,12 +71,21 @@ class DamagedEntry(BadInput):
     """A journal entry's manifest.json cannot be read or does not describe an entry."""
 
 
-def journal_root() -> Path:
+def journal_root():
+    """The journal's directory, a pathlib.Path ($XDG_STATE_HOME/seedance/journal)."""
+    from pathlib import Path
+
+    return Path(_journal_root())
+
+
+def _journal_root() -> str:
+    # str paths inside the journal: pathlib (with urllib.parse and ipaddress) was ~4% of a
+    # small `seedance fix` start (issue 13); Journal.root and Entry.dir still give a Path
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "seedance" / "journal"
+    return os.path.join(state, "seedance", "journal")
 
 
-def _write_json(path: Path, obj: dict, sync: bool = True) -> None:
+def _write_json(path: str, obj: dict, sync: bool = True) -> None:
     atomic.atomic_write(str(path), (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode(),
                         mode=0o600, sync=sync)
 
@@ -102,12 +110,19 @@ class Entry:
                  damaged: str = ""):
         self.journal = journal
         self.id = entry_id
-        self.dir = journal.root / entry_id
+        self._dir = f"{journal._root}/{entry_id}"
         self.manifest = manifest
         self.damaged = damaged  # why manifest.json is unusable ('' when it is fine)
         self._lock_fd = lock_fd
         self._target_locks: dict = {}  # real path -> flock fd, held until release()
         self._root_synced = False
+
+    @property
+    def dir(self):
+        """The entry's directory, a pathlib.Path."""
+        from pathlib import Path
+
+        return Path(self._dir)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def save(self, durable: bool = True) -> None:
@@ -117,9 +132,9 @@ class Entry:
         save were half of a small fix's wall time on a busy disk (issue 13)."""
         if self.damaged:
             raise DamagedEntry(f"journal entry {self.id}: {self.damaged}; not rewritten")
-        _write_json(self.dir / "manifest.json", self.manifest, sync=durable)
+        _write_json(f"{self._dir}/manifest.json", self.manifest, sync=durable)
         if durable and not self._root_synced:
-            atomic.fsync_dir(str(self.journal.root))  # the entry's own directory entry
+            atomic.fsync_dir(self.journal._root)  # the entry's own directory entry
             self._root_synced = True
 
     @property
@@ -164,11 +179,11 @@ class Entry:
         if expect is not None and atomic.file_identity(st) != tuple(expect):
             raise BadInput(f"{path}: changed since this fix planned its edit (another fix ran?); not rewritten")
         record = self._new_record(path, "modify", summary, link=given if given != path else None)
-        backup = self.dir / record["backup"]
-        record["backup_kind"], before = _make_backup(path, str(backup), st)
+        backup = f"{self._dir}/{record['backup']}"
+        record["backup_kind"], before = _make_backup(path, backup, st)
         # the backup's directory entry is made durable while the temp is written and verified
         # (it must be, like the temp, before the "verified" save that precedes the rename)
-        dir_sync = atomic.BackgroundSync(str(backup.parent))
+        dir_sync = atomic.BackgroundSync(os.path.dirname(backup))
         record.update(sha256_before=before, mode=st.st_mode & 0o7777, uid=st.st_uid, gid=st.st_gid,
                       temp=atomic.temp_path_for(path, self.id), state="backed-up")
         self.save(durable=False)  # the target is untouched until the "verified" save below
@@ -266,8 +281,8 @@ class Entry:
         record["state"] = "moving"
         self.save()
         crash_point("after-backup")
-        dest = self.dir / record["backup"]
-        _move(path, str(dest))
+        dest = f"{self._dir}/{record['backup']}"
+        _move(path, dest)
         crash_point("after-rename")
         record["state"] = "written"
         self.save()
@@ -333,13 +348,20 @@ class Entry:
 
 class Journal:
     def __init__(self, root: str | os.PathLike | None = None):
-        self.root = Path(root) if root else journal_root()
+        self._root = os.fspath(root) if root else _journal_root()
+
+    @property
+    def root(self):
+        """The journal's directory, a pathlib.Path."""
+        from pathlib import Path
+
+        return Path(self._root)
 
     # -- entries ---------------------------------------------------------------------------------
     def begin(self, command: str, argv=(), findings=()) -> Entry:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.makedirs(self._root, mode=0o700, exist_ok=True)  # the mode for the leaf, as Path.mkdir
         entry_id, entry_dir = self._new_entry_dir()
-        lock_fd = os.open(entry_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        lock_fd = os.open(f"{entry_dir}/lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         manifest = {"schema": SCHEMA, "id": entry_id, "status": OPEN, "created": _now(),
                     "finished": None, "command": command, "argv": list(argv), "pid": os.getpid(),
@@ -359,19 +381,19 @@ class Journal:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds))
         while True:
             entry_id = f"{stamp}-{micro:06x}"
-            entry_dir = self.root / entry_id
+            entry_dir = f"{self._root}/{entry_id}"
             try:
-                entry_dir.mkdir(mode=0o700)
+                os.mkdir(entry_dir, 0o700)
             except FileExistsError:
                 micro += 1  # 0xffffff > 999,999: room to move on within the same second's ids
                 continue
-            (entry_dir / "files").mkdir(mode=0o700)
+            os.mkdir(f"{entry_dir}/files", 0o700)
             return entry_id, entry_dir
 
     def ids(self) -> list:
-        if not self.root.is_dir():
+        root = self._root  # str paths: a Path per entry was most of this on a long history
+        if not os.path.isdir(root):
             return []
-        root = str(self.root)  # str paths: a Path per entry was most of this on a long history
         return sorted(name for name in os.listdir(root)
                       if _ID.fullmatch(name) and os.path.lexists(f"{root}/{name}/manifest.json"))
 
@@ -386,11 +408,11 @@ class Journal:
         """The entry, or one marked damaged (status "damaged", the reason in .damaged)."""
         if not _ID.fullmatch(entry_id or ""):
             raise BadInput(f"{entry_id!r} is not a journal entry id (see: seedance fix history)")
-        path = self.root / entry_id / "manifest.json"
+        path = f"{self._root}/{entry_id}/manifest.json"
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
-            raise BadInput(f"journal entry {entry_id} not found in {self.root}") from None
+            raise BadInput(f"journal entry {entry_id} not found in {self._root}") from None
         except OSError as exc:
             return self._damaged(entry_id, f"manifest.json unreadable ({(exc.strerror or 'error').lower()})")
         try:
@@ -433,18 +455,18 @@ class Journal:
         committed).  The lock lives in the journal, keyed by the sha256 of the real path, so
         a symlink and its target share one lock.
         """
-        locks = self.root / "locks"
-        locks.mkdir(parents=True, exist_ok=True, mode=0o700)
-        name = hashlib.sha256(os.fsencode(path)).hexdigest()[:40] + ".lock"
+        locks = f"{self._root}/locks"
+        os.makedirs(locks, mode=0o700, exist_ok=True)
+        name = f"{locks}/" + hashlib.sha256(os.fsencode(path)).hexdigest()[:40] + ".lock"
         try:
-            fd = os.open(locks / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         except OSError as exc:
-            raise BadInput(f"{path}: its lock {locks / name} cannot be opened "
+            raise BadInput(f"{path}: its lock {name} cannot be opened "
                            f"({(exc.strerror or 'error').lower()}); not touched") from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
             os.close(fd)
-            raise BadInput(f"{path}: its lock {locks / name} is not a private regular file; not touched")
+            raise BadInput(f"{path}: its lock {name} is not a private regular file; not touched")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -481,7 +503,7 @@ class Journal:
         ~0.15 ms each (issue 13); a status key can only be written as JSON writes keys
         (inside a string every quote is escaped), so a raw search is enough to rule one out."""
         try:
-            fd = os.open(f"{self.root}/{entry_id}/manifest.json",
+            fd = os.open(f"{self._root}/{entry_id}/manifest.json",
                          os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return True  # read() says what is wrong
@@ -503,7 +525,7 @@ class Journal:
             entry = self.read(entry_id)
             if entry.damaged or entry.manifest.get("status") not in (OPEN, UNDOING):
                 continue
-            lock_fd = _try_lock(entry.dir / "lock")
+            lock_fd = _try_lock(f"{entry._dir}/lock")
             if lock_fd is None:
                 continue  # a live fixer holds it
             entry._lock_fd = lock_fd
@@ -570,14 +592,14 @@ class Journal:
                 raise DamagedEntry(f"journal entry {e.id}: {e.damaged}; nothing restored "
                                    f"(name the entry to undo: seedance fix undo ID)")
             if not candidates:
-                raise BadInput(f"nothing to undo: no committed fix in {self.root}")
+                raise BadInput(f"nothing to undo: no committed fix in {self._root}")
             entry = candidates[-1]
         else:
             entry = self.load(entry_id)
         status = entry.manifest.get("status")
         if status in (ROLLED_BACK, UNDONE):
             raise BadInput(f"journal entry {entry.id} is already {status}; nothing to undo")
-        lock_fd = _try_lock(entry.dir / "lock")
+        lock_fd = _try_lock(f"{entry._dir}/lock")
         if lock_fd is None:
             raise BadInput(f"journal entry {entry.id} is in use by a running fixer")
         entry._lock_fd = lock_fd
@@ -621,7 +643,7 @@ class Journal:
         its original, or the backup is missing or does not hash to the recorded sha256.
         """
         path, action = record["path"], record["action"]
-        backup = entry.dir / record["backup"]
+        backup = f"{entry._dir}/{record['backup']}"
         if action == "modify":
             current = _sha_or_none(path)
             if current == record["sha256_before"]:
@@ -629,7 +651,7 @@ class Journal:
             if current is not None and current != record["sha256_after"]:
                 raise RestoreRefused(f"{path}: changed since fix {entry.id} (sha256 {current[:12]}, the fix "
                                      f"wrote {str(record['sha256_after'])[:12]}); nothing restored")
-            _put_back(path, str(backup), record, entry.id)
+            _put_back(path, backup, record, entry.id)
             return True
         if action == "create":
             current = _sha_or_none(path)
@@ -647,14 +669,14 @@ class Journal:
                 except OSError as exc:
                     raise RestoreRefused(f"{path}: cannot move it into the journal "
                                          f"({(exc.strerror or 'error').lower()}); nothing moved") from None
-                atomic.fsync_dir(str(backup.parent))
+                atomic.fsync_dir(os.path.dirname(backup))
                 return True
             return False
         if action == "move":
             # what a copy across filesystems that stopped half-way left (_move): a tree, or a
             # single file or link (rmtree refuses those, and the copy would stay for good)
-            partial = Path(str(backup) + ".partial")
-            if partial.is_dir() and not partial.is_symlink():
+            partial = backup + ".partial"
+            if os.path.isdir(partial) and not os.path.islink(partial):
                 import shutil  # only after a move across filesystems: not on every fix's start
 
                 shutil.rmtree(partial, ignore_errors=True)
@@ -665,7 +687,7 @@ class Journal:
             if not os.path.lexists(backup):
                 raise RestoreRefused(f"{path}: its copy {backup} is missing from the journal; nothing restored")
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            _move(str(backup), path)
+            _move(backup, path)
             return True
         raise RestoreRefused(f"{path}: unknown action {action}; nothing restored")
 
@@ -827,15 +849,15 @@ def _undo_problem(entry: Entry, record: dict) -> str:
             return (f"{path} changed since fix {entry.id} (sha256 {str(current)[:12]}, "
                     f"expected {str(record['sha256_after'])[:12]}); nothing restored")
         if record["action"] == "modify" and current != record["sha256_before"]:
-            backup = entry.dir / record["backup"]
-            got = _sha_or_none(str(backup))
+            backup = f"{entry._dir}/{record['backup']}"
+            got = _sha_or_none(backup)
             if got is None:
                 return f"{path}: backup {backup} is missing; nothing restored"
             if got != record["sha256_before"]:
                 return (f"{path}: backup {backup} is damaged (sha256 {got[:12]}, recorded "
                         f"{str(record['sha256_before'])[:12]}); nothing restored")
     elif record["action"] == "move":
-        backup = entry.dir / record["backup"]
+        backup = f"{entry._dir}/{record['backup']}"
         if os.path.lexists(path) and os.path.lexists(backup):
             return f"{path} exists again since fix {entry.id}; move it away first; nothing restored"
         if not os.path.lexists(path) and not os.path.lexists(backup):
@@ -867,7 +889,7 @@ def _move(src: str, dest: str) -> None:
     atomic.fsync_dir(os.path.dirname(src))
 
 
-def _try_lock(path: Path) -> int | None:
+def _try_lock(path: str) -> int | None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError:
