@@ -311,11 +311,12 @@ def _alias(command: str, prog: str):
 
 def _exiting(command) -> int:
     """``command()``'s exit code (or its SystemExit: argparse's --help), after moving every
-    object the command left to the collector's permanent generation: the process ends now, and Py_Finalize's full collection (which runs even
-    with the collector disabled) would walk them all only for the exit to free them: 25M of
-    the 393M instructions of a small `fix` (callgrind, issue 13).  Only the console scripts
-    call this; main() called in a process that goes on is left alone.  Every file the
-    commands write is closed explicitly, and stdout/stderr are flushed by the exit itself."""
+    object the command left to the collector's permanent generation.  The process ends now,
+    and Py_Finalize's full collection (which runs even with the collector disabled) would
+    walk them all only for the exit to free them: 25M of the 393M instructions of a small
+    `fix` (callgrind, issue 13).  Only the console scripts call this; main() called in a
+    process that goes on is left alone.  Every file the commands write is closed
+    explicitly, and stdout/stderr are flushed by the exit itself."""
     try:
         return command()
     finally:
