@@ -76,6 +76,13 @@ def read_process(pid: int) -> ProcessView:
                         environ[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
         except PermissionError:
             pass
+        except ProcessLookupError:
+            # a kernel thread has no mm: no maps, no exe, and reading environ gives ESRCH
+            # although it runs (read as "vanished", 57 of them made every host check here
+            # say 57 processes had exited).  An exited process (a zombie) looks the same, so
+            # the kernel's own flag decides.
+            if maps or exe is not None or not is_kernel_thread(pid):
+                raise
     except (FileNotFoundError, ProcessLookupError):
         raise ProcessGone(pid) from None
     except OSError as exc:
@@ -85,6 +92,20 @@ def read_process(pid: int) -> ProcessView:
     if exe and exe.endswith(DELETED):
         exe = exe[: -len(DELETED)]
     return ProcessView(pid=pid, exe=exe, root=root, environ=environ, mappings=parse_maps(maps))
+
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+
+
+def is_kernel_thread(pid: int) -> bool:
+    """PF_KTHREAD in /proc/PID/stat's flags (field 9; the name in field 2 may hold spaces
+    and parentheses, so the fields are counted after its last ')')."""
+    try:
+        with open(_proc(pid, "stat"), "rb") as handle:
+            fields = handle.read().rpartition(b")")[2].split()
+        return bool(int(fields[6]) & PF_KTHREAD)
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 def parse_maps(raw: bytes) -> list:

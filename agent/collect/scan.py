@@ -630,6 +630,10 @@ class Scanner:
                 raise BadInput(f"pid {pid}: permission denied reading /proc/{pid}") from None
             self.stats["unreadable"] += 1
             return
+        if view.exe is None and not view.mappings:
+            if explicit:
+                raise BadInput(f"pid {pid}: a kernel thread: it maps no files to check")
+            return  # a kernel thread: nothing to check, and it did not vanish
         self.stats["processes"] += 1
         if self.on_process is not None:
             self.on_process(view)

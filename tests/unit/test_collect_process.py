@@ -103,3 +103,57 @@ def test_process_preloading_from_a_world_writable_dir(tmp_path):
     findings = load_rules().evaluate(facts)
     assert [f.rule for f in findings] == ["env-leak"]
     assert findings[0].subject["pid"] == child.pid
+
+
+def _a_kernel_thread():
+    """A pid whose /proc/PID/stat flags carry PF_KTHREAD (kthreadd is pid 2 on a host), read
+    here from the flags directly; None where this namespace shows none (a container)."""
+    for name in sorted(os.listdir("/proc"), key=lambda n: (len(n), n)):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                flags = int(handle.read().rpartition(b")")[2].split()[6])
+        except (OSError, IndexError, ValueError):
+            continue
+        if flags & 0x00200000:
+            return int(name)
+    return None
+
+
+def test_a_kernel_thread_is_read_not_vanished():
+    """A kernel thread has no maps, no exe, and its environ read fails with ESRCH, which read
+    as "the process exited": a host check here said 57 processes had vanished."""
+    from seedance.collect.scan import CheckOptions, Scanner
+    from seedance.errors import BadInput
+
+    pid = _a_kernel_thread()
+    if pid is None:
+        pytest.skip("no kernel thread visible in this pid namespace")
+    view = process.read_process(pid)
+    assert view.exe is None and view.mappings == [] and view.environ == {}
+    scanner = Scanner(CheckOptions(pids=[pid]))
+    scanner._process(pid, explicit=False)
+    assert (scanner.stats["processes"], scanner.stats["vanished"]) == (0, 0)
+    with pytest.raises(BadInput, match=rf"^pid {pid}: a kernel thread"):
+        scanner._process(pid, explicit=True)
+
+
+def test_an_exited_unreaped_process_is_still_process_gone():
+    """A zombie has no maps and no exe either, and its environ read fails the same way; it is
+    no kernel thread, so it stays "gone"."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        for _ in range(200):  # until it is a zombie
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rpartition(b")")[2].split()[0] == b"Z":
+                    break
+            import time
+            time.sleep(0.01)
+        assert not process.is_kernel_thread(pid)
+        with pytest.raises(process.ProcessGone):
+            process.read_process(pid)
+    finally:
+        os.waitpid(pid, 0)
