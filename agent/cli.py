@@ -90,16 +90,9 @@ def _parser_class():
 
 def _terminal_width() -> int:
     """shutil.get_terminal_size().columns - 2, as argparse.HelpFormatter uses it."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-    return (columns or 80) - 2
+    from .terminal import columns
+
+    return columns(80) - 2
 
 
 def build_parser(prog: str = "seedance", only: str | None = None) -> argparse.ArgumentParser:

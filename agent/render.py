@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 
+from . import terminal
 from .errors import escape_path
 from .model import Report
 
@@ -85,7 +85,7 @@ def _subject(subject) -> str:
 def table(report: Report, width: int | None = None, color: bool = False, verbose: bool = False) -> str:
     """Severity, rule, subject and message per finding, the fix under it, then a summary.
     Repeated causes are grouped and counted unless VERBOSE; COLOR paints the severity."""
-    width = width or shutil.get_terminal_size((120, 24)).columns
+    width = width or terminal.columns(120)
     findings = report.sorted_findings()
     lines = []
     if findings:

@@ -101,3 +101,20 @@ def test_console_scripts_leave_the_exit_no_collection_to_walk(entry, tmp_path):
                            "cli.main(['--version'])\nprint(gc.get_freeze_count())"],
                           capture_output=True, text=True, errors="replace", timeout=120)
     assert kept.stdout.strip().endswith("0"), kept.stdout
+
+
+@pytest.mark.parametrize("columns", [None, "", "abc", "0", "-5", "37", "200"])
+def test_terminal_columns_are_shutils(columns, monkeypatch):
+    """terminal.columns (no shutil import on a check's start) against shutil.get_terminal_size,
+    with COLUMNS unset, empty, garbage, zero, negative and set; stdout is a pipe under
+    pytest, so the terminal query fails the same way for both."""
+    import shutil
+
+    from seedance import terminal
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    for fallback in (80, 120):
+        assert terminal.columns(fallback) == shutil.get_terminal_size((fallback, 24)).columns
