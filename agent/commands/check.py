@@ -266,7 +266,11 @@ def format_explanation(res) -> str:
             lines.append(f"warning: {res.path} declares SONAME {res.soname}, not {res.name}")
     else:
         lines.append("=> not found")
-    return "\n".join(lines) + "\n"
+    # the name and the paths come from files on disk: a NEEDED holding a newline or an
+    # escape sequence must not forge a line of this output (issue 10, defect 8)
+    from ..errors import escape_path
+
+    return "".join(escape_path(line) + "\n" for line in lines)
 
 
 def _attempt(attempt) -> str:

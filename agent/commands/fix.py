@@ -10,7 +10,14 @@ import argparse
 import os
 import sys
 
-from ..errors import BadInput, NotAvailable, UsageError
+from ..errors import BadInput, NotAvailable, UsageError, escape_path
+
+
+def print(text: str = "", file=None) -> None:  # noqa: A001 - every line this module prints
+    """One line of this command's output.  Paths, NEEDED names and messages come from files
+    on disk: a control character or an undecodable byte in them is escaped (\\n, \\xNN), so
+    a crafted file name cannot forge a line of a fix's report (issue 10, defect 8)."""
+    (file or sys.stdout).write(escape_path(text) + "\n")
 
 EPILOG = """\
 examples:
@@ -447,9 +454,11 @@ def _history(args) -> int:
     journal = _journal()
     entries = journal.entries(damaged=True)  # a damaged manifest is one line, never a traceback
     if args.json:
-        print(json.dumps([{k: e.manifest.get(k) for k in ("id", "status", "created", "finished", "command",
-                                                           "argv", "findings", "files", "note")}
-                          for e in entries], indent=2))
+        # JSON escapes what it holds itself; the output is many lines (print escapes one)
+        sys.stdout.write(json.dumps([{k: e.manifest.get(k) for k in ("id", "status", "created", "finished",
+                                                                     "command", "argv", "findings", "files",
+                                                                     "note")}
+                                     for e in entries], indent=2) + "\n")
         return 0
     if not entries:
         print(f"no fixes journaled in {escape_path(journal.root)}")

@@ -181,3 +181,36 @@ def test_undecodable_bytes_in_a_path_are_escaped(tmp_path):
     err = proc.stderr.decode("utf-8")  # strict: the line is valid UTF-8
     assert proc.returncode == 2 and len(err.splitlines()) == 1
     assert "\\xe9" in err and "\\x1b" in err and "\x1b" not in err
+
+
+def test_a_crafted_needed_name_cannot_forge_a_line_of_explain(tmp_path):
+    """`check --explain NAME FILE` prints NAME and the paths it tried: a NEEDED entry holding
+    a newline printed a line of its own ("=> ... via ld.so.cache", read as the answer)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    name = f"libx\n=> forged.so via ld.so.cache\x1b[2J.so"
+    (tmp_path / "f.c").write_text("int f(void){return 1;}\n")
+    (tmp_path / "g.c").write_text("int g(void){return 2;}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / name), str(tmp_path / "f.c")], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libg.so"), str(tmp_path / "g.c"),
+                    "-Wl,--no-as-needed", f"-L{tmp_path}", f"-l:{name}"], check=True)
+    (tmp_path / name).unlink()
+    proc = run("check", "--explain", name, tmp_path / "libg.so")
+    assert proc.returncode == 1, proc.err
+    lines = proc.out.splitlines()
+    assert lines[0] == f"libx\\n=> forged.so via ld.so.cache\\x1b[2J.so needed by {tmp_path}/libg.so"
+    assert lines[-1] == "=> not found"
+    assert not any(line.startswith("=> forged") for line in lines) and "\x1b" not in proc.out
+
+
+def test_a_crafted_path_cannot_forge_a_line_of_a_fix_report(tmp_path):
+    """Every line `seedance fix` prints names paths from disk: a directory name holding a
+    newline stays on its line (escaped), in the diff of an env-leak dry run."""
+    crafted = tmp_path / "a\nforged: rewrote everything"
+    crafted.mkdir()
+    (crafted / "shim.yaml").write_text("LD_PRELOAD: ${HOME}/x.so\n")
+    proc = run("fix", "env-leak", "--scope", crafted, "--dry-run", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert proc.returncode == 0, proc.err
+    lines = proc.out.splitlines()
+    assert not any(line.startswith("forged") for line in lines), proc.out
+    assert f"    --- {tmp_path}/a\\nforged: rewrote everything/shim.yaml (before)" in lines
