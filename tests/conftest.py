@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,16 @@ def ld_so_hwcaps_levels(rtld: str = X86_64_RTLD) -> dict:
         if words and words[0].startswith("x86-64-v") and "(" in line:
             levels[words[0]] = {w.strip("(),") for w in words[1:]}
     return levels
+
+
+LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
+
+
+def write_ld_so_cache(cache_file, conf, *options, timeout=120) -> None:
+    """ldconfig writes ``cache_file`` from the directories ``conf`` lists, making no links
+    (-X), with ``options`` (-i, -c FORMAT); its warnings are kept off the test's output."""
+    subprocess.run([LDCONFIG, "-X", *options, "-C", str(cache_file), "-f", str(conf)], check=True,
+                   capture_output=True, timeout=timeout)
 
 
 def run_with_ld_so_cache(cache_file, *argv, env=None, timeout=120) -> subprocess.CompletedProcess:

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from seedance.resolve import Resolver
-from tests.conftest import ld_so_cache_try, ld_so_hwcaps_levels, run_with_ld_so_cache
+from tests.conftest import ld_so_cache_try, ld_so_hwcaps_levels, run_with_ld_so_cache, write_ld_so_cache
 from seedance.resolve.ldcache import LdCache
 from tests.conftest import BIN
 
@@ -175,8 +175,7 @@ def test_an_out_of_order_hwcaps_name_list_is_merged_as_ld_so_merges_it(tmp_path)
                    check=True)
     (tmp_path / "ld.so.conf").write_text(f"{top}\n")
     cache_file = tmp_path / "ld.so.cache"
-    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(tmp_path / "ld.so.conf"), "-c", "new"],
-                   check=True, capture_output=True, timeout=120)
+    write_ld_so_cache(cache_file, tmp_path / "ld.so.conf", "-i", "-c", "new")
     assert _swap_hwcaps_names(cache_file) == ["x86-64-v2", "zzz-other"]
 
     proc = run_with_ld_so_cache(cache_file, tmp_path / "app", env={**CLEAN, "LD_DEBUG": "libs"})

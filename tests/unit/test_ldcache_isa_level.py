@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from seedance.resolve import Resolver
-from tests.conftest import ld_so_cache_try, ld_so_hwcaps_levels, run_with_ld_so_cache
+from tests.conftest import ld_so_cache_try, ld_so_hwcaps_levels, run_with_ld_so_cache, write_ld_so_cache
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 RTLD = "/lib64/ld-linux-x86-64.so.2"
@@ -80,8 +80,7 @@ def _build(base: Path, copies: dict) -> Path:
     subprocess.run(["gcc", "-o", str(base / "app"), str(base / "m.c"), str(top / LIB)], check=True)
     (base / "ld.so.conf").write_text(f"{top}\n")
     cache_file = base / "ld.so.cache"
-    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(base / "ld.so.conf"),
-                    "-c", "new"], check=True, capture_output=True, timeout=120)
+    write_ld_so_cache(cache_file, base / "ld.so.conf", "-i", "-c", "new")
     return cache_file
 
 

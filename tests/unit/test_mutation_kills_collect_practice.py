@@ -27,6 +27,7 @@ import pytest
 
 from seedance.collect import practice, process
 from seedance.model import Fact
+from tests.conftest import write_ld_so_cache
 
 SITE = sysconfig.get_paths()["purelib"]
 LIBZ = "/usr/lib/x86_64-linux-gnu/libz.so.1"
@@ -425,7 +426,7 @@ def cache_with_libcuda(tmp_path):
                     str(tmp_path / "c.c")], check=True)
     (tmp_path / "ld.conf").write_text(f"{libdir}\n")
     cache = tmp_path / "ld.so.cache"
-    subprocess.run(["ldconfig", "-X", "-C", str(cache), "-f", str(tmp_path / "ld.conf")], check=True)
+    write_ld_so_cache(cache, tmp_path / "ld.conf")
     listed = subprocess.run(["ldconfig", "-p", "-C", str(cache)], capture_output=True, text=True).stdout
     assert "libcuda.so.1 " in listed
     return str(cache)

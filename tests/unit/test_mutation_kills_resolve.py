@@ -16,7 +16,7 @@ import pytest
 
 from seedance.resolve import Resolver
 from seedance.resolve.tokens import is_trusted
-from tests.conftest import ld_so_cache_try, run_with_ld_so_cache
+from tests.conftest import ld_so_cache_try, run_with_ld_so_cache, write_ld_so_cache
 
 CLEAN = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
 # the directory variants ld.so prints in a search path before each directory it was given
@@ -303,8 +303,7 @@ def test_an_extension_offset_past_the_end_leaves_the_entries_usable(tmp_path):
     subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", lib], check=True)  # no RPATH: the cache
     (tmp_path / "ld.so.conf").write_text(f"{tmp_path / 'lib'}\n")
     cache_file = tmp_path / "ld.so.cache"
-    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(tmp_path / "ld.so.conf")], check=True,
-                   capture_output=True)
+    write_ld_so_cache(cache_file, tmp_path / "ld.so.conf", "-i")
     data = bytearray(cache_file.read_bytes())
     assert data[:20] == b"glibc-ld.so.cache1.1"  # the new format alone (glibc 2.32+ default)
     assert struct.unpack_from("<I", data, 32)[0] != 0  # ldconfig wrote an extension
@@ -699,8 +698,7 @@ def test_a_cache_entry_for_an_unsupported_hwcaps_level_is_passed_over(tmp_path):
     subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", top / "libhw.so.1"], check=True)
     (tmp_path / "ld.so.conf").write_text(f"{top}\n")
     cache_file = tmp_path / "ld.so.cache"
-    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(tmp_path / "ld.so.conf")], check=True,
-                   capture_output=True)
+    write_ld_so_cache(cache_file, tmp_path / "ld.so.conf", "-i")
     proc = run_with_ld_so_cache(cache_file, tmp_path / "app", env={**CLEAN, "LD_DEBUG": "libs"}, timeout=60)
     assert proc.returncode == 0, proc.stderr
     chosen = ld_so_cache_try(proc.stderr, "libhw.so.1")

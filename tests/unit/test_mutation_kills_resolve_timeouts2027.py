@@ -18,7 +18,7 @@ import pytest
 from seedance.errors import ELFError
 from seedance.resolve import Resolver
 from seedance.resolve.ldcache import LdCache
-from tests.conftest import ld_so_cache_try, run_with_ld_so_cache
+from tests.conftest import ld_so_cache_try, run_with_ld_so_cache, write_ld_so_cache
 
 CLEAN = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
@@ -68,8 +68,7 @@ def zero_cache(tmp_path_factory):
     shutil.rmtree(top / "stub")
     (top / "ld.so.conf").write_text(f"{top / 'lib'}\n")
     cache = top / "ld.so.cache"
-    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache), "-f", str(top / "ld.so.conf")], check=True,
-                   capture_output=True)
+    write_ld_so_cache(cache, top / "ld.so.conf", "-i")
     proc = run_with_ld_so_cache(cache, top / "app", env={**CLEAN, "LD_DEBUG": "libs"}, timeout=60)
     assert proc.returncode == 0, proc.stderr
     chosen = {needed: ld_so_cache_try(proc.stderr, needed) for needed in ZERO_NAMES}
@@ -112,14 +111,14 @@ def test_a_cache_file_is_parsed_once_until_ldconfig_replaces_it(zero_cache, tmp_
     conf = tmp_path / "ld.so.conf"
     conf.write_text(f"{zero_cache['top'] / 'lib'}\n")
     cache_file = tmp_path / "ld.so.cache"
-    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(conf)], check=True, capture_output=True)
+    write_ld_so_cache(cache_file, conf, "-i")
     first = LdCache.load(str(cache_file))
     assert LdCache.load(str(cache_file)) is first
     assert first.lookup("libseedextra.so.3") is None
     (tmp_path / "more").mkdir()
     extra = _lib(tmp_path / "more" / "libseedextra.so.3", "libseedextra.so.3", "int seedextra(void){return 3;}\n")
     conf.write_text(f"{zero_cache['top'] / 'lib'}\n{tmp_path / 'more'}\n")
-    subprocess.run([LDCONFIG, "-X", "-i", "-C", str(cache_file), "-f", str(conf)], check=True, capture_output=True)
+    write_ld_so_cache(cache_file, conf, "-i")
     listed = subprocess.run([LDCONFIG, "-p", "-C", str(cache_file)], capture_output=True, text=True,
                             errors="replace").stdout
     assert f"=> {extra}" in listed
@@ -225,7 +224,7 @@ def test_a_secure_preload_is_not_taken_from_the_ld_so_cache(secure_dir, tmp_path
     conf = tmp_path / "ld.so.conf"
     conf.write_text(only_cached + "\n")
     cache = tmp_path / "ld.so.cache"
-    subprocess.run(["ldconfig", "-X", "-C", str(cache), "-f", str(conf)], check=True)
+    write_ld_so_cache(cache, conf)
     prog = _setuid_program(os.path.join(secure_dir, "cacheprog"), LIST_MAPS % ("", ""))
     env = {"LD_PRELOAD": "libseedcached.so"}
     proc = run_with_ld_so_cache(cache, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", prog,

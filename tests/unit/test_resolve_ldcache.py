@@ -11,6 +11,7 @@ import pytest
 from seedance.resolve import hwcaps
 from seedance.resolve.ldcache import LdCache, libcmp, parse
 from seedance.errors import BadInput
+from tests.conftest import write_ld_so_cache
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"
 RTLD = "/lib64/ld-linux-x86-64.so.2"
@@ -98,8 +99,7 @@ def library_dir(tmp_path_factory):
 def test_ldconfig_written_cache_formats(library_dir, fmt):
     base, conf = library_dir
     cache_file = base / f"cache.{fmt}"
-    subprocess.run([LDCONFIG, "-X", "-C", str(cache_file), "-f", str(conf), "-c", fmt], check=True,
-                   capture_output=True)
+    write_ld_so_cache(cache_file, conf, "-c", fmt)
     cache = LdCache.load(str(cache_file))
     assert cache.format == {"new": "new", "old": "old", "compat": "old+new"}[fmt]
     rows = ldconfig_p(str(cache_file))
@@ -127,8 +127,7 @@ def test_lists_answers_as_a_scan_of_every_entry(library_dir, fmt):
     cache too."""
     base, conf = library_dir
     cache_file = base / f"lists.{fmt}"
-    subprocess.run([LDCONFIG, "-X", "-C", str(cache_file), "-f", str(conf), "-c", fmt], check=True,
-                   capture_output=True)
+    write_ld_so_cache(cache_file, conf, "-c", fmt)
     from seedance.resolve import ldcache
     for path in (str(cache_file), "/etc/ld.so.cache"):
         listed = {entry.name for entry in parse(Path(path).read_bytes())[0]}  # the whole table decoded
@@ -150,8 +149,7 @@ def test_libcmp_agrees_with_ldconfig_sort_order(library_dir):
     """ldconfig writes entries sorted by the same comparator, descending; binary search needs it."""
     base, conf = library_dir
     cache_file = base / "cache.order"
-    subprocess.run([LDCONFIG, "-X", "-C", str(cache_file), "-f", str(conf)], check=True,
-                   capture_output=True)
+    write_ld_so_cache(cache_file, conf)
     for path in (str(cache_file), "/etc/ld.so.cache"):
         names = [e.name for e in LdCache.load(path).entries]
         assert all(libcmp(a, b) >= 0 for a, b in zip(names, names[1:])), path
