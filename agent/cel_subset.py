@@ -74,17 +74,17 @@ class _Parser:
         return kind, got
 
     def or_expr(self):
-        left = self.and_expr()
-        while self.peek() == ("op", "||"):
-            self.take()
-            left = ("||", left, self.and_expr())
-        return left
+        return self._chain("||", self.and_expr)
 
     def and_expr(self):
-        left = self.relation()
-        while self.peek() == ("op", "&&"):
+        return self._chain("&&", self.relation)
+
+    def _chain(self, op: str, operand):
+        """operand (op operand)*, left-associative."""
+        left = operand()
+        while self.peek() == ("op", op):
             self.take()
-            left = ("&&", left, self.relation())
+            left = (op, left, operand())
         return left
 
     def relation(self):

@@ -166,9 +166,9 @@ def _folded(findings: list) -> list:
         elif seen[key] == FOLD_SHOWN + 1:
             rest = totals[key] - FOLD_SHOWN
             out.append(finding._replace(subject={"path": f"({rest} more)"},
-                               message=f"{rest} more {finding.rule} finding(s) like the ones above "
-                                       f"(--verbose shows every one; the JSON report has them all)",
-                               fix=None))
+                                        message=f"{rest} more {finding.rule} finding(s) like the ones above "
+                                                f"(--verbose shows every one; the JSON report has them all)",
+                                        fix=None))
     return out
 
 

@@ -6,11 +6,11 @@ while we read it: that is a normal event (ProcessGone), not an error.
 from __future__ import annotations
 
 import os
-from ..record import NEW, Record
 
 from ..elf.reader import read_elf
 from ..errors import ELFError
 from ..model import Fact
+from ..record import NEW, Record
 from . import config, cuda
 
 DELETED = " (deleted)"

@@ -14,9 +14,10 @@ from ..errors import BadInput, NotAvailable, UsageError, escape_path
 
 
 def print(text: str = "", file=None) -> None:  # noqa: A001 - every line this module prints
-    """One line of this command's output.  Paths, NEEDED names and messages come from files
-    on disk: a control character or an undecodable byte in them is escaped (\\n, \\xNN), so
-    a crafted file name cannot forge a line of a fix's report (issue 10, defect 8)."""
+    """One line of this command's output.  Paths, NEEDED names, journal notes and messages come
+    from files on disk: a control character or an undecodable byte in them is escaped (\\n,
+    \\xNN; character by character, so a line is escaped as its parts would be), and a crafted
+    file name cannot forge a line of a fix's report or of the journal's (issue 10, defect 8)."""
     (file or sys.stdout).write(escape_path(text) + "\n")
 
 EPILOG = """\
@@ -137,16 +138,15 @@ def _no_subcommand(parser) -> int:
 
 
 def _journal(recover: bool = True):
-    from ..errors import escape_path
     from ..fix.journal import Journal
 
     journal = Journal()
     for result in journal.recover_entries() if recover else ():
         if result.refused:  # one line each run until it is resolved; the entry stays open
             print(f"seedance: warning: interrupted fix {result.id} not rolled back: "
-                  f"{escape_path(result.refused)}", file=sys.stderr)
+                  f"{result.refused}", file=sys.stderr)
         else:
-            print(f"seedance: recovered interrupted fix {result.id}: {escape_path(' '.join(result.notes))}",
+            print(f"seedance: recovered interrupted fix {result.id}: {' '.join(result.notes)}",
                   file=sys.stderr)
     return journal
 
@@ -432,23 +432,19 @@ def _torch_ext(args) -> int:
 # --- journal ---------------------------------------------------------------------------------------
 
 def _undo(args) -> int:
-    from ..errors import escape_path
-
     journal = _journal(recover=False)  # undo recovers itself: an interrupted fix is undone by it
     result = journal.undo(args.id)  # RestoreRefused/DamagedEntry: one line, exit 2, nothing written
     for path in result.restored:
-        print(f"restored {escape_path(path)} (sha256 verified)")
+        print(f"restored {path} (sha256 verified)")
     for path in result.unchanged:
-        print(f"unchanged {escape_path(path)}: already its original bytes")
+        print(f"unchanged {path}: already its original bytes")
     for note in result.notes:
-        print(f"note: {escape_path(note)}")
+        print(f"note: {note}")
     print(f"undone {result.id}: {len(result.restored)} path(s) restored")
     return 0
 
 
 def _history(args) -> int:
-    from ..errors import escape_path
-
     import json  # only history prints JSON
 
     journal = _journal()
@@ -461,18 +457,18 @@ def _history(args) -> int:
                                      for e in entries], indent=2) + "\n")
         return 0
     if not entries:
-        print(f"no fixes journaled in {escape_path(journal.root)}")
+        print(f"no fixes journaled in {journal.root}")
         return 0
     for entry in entries:
         m = entry.manifest
         if entry.damaged:
-            print(f"{entry.id}  damaged      {escape_path(entry.damaged)}")
+            print(f"{entry.id}  damaged      {entry.damaged}")
             continue
         files = [f for f in m["files"] if f.get("state") in ("written", "undone", "rolled-back")]
-        note = escape_path(m["note"]) if isinstance(m.get("note"), str) and m["note"] else ""
-        print(f"{m['id']}  {str(m.get('status')):<11}  {escape_path(str(m.get('command', '')))}  "
+        note = m["note"] if isinstance(m.get("note"), str) and m["note"] else ""
+        print(f"{m['id']}  {str(m.get('status')):<11}  {m.get('command', '')}  "
               f"{len(files)} file(s){'  ' + note if note else ''}")
         for record in files:
-            link = f" (via {escape_path(record['link'])})" if isinstance(record.get("link"), str) else ""
-            print(f"    {record['action']:<10} {escape_path(record['path'])}{link}")
+            link = f" (via {record['link']})" if isinstance(record.get("link"), str) else ""
+            print(f"    {record['action']:<10} {record['path']}{link}")
     return 0

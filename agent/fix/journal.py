@@ -124,6 +124,10 @@ class Entry:
 
         return Path(self._dir)
 
+    def _backup_path(self, record: dict) -> str:
+        """Where the entry keeps ``record``'s original (files/N, checked by _manifest_problem)."""
+        return f"{self._dir}/{record['backup']}"
+
     # -- bookkeeping ---------------------------------------------------------------------------
     def save(self, durable: bool = True) -> None:
         """Write manifest.json.  durable=False only for states that recovery can infer from the
@@ -179,7 +183,7 @@ class Entry:
         if expect is not None and atomic.file_identity(st) != tuple(expect):
             raise BadInput(f"{path}: changed since this fix planned its edit (another fix ran?); not rewritten")
         record = self._new_record(path, "modify", summary, link=given if given != path else None)
-        backup = f"{self._dir}/{record['backup']}"
+        backup = self._backup_path(record)
         record["backup_kind"], before = _make_backup(path, backup, st)
         # the backup's directory entry is made durable while the temp is written and verified
         # (it must be, like the temp, before the "verified" save that precedes the rename)
@@ -281,7 +285,7 @@ class Entry:
         record["state"] = "moving"
         self.save()
         crash_point("after-backup")
-        dest = f"{self._dir}/{record['backup']}"
+        dest = self._backup_path(record)
         _move(path, dest)
         crash_point("after-rename")
         record["state"] = "written"
@@ -643,7 +647,7 @@ class Journal:
         its original, or the backup is missing or does not hash to the recorded sha256.
         """
         path, action = record["path"], record["action"]
-        backup = f"{entry._dir}/{record['backup']}"
+        backup = entry._backup_path(record)
         if action == "modify":
             current = _sha_or_none(path)
             if current == record["sha256_before"]:
@@ -849,7 +853,7 @@ def _undo_problem(entry: Entry, record: dict) -> str:
             return (f"{path} changed since fix {entry.id} (sha256 {str(current)[:12]}, "
                     f"expected {str(record['sha256_after'])[:12]}); nothing restored")
         if record["action"] == "modify" and current != record["sha256_before"]:
-            backup = f"{entry._dir}/{record['backup']}"
+            backup = entry._backup_path(record)
             got = _sha_or_none(backup)
             if got is None:
                 return f"{path}: backup {backup} is missing; nothing restored"
@@ -857,7 +861,7 @@ def _undo_problem(entry: Entry, record: dict) -> str:
                 return (f"{path}: backup {backup} is damaged (sha256 {got[:12]}, recorded "
                         f"{str(record['sha256_before'])[:12]}); nothing restored")
     elif record["action"] == "move":
-        backup = f"{entry._dir}/{record['backup']}"
+        backup = entry._backup_path(record)
         if os.path.lexists(path) and os.path.lexists(backup):
             return f"{path} exists again since fix {entry.id}; move it away first; nothing restored"
         if not os.path.lexists(path) and not os.path.lexists(backup):

@@ -207,8 +207,26 @@ class LdCache:
         """
         count, name_at, entry_at = self._reader()
         want_flags = ABI_FLAGS.get(abi)
-        if want_flags is None or not count:
+        if want_flags is None:
             return None
+        middle = self._first_named(name, count, name_at)
+        if middle is None:
+            return None
+        priorities = hwcaps_priority or {}
+        return self._select(entry_at, count, middle, name, want_flags, self._index_priorities(priorities),
+                            hwcap_bits, platform, isa_1_from_hwcaps(priorities))
+
+    def lists(self, name: str) -> bool:
+        """Does an entry of the cache, of any ABI, carry the name ``name``?  Found as lookup
+        finds it, decoding ~10 names: every entry was decoded for this before, ~8% of a
+        small `seedance fix` (issue 13)."""
+        count, name_at, _entry_at = self._reader()
+        return self._first_named(name, count, name_at) is not None
+
+    @staticmethod
+    def _first_named(name: str, count: int, name_at) -> int | None:
+        """The index of the first entry whose name compares equal to ``name``
+        (_dl_cache_libcmp), by binary search, or None."""
         left, right = 0, count - 1
         while left <= right:
             middle = (left + right) // 2
@@ -216,32 +234,13 @@ class LdCache:
             if cmp == 0:
                 while middle > 0 and libcmp(name, name_at(middle - 1)) == 0:
                     middle -= 1
-                priorities = hwcaps_priority or {}
-                return self._select(entry_at, count, middle, name, want_flags, self._index_priorities(priorities),
-                                    hwcap_bits, platform, isa_1_from_hwcaps(priorities))
+                return middle
             # ldconfig sorts entries in descending _dl_cache_libcmp order.
             if cmp < 0:
                 left = middle + 1
             else:
                 right = middle - 1
         return None
-
-    def lists(self, name: str) -> bool:
-        """Does an entry of the cache, of any ABI, carry the name ``name``?  A binary search
-        over the names (the order lookup relies on), decoding ~10 of them: every entry was
-        decoded for this before, ~8% of a small `seedance fix` (issue 13)."""
-        count, name_at, _entry_at = self._reader()
-        left, right = 0, count - 1
-        while left <= right:
-            middle = (left + right) // 2
-            cmp = libcmp(name, name_at(middle))
-            if cmp == 0:
-                return True
-            if cmp < 0:
-                left = middle + 1
-            else:
-                right = middle - 1
-        return False
 
     def _index_priorities(self, priorities: dict) -> list:
         key = tuple(sorted(priorities.items()))

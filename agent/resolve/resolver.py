@@ -130,7 +130,6 @@ class Closure(Record):
         self.load_order = [] if load_order is None else load_order
 
 
-
 class _Loaded:
     """One link_map: the object, the names it answers to, and who loaded it."""
     __slots__ = ("path", "info", "names", "loader", "origin", "file_id", "is_main", "listed", "first")
