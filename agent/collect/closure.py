@@ -39,6 +39,14 @@ class FactDedup:
         # its id is not reused.  A scan of /usr/lib hands out ~39,500 checks, ~7,500 distinct
         # (issue 13).
         self.checks_done: dict = {}
+        # id(Resolution) -> (it, identity of its requester), for resolutions note_needed()
+        # has seen where their requester was not the root.  The resolver shares one
+        # Resolution per (name, requester) wherever the answer cannot differ (an object
+        # already loaded, a search in the requester's own order), and noting it again
+        # where its requester is not the root changes nothing: the entry's via_loader is
+        # set the first time (or it resolved nowhere).  ~16,000 resolutions in a check of
+        # /usr/lib (issue 13).
+        self.passive: dict = {}
 
     def first(self, bucket: set, key) -> bool:
         if key in bucket:
@@ -85,13 +93,19 @@ def note_needed(closure, dedup: FactDedup, skip_names=(), preloaded_by: dict | N
     # dedup.identity() inlined: this loop runs for every NEEDED of every closure of a scan
     # (~16,000 in a check of /usr/lib, issue 13)
     ids, identity, needed = dedup._ids, dedup.identity, dedup.needed
+    passive = dedup.passive
     for res in closure.resolutions:
+        known = passive.get(id(res))
+        if known is not None and known[1] != root_id:
+            continue  # noted before where its requester was not the root: a no-op again
         requester = res.requester
         if skip_names and res.name in skip_names and requester == root:
             continue
         requester_id = ids.get(requester)
         if requester_id is None:
             requester_id = identity(requester)
+        if known is None and requester_id != root_id:
+            passive[id(res)] = (res, requester_id)
         key = (requester_id, res.name)
         seen = needed.get(key)
         if seen is None:
@@ -139,9 +153,20 @@ def needed_facts(dedup: FactDedup, explain_missing=None) -> list:
 def version_facts(closure, dedup: FactDedup) -> list:
     facts = []
     done = dedup.checks_done
+    groups = getattr(closure, "version_groups", None)
+    if groups is None:
+        checks = [check for check in closure.version_checks if id(check) not in done]
+    else:
+        # the resolver's shared tuples (Closure.version_groups): a tuple judged in an
+        # earlier closure is skipped whole, its checks with it
+        checks = []
+        for group in groups:
+            if id(group) not in done:
+                done[id(group)] = group
+                checks.extend(group)
     versions = dedup.versions
     identity = dedup.identity
-    for check in closure.version_checks:
+    for check in checks:
         if id(check) in done:
             continue  # this very check was judged in an earlier closure (FactDedup.checks_done)
         done[id(check)] = check

@@ -425,8 +425,8 @@ class Scanner:
             # glibc < 2.33 has no ISA-level check (and no x86-64-vN levels to compare with)
             self._isa_cpu = properties.cpu_isa_mask(self.resolver.caps.hwcaps_subdirs) \
                 if hwcaps.glibc_version() >= (2, 33) else 0
-        if not self._isa_cpu:
-            return []
+        if not self._isa_cpu or result.objects.keys() <= self._isa_paths:
+            return []  # (the usual case: every object looked at from an earlier root)
         facts = []
         for obj_path in result.objects:
             if obj_path in self._isa_paths:

@@ -209,6 +209,11 @@ class Resolver:
         self._searched: dict = {}  # (name, abi, nodeflib, plan) -> (found, tried)
         self._path_lists: dict = {}  # (entries, origin, is_main, abi, separators) -> dirs
         self._checked: dict = {}  # (requester, file, provider) -> (VersionCheck, ...)
+        self._group_candidates: dict = {}  # id(version check tuple) -> (tuple, gap candidates)
+        self._plain: dict = {}  # (name, requester, is main) -> (path, ElfInfo, Resolution, file id): see _map
+        llp = self.env.get("LD_LIBRARY_PATH")
+        # a token in LD_LIBRARY_PATH expands against the main program: no search is plain
+        self._llp_tokens = bool(llp) and not secure and "$" in llp
 
     # --- file system, cached -------------------------------------------------------------
     def _host(self, path: str) -> str:
@@ -271,6 +276,7 @@ class Resolver:
             self._ldcache_stamp = stamp
             self._cache_memo = {}
             self._searched = {}  # searches went through the old cache
+            self._plain = {}
         return self._ldcache
 
     def _cache_lookup(self, name: str, abi: Abi):
@@ -517,6 +523,18 @@ class Resolver:
                                                          ((hit.path, "ok"),), (), hit.info.soname)
             return hit, res, False
 
+        # A requester whose search order is its own (no DT_RPATH inherited from its loader
+        # chain or the main program, no token in LD_LIBRARY_PATH) finds a name the same way
+        # in every closure: the search and its Resolution are remembered per (name,
+        # requester) and shared (issue 13: 5336 searches in a check of /usr/lib, each
+        # rebuilding its plan to find the remembered answer).
+        plain = None
+        if not preload and not self._llp_tokens:
+            plain = (name, requester.path, requester.is_main) if _own_search_order(requester, main) else None
+            if plain is not None:
+                known = self._plain.get(plain)
+                if known is not None:
+                    return self._plain_hit(name, known, requester, namespace, index)
         expanded = name
         if tokens.has_tokens(name):
             expanded = tokens.expand(name, requester.origin, abi.lib, self.platform, secure=self.secure,
@@ -543,6 +561,8 @@ class Resolver:
                 found = None
         if found is None:
             res = Resolution(name, requester.path, None, "not-found", tried, order, None)
+            if plain is not None:
+                self._plain[plain] = (None, None, res, None)
             if preload:
                 return None, res, False  # rtld.c do_preload: a missing preload is ignored
             fake = _Loaded(None, None, [name], requester, None, None)
@@ -553,6 +573,28 @@ class Resolver:
         st = self._stat_of(path)
         file_id = (st.st_dev, st.st_ino) if st is not None else None
         res = Resolution(name, requester.path, path, source, tried, order, info.soname)
+        if plain is not None:
+            self._plain[plain] = (path, info, res, file_id)
+        same = namespace.by_file.get(file_id) if index is not None else next(
+            (obj for obj in namespace if file_id is not None and obj.file_id == file_id), None)
+        if same is not None:
+            if name not in same.names:
+                same.names.append(name)
+                if index is not None:
+                    namespace.note_name(same, name)
+            return same, res, False
+        obj = _Loaded(path, info, [name], requester, _origin_of(path), file_id)
+        namespace.append(obj)
+        return obj, res, True
+
+    def _plain_hit(self, name: str, known: tuple, requester: _Loaded, namespace: list, index):
+        """_map's answer from a remembered plain search (see _map): what follows the search
+        there, over the remembered path, ElfInfo, Resolution and file identity."""
+        path, info, res, file_id = known
+        if path is None:
+            fake = _Loaded(None, None, [name], requester, None, None)
+            namespace.append(fake)
+            return fake, res, True
         same = namespace.by_file.get(file_id) if index is not None else next(
             (obj for obj in namespace if file_id is not None and obj.file_id == file_id), None)
         if same is not None:
@@ -644,24 +686,36 @@ class Resolver:
             for obj_path in list(objects):
                 objects[obj_path] = self.read(obj_path, symbols=True) if obj_path != path else info
 
-        version_checks = self._version_checks(queue, namespace)
+        groups: list = []
+        version_checks = self._version_checks(queue, namespace, groups)
         undefined = self._undefined(objects) if symbols else []
         result = Closure(root=path, objects=objects, resolutions=resolutions,
                          version_checks=version_checks, undefined=undefined,
                          interpreter=rtld.path if rtld is not None else None, abi=abi.name,
                          load_names=load_names, load_order=load_order)
+        # version_checks as the shared tuples they are made of (one per requester, verneed
+        # and provider, the same tuple in every closure that maps both): a scan judges each
+        # tuple once instead of each of its checks once per closure (version_gaps here,
+        # collect/closure.version_facts; ~39,500 checks, ~7,500 distinct, issue 13).  Not a
+        # field: compared and shown as before.
+        result.version_groups = groups
         # Kept for explain(): recent roots whole, and for every object seen its loader chain
         # with its own resolutions (bounded: a scan of thousands of roots must not hold
         # every closure).
         self._closures[path] = result
         while len(self._closures) > 64:
             self._closures.pop(next(iter(self._closures)))
-        by_requester: dict = {}
-        for res in resolutions:
-            by_requester.setdefault(res.requester, []).append(res)
-        for obj in queue:
-            if obj is not main and obj.path is not None and obj.path not in self._chains:
-                self._chains[obj.path] = (obj, main, tuple(by_requester.get(obj.path, ())))
+        chains = self._chains
+        fresh = [obj for obj in queue if obj is not main and obj.path is not None and obj.path not in chains]
+        if fresh:
+            # grouped only when an object is seen for the first time: after the first
+            # hundred roots of a tree, almost none is (issue 13)
+            by_requester: dict = {}
+            for res in resolutions:
+                by_requester.setdefault(res.requester, []).append(res)
+            for obj in fresh:
+                if obj.path not in chains:
+                    chains[obj.path] = (obj, main, tuple(by_requester.get(obj.path, ())))
         return result
 
     def explain(self, name: str, requester: str) -> Resolution:
@@ -700,8 +754,9 @@ class Resolver:
         return _Loaded(interpreter, info, names, None, _origin_of(interpreter),
                        (st.st_dev, st.st_ino), listed=False)
 
-    def _version_checks(self, queue: list, namespace: list) -> list:
-        """dl-version.c: every verneed of every object against its provider's verdef."""
+    def _version_checks(self, queue: list, namespace: list, groups: list | None = None) -> list:
+        """dl-version.c: every verneed of every object against its provider's verdef.
+        ``groups`` gets the remembered tuples the checks are made of, in order."""
         checks = []
         find_needed = _NeededIndex(namespace).find
         for obj in queue:
@@ -715,6 +770,8 @@ class Resolver:
                 known = self._checked.get(key)
                 if known is not None:
                     checks.extend(known)
+                    if groups is not None:
+                        groups.append(known)
                     continue
                 start = len(checks)
                 if provider is None or provider.info is None:
@@ -730,7 +787,9 @@ class Resolver:
                         defined = version in defs or any_version or version == soname
                         checks.append(VersionCheck(obj.path, need.file, version, weak, provider.path,
                                                    defined, provider_versions))
-                self._checked[key] = tuple(checks[start:])
+                made = self._checked[key] = tuple(checks[start:])
+                if groups is not None:
+                    groups.append(made)
         return checks
 
     def _symbol_tables(self, path: str, info: ElfInfo) -> tuple:
@@ -808,23 +867,20 @@ class Resolver:
         Only the symbols of objects whose provider could hide a gap are read: see
         _per_release_nodes()."""
         nodes: dict = {}  # requester -> {version: provider}
-        for check in closure.version_checks:
-            # a weak entry (VER_FLG_WEAK) only excuses a node the provider lacks; where the
-            # node exists, relocation still looks X@V up and fails without X (ld.so, checked)
-            if check.provider is None or check.version not in check.provider_versions:
-                continue
-            if check.provider == check.requester:
-                continue
-            pair = ("pair", check.requester, check.provider)
-            skip = self._elf.get(pair)
-            if skip is None:
-                provider_info = closure.objects.get(check.provider)
-                skip = provider_info is None or self._per_release_nodes(check.requester, check.provider,
-                                                                         provider_info)
-                self._elf[pair] = skip
-            if skip:
-                continue
-            nodes.setdefault(check.requester, {})[check.version] = check.provider
+        groups = getattr(closure, "version_groups", None)
+        if groups is None:
+            for check in self._gap_candidates(closure.version_checks, closure):
+                nodes.setdefault(check.requester, {})[check.version] = check.provider
+        else:
+            # a group's candidates do not change from one closure to the next (the pair
+            # verdicts below are remembered per pair): found once per group (issue 13)
+            known = self._group_candidates
+            for group in groups:
+                entry = known.get(id(group))
+                if entry is None:
+                    entry = known[id(group)] = (group, self._gap_candidates(group, closure))
+                for check in entry[1]:
+                    nodes.setdefault(check.requester, {})[check.version] = check.provider
         gaps = []
         everything = dict(scope or {})
         everything.update(closure.objects)
@@ -849,6 +905,28 @@ class Resolver:
                     continue
                 gaps.append(SymbolGap(requester, name, version, provider))
         return gaps
+
+    def _gap_candidates(self, checks, closure: "Closure") -> list:
+        """The checks of ``checks`` whose requester's references to that node could miss
+        their symbol in the provider (version_gaps reads those symbol tables)."""
+        candidates = []
+        for check in checks:
+            # a weak entry (VER_FLG_WEAK) only excuses a node the provider lacks; where the
+            # node exists, relocation still looks X@V up and fails without X (ld.so, checked)
+            if check.provider is None or check.version not in check.provider_versions:
+                continue
+            if check.provider == check.requester:
+                continue
+            pair = ("pair", check.requester, check.provider)
+            skip = self._elf.get(pair)
+            if skip is None:
+                provider_info = closure.objects.get(check.provider)
+                skip = provider_info is None or self._per_release_nodes(check.requester, check.provider,
+                                                                         provider_info)
+                self._elf[pair] = skip
+            if not skip:
+                candidates.append(check)
+        return candidates
 
     def _per_release_nodes(self, requester: str, provider: str, info: ElfInfo) -> bool:
         """True when a missing symbol cannot hide behind a node that exists, so reading the
@@ -900,6 +978,23 @@ class SymbolGap(FrozenRecord):
 
 def _has_verdef(info: ElfInfo) -> bool:
     return bool(info.version_defs)
+
+
+def _own_search_order(requester: _Loaded, main: _Loaded) -> bool:
+    """Whether _plan for ``requester`` reads nothing of its loader chain or of the main
+    program: it has DT_RUNPATH (which turns DT_RPATH off for its own NEEDED), or no object
+    on its chain nor the main program has a DT_RPATH that counts."""
+    info = requester.info
+    if info.runpath:
+        return True
+    link = requester
+    while link is not None:
+        linked = link.info
+        if linked is not None and linked.rpath and not linked.runpath:
+            return False
+        link = link.loader
+    main_info = main.info
+    return not (main_info.rpath and not main_info.runpath)
 
 
 def _in_chain(target: _Loaded, start: _Loaded) -> bool:

@@ -385,3 +385,37 @@ def test_root_resolves_inside_another_tree(tmp_path):
     assert ours_paths == expected
     assert source_of(closure, "libextra.so").path == "/opt/lib/libextra.so"
     assert exe.exists()
+
+
+@pytest.mark.parametrize("order", [("rpath", "wrapped", "runpath", "alone"), ("alone", "runpath", "wrapped", "rpath")])
+def test_one_resolver_answers_each_root_in_its_own_search_context(tmp_path, order):
+    """The resolver remembers a requester's search when it is the requester's own (no
+    DT_RPATH on its loader chain): libmid.so, without a path of its own, finds libleaf.so
+    only through a DT_RPATH it inherits (from the program, or from libwrap.so that loads
+    it).  One Resolver checks the four roots in either order, each as ld.so loads it."""
+    d1, d2, d3 = tmp_path / "d1", tmp_path / "d2", tmp_path / "d3"
+    leaf = lib(d2, "libleaf.so", "int leaf(void){return 3;}")
+    mid = lib(d1, "libmid.so", "int leaf(void); int mid(void){return leaf();}", needs=[leaf])
+    wrap = lib(d3, "libwrap.so", "int mid(void); int wrap(void){return mid();}", needs=[mid],
+               rpath=f"{d1}:{d2}")
+    roots = {
+        "rpath": prog(tmp_path / "app_rpath", "int mid(void); int main(void){return mid()==3?0:1;}",
+                      needs=[mid], rpath=f"{d1}:{d2}"),
+        "runpath": prog(tmp_path / "app_runpath", "int mid(void); int main(void){return 0;}",
+                        needs=[mid], runpath=str(d1)),
+        "wrapped": prog(tmp_path / "app_wrapped", "int wrap(void); int main(void){return wrap()==3?0:1;}",
+                        needs=[wrap], runpath=str(d3)),
+        "alone": mid,
+    }
+    resolver = Resolver(env={})
+    sources = {}
+    for label in order:
+        expected = real_ldd(roots[label])
+        got = parity.ours(resolver, str(roots[label]))
+        assert parity.compare(expected, got) is None, label
+        closure = resolver.closure(str(roots[label]))
+        sources[label] = source_of(closure, "libleaf.so").source
+    # the contexts really differ: found through an inherited DT_RPATH, or nowhere
+    assert sources == {"rpath": "rpath", "wrapped": "rpath", "runpath": "not-found", "alone": "not-found"}
+    assert subprocess.run([roots["rpath"]], env=CLEAN).returncode == 0
+    assert subprocess.run([roots["wrapped"]], env=CLEAN).returncode == 0
