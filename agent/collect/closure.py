@@ -54,15 +54,24 @@ class FactDedup:
         bucket.add(key)
         return True
 
+    # path -> os.stat result or None, when a scan lends its resolver's stat cache: the
+    # identity is then the file the closure was computed from, at no second stat per path
+    # (~2,600 in a check of /usr/lib, issue 13)
+    stat_of = None
+
     def identity(self, path: str):
         """(dev, inode) of a file, or its normalised path when it cannot be stat'ed."""
         known = self._ids.get(path)
         if known is None:
-            try:
-                st = os.stat(path)
-                known = (st.st_dev, st.st_ino)
-            except OSError:
-                known = os.path.normpath(path)
+            if self.stat_of is not None:
+                st = self.stat_of(path)
+                known = (st.st_dev, st.st_ino) if st is not None else os.path.normpath(path)
+            else:
+                try:
+                    st = os.stat(path)
+                    known = (st.st_dev, st.st_ino)
+                except OSError:
+                    known = os.path.normpath(path)
             self._ids[path] = known
         return known
 

@@ -105,6 +105,8 @@ class Scanner:
         # per path, across the closures of the scan (a path is one ElfInfo: the resolver
         # reads each file once): what is derived from an object alone is derived once, not
         # once per root that loads it (issue 13)
+        self.resolver = None  # made by run(), before the targets are walked
+        self._plain_files: set = set()  # ELF paths the walk saw as regular files, not links
         self._isa_paths: set = set()  # paths whose object _isa_facts has looked at
         self._runtime_major: dict = {}  # path -> libcudart major or None (closure_runtimes)
         self._torch_lib: dict = {}  # path -> is one of torch's core libraries (torch_libs)
@@ -144,6 +146,7 @@ class Scanner:
             # purpose: it belongs to this session (a shim), not to the objects checked
             env = {k: v for k, v in os.environ.items() if k == "LD_LIBRARY_PATH"}
         self.resolver = Resolver(env=env)
+        self.dedup.stat_of = self.resolver._stat_of
         roots, configs = [], []
         if self.options.host_scope:
             roots, configs = self._host_targets()
@@ -152,7 +155,7 @@ class Scanner:
                 found_roots, found_configs = self._expand(target)
                 roots.extend(found_roots)
                 configs.extend(found_configs)
-        roots = _unique_roots(roots)
+        roots = _unique_roots(roots, self._plain_files)
         configs.extend(self.dir_configs)
         for path in roots:
             self.tree_index.setdefault(os.path.basename(path), []).append(path)
@@ -316,6 +319,11 @@ class Scanner:
                         sniffed[(st.st_dev, st.st_ino)] = kind
                 if kind == "elf":
                     found.append((path, st))
+                    if plain:
+                        self._plain_files.add(path)
+                    # the resolver's first read of a root stats it again: this stat serves
+                    if self.resolver is not None:
+                        self.resolver.note_stat(path, st)
                 elif isinstance(kind, OSError):
                     self.stats["unreadable"] += 1
                     self.errors.append({"path": path, "error": describe_os_error(kind)})
@@ -741,13 +749,16 @@ def _interpreter_for(path: str) -> str | None:
     return None
 
 
-def _unique_roots(found) -> list:
-    """One path per file: a real file is preferred over the symlinks that point at it."""
+def _unique_roots(found, plain=frozenset()) -> list:
+    """One path per file: a real file is preferred over the symlinks that point at it.
+    ``plain``: paths the walk saw as regular files (their entry type said so), which are
+    no links without asking lstat."""
     chosen: dict = {}
     for path, st in found:
         key = (st.st_dev, st.st_ino)
         current = chosen.get(key)
-        if current is None or (os.path.islink(current) and not os.path.islink(path)):
+        if current is None or (current not in plain and os.path.islink(current)
+                               and (path in plain or not os.path.islink(path))):
             chosen[key] = path
     return sorted(chosen.values())
 

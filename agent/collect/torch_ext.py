@@ -230,10 +230,8 @@ def inventory(roots, ninja_only: bool = False) -> list:
     for root in roots:
         if not os.path.isdir(root):
             continue
-        for entry in _listdir(root):
+        for entry in _subdirs(root):
             full = os.path.join(root, entry)
-            if not os.path.isdir(full) or os.path.islink(full):
-                continue
             if _TAG.match(entry):
                 for name in _listdir(full):
                     build_dir = os.path.join(full, name)
@@ -243,6 +241,25 @@ def inventory(roots, ninja_only: bool = False) -> list:
             elif not ninja_only or os.path.isfile(os.path.join(full, "build.ninja")):
                 builds.append(_read_build(full, entry, None))
     return [b for b in builds if b.ninja or b.library]
+
+
+def _subdirs(path: str) -> list:
+    """The names of the directories in ``path`` that are not symbolic links, sorted (what
+    os.path.isdir and not os.path.islink keep of _listdir's names), from the entries' types:
+    a check of /usr/lib/x86_64-linux-gnu stat'ed its ~2,400 files one by one to find none
+    (issue 13)."""
+    names = []
+    try:
+        with os.scandir(path) as listing:
+            for entry in listing:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        names.append(entry.name)
+                except OSError:
+                    continue  # as os.path.isdir: what cannot be stat'ed is no directory
+    except OSError:
+        return []
+    return sorted(names)
 
 
 def _listdir(path: str) -> list:
