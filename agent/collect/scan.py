@@ -426,7 +426,7 @@ class Scanner:
         """cpu_isa facts: objects of the closure marked as needing an x86-64 ISA level this
         CPU lacks, which glibc 2.33+ refuses after mapping them (elf/properties.py).  Read
         once per object per scan; only marked objects become facts."""
-        from ..elf import properties
+        from ..elf import fastread, properties
         from ..resolve import hwcaps
 
         if self._isa_cpu is None:
@@ -444,7 +444,9 @@ class Scanner:
             if key in self._isa_seen:
                 continue
             self._isa_seen.add(key)
-            needed = properties.x86_isa_needed(obj_path)
+            needed = fastread.x86_isa_needed(obj_path)  # from the read that parsed it
+            if needed is None:
+                needed = properties.x86_isa_needed(obj_path)
             if not needed & ~properties.BASELINE:
                 continue
             named = properties.level_names(needed)

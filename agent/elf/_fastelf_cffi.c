@@ -829,7 +829,7 @@ static int _cffi_const_SD_FASTELF_ABI(unsigned long long *o)
 {
   int n = (SD_FASTELF_ABI) <= 0;
   *o = (unsigned long long)((SD_FASTELF_ABI) | 0);  /* check that SD_FASTELF_ABI is an integer */
-  if (!_cffi_check_int(*o, n, 3U))
+  if (!_cffi_check_int(*o, n, 4U))
     n |= 2;
   return n;
 }
@@ -912,6 +912,7 @@ static void _cffi_checkfld_struct_sd_fastelf_result(struct sd_fastelf_result *p)
   (void)((p->n_verneed) | 0);  /* check that 'struct sd_fastelf_result.n_verneed' is an integer */
   (void)((p->n_verdef) | 0);  /* check that 'struct sd_fastelf_result.n_verdef' is an integer */
   (void)((p->strings_len) | 0);  /* check that 'struct sd_fastelf_result.strings_len' is an integer */
+  (void)((p->x86_isa_needed) | 0);  /* check that 'struct sd_fastelf_result.x86_isa_needed' is an integer */
   { char(*tmp)[512] = &p->error; (void)tmp; }
 }
 struct _cffi_align_struct_sd_fastelf_result { char x; struct sd_fastelf_result y; };
@@ -1005,6 +1006,9 @@ static const struct _cffi_field_s _cffi_fields[] = {
   { "strings_len", offsetof(struct sd_fastelf_result, strings_len),
                    sizeof(((struct sd_fastelf_result *)0)->strings_len),
                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
+  { "x86_isa_needed", offsetof(struct sd_fastelf_result, x86_isa_needed),
+                      sizeof(((struct sd_fastelf_result *)0)->x86_isa_needed),
+                      _CFFI_OP(_CFFI_OP_NOOP, 26) },
   { "error", offsetof(struct sd_fastelf_result, error),
              sizeof(((struct sd_fastelf_result *)0)->error),
              _CFFI_OP(_CFFI_OP_NOOP, 21) },
@@ -1042,9 +1046,9 @@ static const struct _cffi_field_s _cffi_fields[] = {
 
 static const struct _cffi_struct_union_s _cffi_struct_unions[] = {
   { "sd_fastelf_result", 23, _CFFI_F_CHECK_FIELDS,
-    sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 0, 20 },
+    sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 0, 21 },
   { "sd_fastelf_symbols", 24, _CFFI_F_CHECK_FIELDS,
-    sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 20, 10 },
+    sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 21, 10 },
 };
 
 static const struct _cffi_type_context_s _cffi_type_context = {

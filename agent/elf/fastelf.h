@@ -16,7 +16,7 @@
 /* cdef-begin */
 /* Bumped whenever the result layout or the meaning of a field changes: the Python side
  * refuses a module built from another layout (reader.py, _c_reader). */
-#define SD_FASTELF_ABI 3
+#define SD_FASTELF_ABI 4
 
 /* sd_fastelf_read's return codes */
 #define SD_FASTELF_OK 0
@@ -54,6 +54,8 @@ struct sd_fastelf_result {
     unsigned int n_verneed;
     unsigned int n_verdef;
     size_t strings_len;
+    /* properties.py x86_isa_needed of the same image (GNU_PROPERTY_X86_ISA_1_NEEDED), on OK */
+    unsigned int x86_isa_needed;
     char error[512];
 };
 

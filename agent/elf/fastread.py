@@ -24,7 +24,7 @@ STRINGS_CAPACITY = 1 << 20
 VERNEED_CAPACITY = 1 << 16  # reader.py's MAX_VER_ENTRIES: never exceeded by a real file
 SCRATCH_CAPACITY = 1 << 16  # files up to this size are read, not mapped (fastelf.c says why)
 
-ABI = 3  # must equal SD_FASTELF_ABI in fastelf.h
+ABI = 4  # must equal SD_FASTELF_ABI in fastelf.h
 
 _lock = _thread.allocate_lock()  # threading.Lock
 _lib = None  # the loaded module's (ffi, lib), False when unavailable
@@ -112,12 +112,28 @@ def read(path: str, symbols: bool | tuple = False):
         if rc != lib.SD_FASTELF_OK:
             return None
         info = _info(path, out, ffi.unpack(strings, out.strings_len), vn_counts)
+        if len(_isa_levels) >= 65536:
+            _isa_levels.clear()  # (a long-lived agent reads new paths for ever)
+        _isa_levels[path] = out.x86_isa_needed
         if symbols:
             info.__dict__["symbols"] = _symbols(ffi, syms)
         return info
     finally:
         if symbols:
             lib.sd_fastelf_free_symbols(syms)
+
+
+# path -> properties.x86_isa_needed of the image the last read of that path parsed: a check
+# asks it of every object it loads, and reopening each file for it was ~900 opens and
+# ~1,800 preads of a check of /usr/lib (issue 13).  Kept beside ElfInfo, not in it: the
+# Python reader does not read it (elf/properties.py).
+_isa_levels: dict = {}
+
+
+def x86_isa_needed(path: str):
+    """properties.x86_isa_needed(path) as of this module's last read of ``path``; None when
+    it has not read that path."""
+    return _isa_levels.get(path)
 
 
 _names = None  # (binding names, type names) by number, as reader.py spells them

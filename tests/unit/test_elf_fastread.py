@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.elf import fastread, reader
+from seedance.elf import fastread, properties, reader
 from seedance.errors import ELFError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +65,13 @@ def c_verdict(path: str, symbols=False):
     if info is None:
         return ("fallback",)
     return ("ok", info, info.section_names)
+
+
+def isa_differs(path: str):
+    """After an "ok" C read of ``path``: (C, properties.py) when the ISA level the C reader
+    took from the same image is not what properties.x86_isa_needed reads, else None."""
+    ours, theirs = fastread.x86_isa_needed(path), properties.x86_isa_needed(path)
+    return None if ours == theirs else (ours, theirs)
 
 
 def elf_files(root: str) -> list:
@@ -250,7 +257,7 @@ def interesting_offsets(data: bytes) -> list:
             p_filesz = struct.unpack_from(e + word, data, at + (32 if is64 else 16))[0]
             if p_type == 1:
                 loads.append((p_offset, p_vaddr, p_filesz))
-            if p_type in (2, 4):
+            if p_type in (2, 4, 0x6474E553):  # PT_DYNAMIC, PT_NOTE, PT_GNU_PROPERTY
                 offsets += range(p_offset, p_offset + 512)
             if p_type == 2:
                 dyn = struct.Struct(e + ("qQ" if is64 else "iI"))
@@ -296,7 +303,7 @@ def fuzz(count: int, seed: int) -> dict:
     seeds = fuzz_seeds()
     names = sorted(seeds)
     hot = {name: interesting_offsets(seeds[name]) for name in names}
-    summary = {"compared": 0, "ok": 0, "error": 0, "fallback": 0, "mismatches": []}
+    summary = {"compared": 0, "ok": 0, "error": 0, "fallback": 0, "mismatches": [], "isa_marked": 0}
     with tempfile.TemporaryDirectory(prefix="seedance-fastelf-fuzz-") as work:
         path = os.path.join(work, "mutant.so")
         for index in range(count):
@@ -310,12 +317,16 @@ def fuzz(count: int, seed: int) -> dict:
             summary["compared"] += 1
             summary[ours[0]] += 1
             differ = ours != theirs or (ours[0] == "ok" and ours[1].symbols != theirs[1].symbols)
+            isa = isa_differs(path) if ours[0] == "ok" and not differ else None
+            differ = differ or isa is not None
+            if ours[0] == "ok" and properties.x86_isa_needed(path):
+                summary["isa_marked"] += 1
             if ours[0] != "fallback" and differ and len(summary["mismatches"]) < 5:
                 keep = os.path.join(tempfile.gettempdir(), f"seedance-fastelf-mismatch-{seed}-{index}.so")
                 shutil.copyfile(path, keep)
                 summary["mismatches"].append({"seed": name, "file": keep, "symbols": repr(symbols),
                                               "python": repr(theirs)[:600],
-                                              "c": repr(ours)[:600]})
+                                              "c": repr(ours)[:600], "isa": repr(isa)})
     return summary
 
 
@@ -341,6 +352,8 @@ def test_equal_on_every_elf_of_the_host(tree, symbols):
         theirs, ours = python_verdict(path, symbols), c_verdict(path, symbols)
         if ours != theirs or (ours[0] == "ok" and ours[1].symbols != theirs[1].symbols):
             differences.append((path, str(theirs)[:300], str(ours)[:300]))
+        elif ours[0] == "ok" and isa_differs(path):
+            differences.append((path, "ISA level (C, properties.py)", isa_differs(path)))
     assert not differences[:3], f"{len(differences)} of {len(files)} files differ"
 
 
@@ -558,6 +571,113 @@ def test_generated_cffi_wrapper_is_current():
         "agent/elf/_fastelf_cffi.c is stale: python agent/elf/build_fastelf.py --cffi"
 
 
+
+def _has_property_segment(data: bytes) -> bool:
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4:6] != b"\x02\x01":
+        return False
+    phoff = struct.unpack_from("<Q", data, 0x20)[0]
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    return any(struct.unpack_from("<I", data, phoff + i * phentsize)[0] == properties.PT_GNU_PROPERTY
+               for i in range(phnum) if phoff + i * phentsize + 4 <= len(data))
+
+
+def _property_seed(tmp_path):
+    """An x86-64 object with a PT_GNU_PROPERTY segment: one of the host's, or built here
+    with the ISA-level note (binutils 2.32+ writes the segment with it)."""
+    for path in ("/usr/bin/true", "/bin/true", "/usr/lib/x86_64-linux-gnu/libc.so.6", sys.executable):
+        if os.path.exists(path):
+            data = open(os.path.realpath(path), "rb").read()
+            if _has_property_segment(data):
+                return data
+    if shutil.which("gcc"):
+        (tmp_path / "p.c").write_text("int p(void) { return 1; }\n")
+        built = subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-z,x86-64-baseline", "-o", str(tmp_path / "p.so"),
+                                str(tmp_path / "p.c")], capture_output=True)
+        if built.returncode == 0:
+            data = (tmp_path / "p.so").read_bytes()
+            if _has_property_segment(data):
+                return data
+    return None
+
+
+def _property_edges(data: bytes):
+    """(label, mutated image) for every bound properties.x86_isa_needed keeps, applied to an
+    object with a PT_GNU_PROPERTY segment: the header, the program-header table, the
+    segment's offset and size, and each field of its note and properties."""
+    phoff = struct.unpack_from("<Q", data, 0x20)[0]
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    at = next(phoff + i * phentsize for i in range(phnum)
+              if struct.unpack_from("<I", data, phoff + i * phentsize)[0] == properties.PT_GNU_PROPERTY)
+    seg_off, seg_size = struct.unpack_from("<Q", data, at + 8)[0], struct.unpack_from("<Q", data, at + 32)[0]
+
+    def put(fmt, where, value, base=data):
+        out = bytearray(base)
+        struct.pack_into(fmt, out, where, value)
+        return bytes(out)
+
+    yield "as built", data
+    for value in (55, 57):
+        yield f"e_phentsize {value}", put("<H", 0x36, value)
+    for value in (4097, phnum + 1):
+        yield f"e_phnum {value}", put("<H", 0x38, value)
+    # a table of 4096 or 4097 entries that the file really holds (zero padding after it)
+    padded = data + bytes(4097 * phentsize)
+    moved = len(data)
+    table = bytearray(padded)
+    table[moved:moved + phentsize * phnum] = data[phoff:phoff + phentsize * phnum]
+    struct.pack_into("<Q", table, 0x20, moved)
+    for value in (4096, 4097):
+        yield f"e_phnum {value}, table held", put("<H", 0x38, value, bytes(table))
+    index = (at - phoff) // phentsize
+    if index > 0:
+        yield "e_phnum ending before PT_GNU_PROPERTY", put("<H", 0x38, index)
+    yield "machine 3", put("<H", 18, 3)
+    yield "program headers cut by the end", data[:phoff + phentsize * phnum - 10]
+    for value in (0, 1, 7, 16, seg_size + 8, 65536, 65537, 1 << 40):
+        yield f"p_filesz {value}", put("<Q", at + 32, value)
+    for value in (len(data) - 8, len(data), len(data) + 100, (1 << 63) - 1, 1 << 63, (1 << 64) - 1):
+        yield f"p_offset {value}", put("<Q", at + 8, value)
+    yield "segment cut by the end", data[:seg_off + seg_size - 4]
+    # the note: namesz, descsz, type, name, then pr_type, pr_datasz of the first property
+    for value in (0, 3, 4, 5, 8, 0xFFFFFFFF):
+        yield f"namesz {value}", put("<I", seg_off, value)
+    for value in (0, 7, 8, 15, 16, 24, 0xFFFFFFF0):
+        yield f"descsz {value}", put("<I", seg_off + 4, value)
+    for value in (1, 4, 5, 6):
+        yield f"note type {value}", put("<I", seg_off + 8, value)
+    yield "name GNX", put("<4s", seg_off + 12, b"GNX\0")
+    yield "name GNU without NUL", put("<4s", seg_off + 12, b"GNUX")
+    for value in (properties.GNU_PROPERTY_X86_ISA_1_NEEDED, 0xC0008001, 0):
+        for datasz in (0, 3, 4, 5, 8, 0xFFFFFFFF):
+            image = put("<I", seg_off + 16, value)
+            yield f"pr_type {value:#x} pr_datasz {datasz}", put("<I", seg_off + 20, datasz, image)
+    needed = put("<I", seg_off + 16, properties.GNU_PROPERTY_X86_ISA_1_NEEDED)
+    for mask in (1, 2, 4, 8, 0xF, 0xFFFFFFFF):
+        yield f"ISA_1_NEEDED {mask:#x}", put("<I", seg_off + 24, mask, put("<I", seg_off + 20, 4, needed))
+
+
+@needs_c
+def test_isa_level_of_the_c_read_equals_properties_at_every_bound(tmp_path):
+    """The ISA level the C reader takes from the image it parsed (scan's cpu_isa facts use
+    it) against properties.x86_isa_needed reading the file again, on one real object
+    changed at each bound the Python function keeps."""
+    data = _property_seed(tmp_path)
+    if data is None:
+        pytest.skip("no x86-64 object with a PT_GNU_PROPERTY segment here, and gcc wrote none")
+    edges = list(_property_edges(data))
+    path = tmp_path / "edge.so"
+    compared, differences, marked = 0, [], set()
+    for label, image in edges:
+        path.write_bytes(image)
+        if c_verdict(str(path))[0] != "ok":
+            continue  # the C reader refused it: scan then asks properties.py itself
+        compared += 1
+        marked.add(properties.x86_isa_needed(str(path)))
+        if isa_differs(str(path)):
+            differences.append((label, isa_differs(str(path))))
+    assert not differences, differences
+    assert compared > len(edges) // 2 and len(marked) > 3, (compared, marked)
+
 @needs_c
 def test_fuzz_same_verdicts_and_no_crash():
     count = int(os.environ.get("SEEDANCE_FASTELF_FUZZ", "3000"))
@@ -569,6 +689,7 @@ def test_fuzz_same_verdicts_and_no_crash():
     assert summary["mismatches"] == []
     # both verdicts well represented, or the mutations were too gentle or too harsh to mean much
     assert summary["ok"] > count // 10 and summary["error"] > count // 10, summary
+    assert summary["isa_marked"] > count // 10, summary  # the ISA note was there to compare
 
 
 if __name__ == "__main__":
