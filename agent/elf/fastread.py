@@ -80,9 +80,10 @@ def _prefixes(ffi, prefixes: tuple):
     return entry
 
 
-def read(path: str, symbols: bool | tuple = False):
+def read(path: str, symbols: bool | tuple = False, tables: bool = False):
     """ElfInfo for ``path`` (no fatbins), ELFError, or None: use the Python reader.
-    ``symbols`` as read_elf's: False, True, or a tuple of name prefixes."""
+    ``symbols`` as read_elf's: False, True, or a tuple of name prefixes.  ``tables``: with
+    symbols=True, the resolver's symbol tables instead of the ElfInfo (symbol_tables)."""
     loaded = _lib if _lib is not None else _load()
     if not loaded or "\0" in path:
         return None
@@ -111,6 +112,8 @@ def read(path: str, symbols: bool | tuple = False):
             raise ELFError(f"{path}: {ffi.string(out.error).decode('utf-8', 'replace')}")
         if rc != lib.SD_FASTELF_OK:
             return None
+        if tables and symbols is True:
+            return _tables(ffi, syms)
         info = _info(path, out, ffi.unpack(strings, out.strings_len), vn_counts)
         if len(_isa_levels) >= 65536:
             _isa_levels.clear()  # (a long-lived agent reads new paths for ever)
@@ -169,6 +172,49 @@ def _symbols(ffi, syms) -> tuple:
                                       "type": type_names[kind], "version": versions[slot], "hidden": hidden == 1})
         append(symbol)
     return tuple(out)
+
+
+def symbol_tables(path: str):
+    """Resolver._symbol_tables(path, read_elf(path, symbols=True)) straight from the C
+    output: (definitions: name -> frozenset of tags, strong undefined ((name, version), ...)),
+    ELFError, or None: use the Python reader.  No Symbol is built: the version-gap check of a
+    site-packages with the CUDA wheels read ~140 whole symbol tables, and building their
+    Symbol objects was a fifth of that check (issue 13)."""
+    return read(path, True, tables=True)
+
+
+def _tables(ffi, syms) -> tuple:
+    """The tables of Resolver._symbol_tables (its docstring says what the tags mean), over
+    the raw records: bind 0 is STB_LOCAL, 1 STB_GLOBAL; one frozenset per (version, hidden)
+    for a name defined once, the union for a name defined under several versions."""
+    import struct
+
+    count = syms.count
+    if not count:
+        return {}, ()
+    names = ffi.unpack(syms.names, syms.names_len).decode("utf-8", "surrogateescape").split("\0")
+    versions = [None]
+    if syms.n_versions:
+        versions += ffi.unpack(syms.versions, syms.versions_len).decode("utf-8", "surrogateescape").split("\0")
+    records = struct.iter_unpack("=BBBBI", ffi.buffer(syms.records, 8 * count))
+    shared: dict = {}  # (version slot, hidden) -> the tags of one such definition
+    defs: dict = {}
+    undefs = []
+    for name, (bind, _kind, defined, hidden, slot) in zip(names, records):
+        if defined == 1:
+            if bind == 0:
+                continue
+            tags = shared.get((slot, hidden))
+            if tags is None:
+                version = versions[slot]
+                tags = {version} if hidden == 1 else ({version, "default", "*"} if version is None
+                                                      else {version, "default"})
+                tags = shared[(slot, hidden)] = frozenset(tags)
+            known = defs.get(name)
+            defs[name] = tags if known is None else known | tags
+        elif bind == 1:
+            undefs.append((name, versions[slot]))
+    return defs, tuple(undefs)
 
 
 _classes = None  # (ElfInfo, VersionNeed, every ElfInfo field at its default), on first use

@@ -868,6 +868,21 @@ class Resolver:
         self._elf[key] = result
         return result
 
+    def _tables_of(self, path: str) -> tuple:
+        """_symbol_tables(path, read(path, symbols=True)): from the C reader's raw symbols
+        when it answers (no Symbol objects), remembered per file like read()."""
+        st = self._stat_of(path)
+        if st is None or self.root != "/" or type(path) is not str or not _fastread.enabled():
+            return self._symbol_tables(path, self.read(path, symbols=True))
+        key = ("tables", st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        tables = self._elf.get(key)
+        if tables is None:
+            tables = _fastread.symbol_tables(path)
+            if tables is None:
+                return self._symbol_tables(path, self.read(path, symbols=True))
+            self._elf[key] = tables
+        return tables
+
     @staticmethod
     def _binds(tags, version) -> bool:
         if tags is None:
@@ -933,18 +948,18 @@ class Resolver:
             found = self._elf.get(key)
             if found is None:
                 found = []
-                _defs, undefs = self._symbol_tables(requester, self.read(requester, symbols=True))
+                _defs, undefs = self._tables_of(requester)
                 for name, version in undefs:
                     provider = versions.get(version)
                     if provider is None:
                         continue
-                    defs = self._symbol_tables(provider, self.read(provider, symbols=True))[0]
+                    defs = self._tables_of(provider)[0]
                     if not self._binds(defs.get(name), version):
                         found.append((name, version, provider))
                 self._elf[key] = found
             for name, version, provider in found:
                 # another object in the scope may define X@V (or X without versions)
-                if any(self._binds(self._symbol_tables(p, self.read(p, symbols=True))[0].get(name), version)
+                if any(self._binds(self._tables_of(p)[0].get(name), version)
                        for p in everything if p not in (provider, requester)):
                     continue
                 gaps.append(SymbolGap(requester, name, version, provider))

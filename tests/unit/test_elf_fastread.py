@@ -67,6 +67,14 @@ def c_verdict(path: str, symbols=False):
     return ("ok", info, info.section_names)
 
 
+def tables_differ(path: str, info) -> bool:
+    """Whether fastread.symbol_tables (built from the C reader's raw symbols) differs from
+    the resolver's tables over the reference reader's symbols of the same file."""
+    from seedance.resolve import Resolver
+
+    return fastread.symbol_tables(path) != Resolver()._symbol_tables(path, info)
+
+
 def isa_differs(path: str):
     """After an "ok" C read of ``path``: (C, properties.py) when the ISA level the C reader
     took from the same image is not what properties.x86_isa_needed reads, else None."""
@@ -319,6 +327,8 @@ def fuzz(count: int, seed: int) -> dict:
             differ = ours != theirs or (ours[0] == "ok" and ours[1].symbols != theirs[1].symbols)
             isa = isa_differs(path) if ours[0] == "ok" and not differ else None
             differ = differ or isa is not None
+            if symbols is True and ours[0] == "ok" and not differ:
+                differ = tables_differ(path, theirs[1])
             if ours[0] == "ok" and properties.x86_isa_needed(path):
                 summary["isa_marked"] += 1
             if ours[0] != "fallback" and differ and len(summary["mismatches"]) < 5:
@@ -677,6 +687,28 @@ def test_isa_level_of_the_c_read_equals_properties_at_every_bound(tmp_path):
             differences.append((label, isa_differs(str(path))))
     assert not differences, differences
     assert compared > len(edges) // 2 and len(marked) > 3, (compared, marked)
+
+
+@needs_c
+@pytest.mark.parametrize("tree", TREES)
+def test_symbol_tables_from_the_raw_symbols_equal_the_resolvers(tree):
+    """The version-gap check reads whole symbol tables through fastread.symbol_tables (no
+    Symbol objects): every seventh ELF file of the tree, and every NVIDIA and torch library
+    (whose per-symbol versions the check is about), against Resolver._symbol_tables over
+    the Python reader's symbols."""
+    if not os.path.isdir(tree):
+        pytest.skip(f"{tree} is not on this host")
+    files = _TREE_FILES.get(tree) or _TREE_FILES.setdefault(tree, elf_files(tree))
+    chosen = sorted(set(files[::7]) | {f for f in files if "/nvidia/" in f or "/torch/lib/" in f})
+    differences, compared = [], 0
+    for path in chosen:
+        theirs = python_verdict(path, True)
+        if theirs[0] != "ok":
+            continue
+        compared += 1
+        if tables_differ(path, theirs[1]):
+            differences.append(path)
+    assert compared and not differences[:3], f"{len(differences)} of {compared} differ"
 
 @needs_c
 def test_fuzz_same_verdicts_and_no_crash():
