@@ -117,7 +117,8 @@ class TorchAbiCache:
                                              if s.defined and s.binding != "LOCAL" and not s.hidden])
         return self._defined[path]
 
-    def missing(self, imports, ext_path: str, closure_objects: dict, torch_paths, read_symbols) -> list:
+    def missing(self, imports, ext_path: str, closure_objects: dict, torch_paths, read_symbols,
+                read_exports=None) -> list:
         """The ``imports`` no object of the closure defines.
 
         Only torch's own libraries and the objects that link a torch library themselves can
@@ -133,6 +134,13 @@ class TorchAbiCache:
             if not left:
                 break
             info = closure_objects[path]
+            if path not in self._defined and not info.symbols and read_exports is not None:
+                try:
+                    exports = read_exports(path)  # the names alone, when the reader can
+                except Exception:
+                    exports = None
+                if exports is not None:
+                    self._defined[path] = exports
             if path not in self._defined and not info.symbols:
                 try:
                     info = read_symbols(path)
@@ -153,7 +161,7 @@ class TorchAbiCache:
 
 
 def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "TorchAbiCache",
-                    read_symbols, torch_source: str = "") -> list:
+                    read_symbols, torch_source: str = "", read_exports=None) -> list:
     """Facts about an extension judged against the torch its closure loads.
 
     - cxx_abi: which std::string mangling its c10/at/torch imports use, against torch's;
@@ -163,7 +171,9 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
 
     ``closure_objects``: path -> ElfInfo of everything loaded with it (torch's libraries
     included); ``read_symbols(path)`` -> ElfInfo with symbols (the resolver's cached reader;
-    reading only the TORCH_PREFIXES names is enough: nothing else is looked at).
+    reading only the TORCH_PREFIXES names is enough: nothing else is looked at);
+    ``read_exports(path)`` -> the frozenset TorchAbiCache.defined would make of it, or None
+    (read_symbols is asked then).
     """
     if _same_directory(ext_path, torch_paths):
         return []  # torch's own libraries (libtorch_cuda beside libc10) are torch itself
@@ -183,7 +193,7 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
     facts = []
     abi_fact = cxx_abi_fact(ext_path, ext_info, torch_paths, cache)
     mismatch = abi_fact is not None and abi_fact.data["ext_abi"] != abi_fact.data["torch_abi"]
-    missing = cache.missing(imports, ext_path, closure_objects, torch_paths, read_symbols)
+    missing = cache.missing(imports, ext_path, closure_objects, torch_paths, read_symbols, read_exports)
     # The rebuild command is only ever shown with a finding (a mismatch or a missing symbol);
     # working it out asks pip's RECORDs and dpkg which package ships the file, which was a
     # tenth of a site-packages check for torch's ~120 healthy test programs (issue 13).

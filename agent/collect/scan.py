@@ -617,13 +617,22 @@ class Scanner:
         source = torch.source if torch_lib and any(os.path.dirname(p) == torch_lib for p in torch_paths) \
             else "found through its own library search path"
         self.facts.extend(cxxabi.extension_facts(path, result.objects, torch_paths, self.torch_abi,
-                                                 self._torch_symbols, source))
+                                                 self._torch_symbols, source, self._torch_exports))
 
     def _torch_symbols(self, path: str):
         """``path`` read with only its c10/at/torch/caffe2 symbols: building a Symbol for each
         of libtorch_cpu's and torch's test programs' other symbols was most of a
         site-packages check (issue 13)."""
         return self.resolver.read(path, symbols=cxxabi.TORCH_PREFIXES)
+
+    def _torch_exports(self, path: str):
+        """The c10/at/torch/caffe2 names ``path`` exports, from the C reader's raw symbols
+        (None: the Python reader's Symbols are read instead)."""
+        from ..elf import fastread
+
+        if not fastread.enabled():
+            return None
+        return fastread.exported_names(path, cxxabi.TORCH_PREFIXES)
 
     def _process(self, pid: int, explicit: bool) -> None:
         from . import process

@@ -75,6 +75,17 @@ def tables_differ(path: str, info) -> bool:
     return fastread.symbol_tables(path) != Resolver()._symbol_tables(path, info)
 
 
+def exports_differ(path: str, prefixes=TORCH_PREFIXES) -> bool:
+    """Whether fastread.exported_names differs from what cxxabi.TorchAbiCache.defined makes
+    of the reference reader's prefixed symbols."""
+    from seedance.collect.cxxabi import TorchAbiCache
+
+    theirs = python_verdict(path, prefixes)
+    if theirs[0] != "ok":
+        return False
+    return fastread.exported_names(path, prefixes) != TorchAbiCache().defined(path, theirs[1])
+
+
 def isa_differs(path: str):
     """After an "ok" C read of ``path``: (C, properties.py) when the ISA level the C reader
     took from the same image is not what properties.x86_isa_needed reads, else None."""
@@ -329,6 +340,8 @@ def fuzz(count: int, seed: int) -> dict:
             differ = differ or isa is not None
             if symbols is True and ours[0] == "ok" and not differ:
                 differ = tables_differ(path, theirs[1])
+            elif type(symbols) is tuple and ours[0] == "ok" and not differ:
+                differ = exports_differ(path, symbols)
             if ours[0] == "ok" and properties.x86_isa_needed(path):
                 summary["isa_marked"] += 1
             if ours[0] != "fallback" and differ and len(summary["mismatches"]) < 5:
@@ -706,7 +719,7 @@ def test_symbol_tables_from_the_raw_symbols_equal_the_resolvers(tree):
         if theirs[0] != "ok":
             continue
         compared += 1
-        if tables_differ(path, theirs[1]):
+        if tables_differ(path, theirs[1]) or exports_differ(path):
             differences.append(path)
     assert compared and not differences[:3], f"{len(differences)} of {compared} differ"
 
