@@ -255,24 +255,33 @@ class Scanner:
             except OSError as exc:
                 onerror(exc)
                 continue
-            subdirs, files = [], []
-            for entry in entries:
-                try:
-                    is_dir = entry.is_dir()
-                except OSError:
-                    is_dir = False
-                if is_dir:
+            subdirs = []
+            # The entries sorted out by comprehensions: the loop per entry was most of a
+            # site-packages walk (~37,000 entries, issue 13).  is_dir() answers from the
+            # entry's type; only where it must stat and that fails does the walk take the
+            # entries one by one (an entry that cannot be stat'ed is no directory).
+            try:
+                found_dirs = [entry for entry in entries if entry.is_dir()]
+                others = [entry for entry in entries if not entry.is_dir()] if found_dirs else entries
+            except OSError:
+                found_dirs, others = [], []
+                for entry in entries:
                     try:
-                        if not entry.is_symlink():
-                            subdirs.append(entry.name)
+                        is_dir = entry.is_dir()
                     except OSError:
-                        pass
-                elif entry.name.endswith(NEVER_ELF_SUFFIXES):
-                    # most of site-packages: counted, never stat'ed nor opened, nor sorted
-                    # with the files that are looked at (issue 13)
-                    never_elf += 1
-                else:
-                    files.append((entry.name, entry.path, entry))  # entry.path: joined in C
+                        is_dir = False
+                    (found_dirs if is_dir else others).append(entry)
+            for entry in found_dirs:
+                try:
+                    if not entry.is_symlink():
+                        subdirs.append(entry.name)
+                except OSError:
+                    pass
+            # most of site-packages: counted, never stat'ed nor opened, nor sorted with the
+            # files that are looked at (issue 13); entry.path: joined in C
+            files = [(entry.name, entry.path, entry) for entry in others
+                     if not entry.name.endswith(NEVER_ELF_SUFFIXES)]
+            never_elf += len(others) - len(files)
             files.sort(key=_first)
             for name, path, entry in files:
                 self.stats["files"] += 1

@@ -53,6 +53,11 @@ def build_tree(root) -> None:
     (root / "b" / "mod.py").write_text("import os  # a Python source is not opened\n")
     (root / "b" / "libodd.data").write_bytes(open(real, "rb").read())  # any other name is sniffed
     (root / "Z-first.so").write_bytes(open(real, "rb").read())
+    # a directory whose name ends like a Python source is still walked, and a linked
+    # directory with such a name is neither walked nor counted as a file
+    (root / "b" / "pkg.py").mkdir()
+    shutil.copyfile(real, root / "b" / "pkg.py" / "inner.so")
+    os.symlink("../a", root / "b" / "linked.h")
 
 
 def test_walk_matches_os_walk(tmp_path):
@@ -66,6 +71,7 @@ def test_walk_matches_os_walk(tmp_path):
     assert not scanner.errors
     # both names of the linked library are roots here; check keeps one per inode later
     assert str(tmp_path / "a" / "libz.so.1") in [p for p, _ in found]
+    assert str(tmp_path / "b" / "pkg.py" / "inner.so") in [p for p, _ in found]
 
 
 def test_walk_reports_an_unlistable_directory(tmp_path):
