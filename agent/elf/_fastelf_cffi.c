@@ -829,7 +829,7 @@ static int _cffi_const_SD_FASTELF_ABI(unsigned long long *o)
 {
   int n = (SD_FASTELF_ABI) <= 0;
   *o = (unsigned long long)((SD_FASTELF_ABI) | 0);  /* check that SD_FASTELF_ABI is an integer */
-  if (!_cffi_check_int(*o, n, 4U))
+  if (!_cffi_check_int(*o, n, 5U))
     n |= 2;
   return n;
 }
@@ -848,6 +848,15 @@ static int _cffi_const_SD_FASTELF_ERROR(unsigned long long *o)
   int n = (SD_FASTELF_ERROR) <= 0;
   *o = (unsigned long long)((SD_FASTELF_ERROR) | 0);  /* check that SD_FASTELF_ERROR is an integer */
   if (!_cffi_check_int(*o, n, 1U))
+    n |= 2;
+  return n;
+}
+
+static int _cffi_const_SD_FASTELF_EXPORTED_PREFIXED(unsigned long long *o)
+{
+  int n = (SD_FASTELF_EXPORTED_PREFIXED) <= 0;
+  *o = (unsigned long long)((SD_FASTELF_EXPORTED_PREFIXED) | 0);  /* check that SD_FASTELF_EXPORTED_PREFIXED is an integer */
+  if (!_cffi_check_int(*o, n, 3U))
     n |= 2;
   return n;
 }
@@ -939,6 +948,7 @@ static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_FASTELF_ABI", (void *)_cffi_const_SD_FASTELF_ABI, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_ALL_SYMBOLS", (void *)_cffi_const_SD_FASTELF_ALL_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_ERROR", (void *)_cffi_const_SD_FASTELF_ERROR, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
+  { "SD_FASTELF_EXPORTED_PREFIXED", (void *)_cffi_const_SD_FASTELF_EXPORTED_PREFIXED, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_FALLBACK", (void *)_cffi_const_SD_FASTELF_FALLBACK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_NO_SYMBOLS", (void *)_cffi_const_SD_FASTELF_NO_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_OK", (void *)_cffi_const_SD_FASTELF_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
@@ -1058,7 +1068,7 @@ static const struct _cffi_type_context_s _cffi_type_context = {
   _cffi_struct_unions,
   NULL,  /* no enums */
   NULL,  /* no typenames */
-  10,  /* num_globals */
+  11,  /* num_globals */
   2,  /* num_struct_unions */
   0,  /* num_enums */
   0,  /* num_typenames */

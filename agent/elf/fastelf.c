@@ -673,7 +673,7 @@ static int reserve(char **buffer, size_t *cap, size_t used, size_t more)
 
 static int wanted(const struct parser *p, wide name_start, wide strend)
 {
-    if (p->want_symbols != SD_FASTELF_PREFIXED_SYMBOLS)
+    if (p->want_symbols != SD_FASTELF_PREFIXED_SYMBOLS && p->want_symbols != SD_FASTELF_EXPORTED_PREFIXED)
         return 1;
     /* reader.py keeps the names whose string-table offset is where one of the prefixes
      * occurs, whole, inside [strtab, strend).  Most names fail on their first byte: the
@@ -761,6 +761,9 @@ static int symbols(struct parser *p, const struct tags *t, wide strtab, wide str
         if (!nul)
             return fail(p, "symbol name at %s outside or unterminated in DT_STRTAB", hex(a, name_off));
         size_t len = (size_t)(nul - (p->data + (size_t)name_start));
+        /* the exported ones only: read and checked as the others (the same errors), not kept */
+        if (p->want_symbols == SD_FASTELF_EXPORTED_PREFIXED && (shndx == SHN_UNDEF || hidden))
+            continue;
         TRY(reserve(&syms->names, &syms->names_cap, syms->names_len, len + 1));
         memcpy(syms->names + syms->names_len, p->data + (size_t)name_start, len + 1);
         syms->names_len += len + 1;

@@ -16,7 +16,7 @@
 /* cdef-begin */
 /* Bumped whenever the result layout or the meaning of a field changes: the Python side
  * refuses a module built from another layout (reader.py, _c_reader). */
-#define SD_FASTELF_ABI 4
+#define SD_FASTELF_ABI 5
 
 /* sd_fastelf_read's return codes */
 #define SD_FASTELF_OK 0
@@ -82,6 +82,7 @@ struct sd_fastelf_symbols {
 #define SD_FASTELF_NO_SYMBOLS 0
 #define SD_FASTELF_ALL_SYMBOLS 1
 #define SD_FASTELF_PREFIXED_SYMBOLS 2  /* names starting with one of the prefixes */
+#define SD_FASTELF_EXPORTED_PREFIXED 3  /* of those, the defined ones not hidden (exports) */
 
 int sd_fastelf_abi(void);
 /* scratch: a file no larger than scratch_cap is read into it instead of being mapped */

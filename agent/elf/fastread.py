@@ -24,7 +24,7 @@ STRINGS_CAPACITY = 1 << 20
 VERNEED_CAPACITY = 1 << 16  # reader.py's MAX_VER_ENTRIES: never exceeded by a real file
 SCRATCH_CAPACITY = 1 << 16  # files up to this size are read, not mapped (fastelf.c says why)
 
-ABI = 4  # must equal SD_FASTELF_ABI in fastelf.h
+ABI = 5  # must equal SD_FASTELF_ABI in fastelf.h
 
 _lock = _thread.allocate_lock()  # threading.Lock
 _lib = None  # the loaded module's (ffi, lib), False when unavailable
@@ -102,9 +102,9 @@ def read(path: str, symbols: bool | tuple = False, tables: bool = False):
                                  lib.SD_FASTELF_ALL_SYMBOLS, ffi.NULL, ffi.NULL, 0, syms, scratch, SCRATCH_CAPACITY)
     elif type(symbols) is tuple and all(type(p) is str for p in symbols):
         prefix_bytes, prefix_lens, count = _prefixes(ffi, symbols)
+        mode = lib.SD_FASTELF_EXPORTED_PREFIXED if tables else lib.SD_FASTELF_PREFIXED_SYMBOLS
         rc = lib.sd_fastelf_read(encoded, out, strings, STRINGS_CAPACITY, vn_counts, VERNEED_CAPACITY,
-                                 lib.SD_FASTELF_PREFIXED_SYMBOLS, prefix_bytes, prefix_lens, count, syms, scratch,
-                                 SCRATCH_CAPACITY)
+                                 mode, prefix_bytes, prefix_lens, count, syms, scratch, SCRATCH_CAPACITY)
     else:
         return None
     try:
@@ -194,15 +194,12 @@ def exported_names(path: str, prefixes: tuple):
 
 
 def _exports(ffi, syms) -> frozenset:
-    import struct
-
-    count = syms.count
-    if not count:
+    """The names of a SD_FASTELF_EXPORTED_PREFIXED read: the C reader kept only the defined,
+    not hidden ones (and never keeps STB_LOCAL)."""
+    if not syms.count:
         return frozenset()
-    names = ffi.unpack(syms.names, syms.names_len).decode("utf-8", "surrogateescape").split("\0")
-    records = struct.iter_unpack("=BBBBI", ffi.buffer(syms.records, 8 * count))
-    return frozenset([name for name, (bind, _kind, defined, hidden, _slot) in zip(names, records)
-                      if defined == 1 and bind != 0 and hidden != 1])
+    names = ffi.unpack(syms.names, syms.names_len - 1).decode("utf-8", "surrogateescape").split("\0")
+    return frozenset(names)
 
 
 def _tables(ffi, syms) -> tuple:
