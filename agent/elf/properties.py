@@ -8,8 +8,10 @@ GNU property note that ld writes with `-z x86-64-v2|v3|v4` (or gcc -march=x86-64
 
 Only PT_GNU_PROPERTY is read: an object with the note in a plain PT_NOTE segment only
 (linked by binutils older than 2.32) is not judged, and reads as needing nothing.
-This is kept out of ElfInfo on purpose: it is asked only of the few objects a check
-judges against this CPU, and the C reader (fastelf.c) need not change for it.
+This is kept out of ElfInfo on purpose: the Python reader does not read it.  The C reader
+(fastelf.c) takes the same value from the image it has already read, and a check asks
+fastread.x86_isa_needed first; this function is the reference the tests compare it with,
+and the answer for files the C reader did not read.
 """
 from __future__ import annotations
 
