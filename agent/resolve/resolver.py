@@ -37,6 +37,7 @@ from . import tokens
 from .ldcache import LdCache, cache_stamp
 
 ET_DYN, ET_EXEC = 3, 2
+_UNSTAMPED = object()  # no stamp taken yet (a missing ld.so.cache stamps as None)
 EM_386, EM_X86_64 = 3, 62
 DF_1_PIE = 0x08000000
 
@@ -195,11 +196,8 @@ class Resolver:
         self._priorities = caps.priorities  # a new dict per use of the property: once per lookup
         self._ldcache: LdCache | None = None
         self._loaded_res: dict = {}  # (name, requester, path, soname) -> Resolution 'loaded'
-        self._ldcache_stamp = None
-        # ld.so.cache is stamped (stat) once per closure, not once per lookup (~300 per
-        # check of /usr/lib); outside a closure, every time
-        self._in_closure = False
-        self._cache_fresh = False
+        self._ldcache_stamp = _UNSTAMPED
+        self._in_closure = False  # see _restamp
         self._cache_memo: dict = {}
         self._elf: dict = {}  # (dev, ino, mtime_ns, size, symbols) -> ElfInfo
         self._listing: dict = {}  # host dir -> frozenset of names, or None
@@ -278,18 +276,26 @@ class Resolver:
         return info if info.path == path else _relabel(info, path)
 
     def ldcache(self) -> LdCache:
-        if self._cache_fresh and self._ldcache is not None:
-            return self._ldcache  # stamped already during this closure
-        host = self._host(self.cache_path)
-        stamp = cache_stamp(host)
-        self._cache_fresh = self._in_closure
-        if self._ldcache is None or stamp != self._ldcache_stamp:
-            self._ldcache = LdCache.load(host)
+        if not self._in_closure:
+            self._restamp()  # (a closure stamps once, at its start)
+        if self._ldcache is None:
+            self._ldcache = LdCache.load(self._host(self.cache_path))
+        return self._ldcache
+
+    def _restamp(self) -> None:
+        """ld.so.cache as a new process would read it: when the file changed since the last
+        stamp, the cache is read again (on its next lookup) and every answer that went through
+        it is dropped, the searches remembered per requester included (they would otherwise
+        answer without looking at the cache).  Stamped at the start of each closure, not per
+        lookup (~300 stats in a check of /usr/lib).  The rest of the file system is this
+        Resolver's snapshot: one Resolver per scan, fix or command."""
+        stamp = cache_stamp(self._host(self.cache_path))
+        if stamp != self._ldcache_stamp:
+            self._ldcache = None
             self._ldcache_stamp = stamp
             self._cache_memo = {}
             self._searched = {}  # searches went through the old cache
             self._plain = {}
-        return self._ldcache
 
     def _cache_lookup(self, name: str, abi: Abi):
         cache = self.ldcache()
@@ -644,13 +650,13 @@ class Resolver:
         not a loadable ELF object); ``symbols`` also reads dynamic symbols for
         Closure.undefined; ``preloaded`` names are loaded first, like LD_PRELOAD."""
         outer = self._in_closure
+        if not outer:
+            self._restamp()
         self._in_closure = True
         try:
             return self._closure(path, symbols, preloaded)
         finally:
             self._in_closure = outer
-            if not outer:
-                self._cache_fresh = False
 
     def _closure(self, path: str, symbols: bool, preloaded: tuple) -> Closure:
         info = self.read(path, symbols=symbols)

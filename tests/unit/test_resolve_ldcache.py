@@ -209,3 +209,31 @@ def test_fuzzed_caches_raise_only_bad_input():
             cache.lookup(entry.name, "x86_64", {"x86-64-v2": 1})
 
     fuzz()
+
+
+@needs_ldconfig
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_one_resolver_sees_ld_so_cache_rewritten_between_closures(tmp_path):
+    """ld.so.cache is stamped once per closure and the searches remembered per requester
+    are dropped with it: ldconfig rewriting the cache between two closures of one Resolver
+    moves the answer to the new entry (as a new ld.so process would see it)."""
+    from seedance.resolve import Resolver
+
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "foo.c").write_text(f"int foo_{side}(void) {{ return 1; }}\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libseedfoo.so.1", "-o",
+                        str(tmp_path / side / "libseedfoo.so.1"), str(tmp_path / side / "foo.c")], check=True)
+    (tmp_path / "user.c").write_text("int user(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libuser.so"), str(tmp_path / "user.c"),
+                    "-Wl,--no-as-needed", str(tmp_path / "a" / "libseedfoo.so.1")], check=True)
+    cache, conf = tmp_path / "ld.so.cache", tmp_path / "ld.so.conf"
+    resolver = Resolver(env={}, cache_path=str(cache))
+    seen = []
+    for side in ("a", "b", "a"):
+        conf.write_text(str(tmp_path / side) + "\n")
+        write_ld_so_cache(cache, conf)
+        closure = resolver.closure(str(tmp_path / "libuser.so"))
+        found = [r for r in closure.resolutions if r.name == "libseedfoo.so.1"][0]
+        seen.append((found.source, found.path))
+    assert seen == [("ld.so.cache", str(tmp_path / side / "libseedfoo.so.1")) for side in ("a", "b", "a")]
