@@ -212,6 +212,7 @@ class Resolver:
         self._path_lists: dict = {}  # (entries, origin, is_main, abi, separators) -> dirs
         self._checked: dict = {}  # (requester, file, provider) -> (VersionCheck, ...)
         self._group_candidates: dict = {}  # id(version check tuple) -> (tuple, gap candidates)
+        self._plain_searches: dict = {}  # (name, ABI, nodeflib) -> (found, tried, order, file id)
         self._plain: dict = {}  # (name, requester, is main) -> (path, ElfInfo, Resolution, file id): see _map
         llp = self.env.get("LD_LIBRARY_PATH")
         # a token in LD_LIBRARY_PATH expands against the main program: no search is plain
@@ -296,6 +297,7 @@ class Resolver:
             self._cache_memo = {}
             self._searched = {}  # searches went through the old cache
             self._plain = {}
+            self._plain_searches = {}
 
     def _cache_lookup(self, name: str, abi: Abi):
         cache = self.ldcache()
@@ -547,6 +549,9 @@ class Resolver:
             plain = (name, requester.path, requester.is_main) if _own_search_order(requester, main) else None
             if plain is not None:
                 known = self._plain.get(plain)
+                if known is None and not requester.info.runpath and "/" not in name \
+                        and not tokens.has_tokens(name):
+                    known = self._plain[plain] = self._shared_search(name, requester, main, abi)
                 if known is not None:
                     return self._plain_hit(name, known, requester, namespace, index)
         expanded = name
@@ -609,6 +614,30 @@ class Resolver:
         res = self._loaded_res[(name, requester, hit.path, soname)] = Resolution(
             name, requester, hit.path, "loaded", ((hit.path, "ok"),), (), soname)
         return res
+
+    def _shared_search(self, name: str, requester: _Loaded, main: _Loaded, abi: Abi) -> tuple:
+        """The remembered entry of _plain for a requester whose search order is its own and
+        holds no DT_RUNPATH: that order is LD_LIBRARY_PATH, ld.so.cache and the default
+        directories, the same for every such requester of one ABI and DF_1_NODEFLIB, so the
+        search itself is made once per (name, ABI, nodeflib) and only the Resolution is the
+        requester's (a check of /usr/lib searched ~2,600 (name, requester) pairs for ~300
+        names, each rebuilding the same plan)."""
+        shared = (name, abi.name, bool(requester.info.nodeflib))
+        outcome = self._plain_searches.get(shared)
+        if outcome is None:
+            found, tried, order = self._search(name, requester, main, abi)
+            if found is not None and found[0] == "fatal":
+                found = None
+            file_id = None
+            if found is not None:
+                st = self._stat_of(found[0])
+                file_id = (st.st_dev, st.st_ino) if st is not None else None
+            outcome = self._plain_searches[shared] = (found, tried, order, file_id)
+        found, tried, order, file_id = outcome
+        if found is None:
+            return None, None, Resolution(name, requester.path, None, "not-found", tried, order, None), None
+        path, info, source = found
+        return path, info, Resolution(name, requester.path, path, source, tried, order, info.soname), file_id
 
     def _plain_hit(self, name: str, known: tuple, requester: _Loaded, namespace: list, index):
         """_map's answer from a remembered plain search (see _map): what follows the search

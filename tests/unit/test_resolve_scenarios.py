@@ -419,3 +419,32 @@ def test_one_resolver_answers_each_root_in_its_own_search_context(tmp_path, orde
     assert sources == {"rpath": "rpath", "wrapped": "rpath", "runpath": "not-found", "alone": "not-found"}
     assert subprocess.run([roots["rpath"]], env=CLEAN).returncode == 0
     assert subprocess.run([roots["wrapped"]], env=CLEAN).returncode == 0
+
+
+@pytest.mark.parametrize("order", [("plain", "nodeflib", "runpath"), ("runpath", "nodeflib", "plain")])
+def test_requesters_share_a_search_only_where_their_order_is_the_same(tmp_path, order):
+    """The resolver searches a name once for every requester whose order is LD_LIBRARY_PATH,
+    ld.so.cache and the default directories; a requester with DF_1_NODEFLIB (which refuses
+    the cache's system entries and the default directories) or with its own DT_RUNPATH
+    searches for itself.  Three programs NEED libm.so.6, one Resolver checks them in either
+    order, each as ld.so loads it."""
+    own = tmp_path / "own"
+    lib(own, "libm.so.6", "int own_m(void){return 0;}")  # a private libm the RUNPATH finds first
+    roots = {
+        "plain": prog(tmp_path / "app_plain", "int main(void){return 0;}", needs=["-lm"]),
+        "nodeflib": prog(tmp_path / "app_nodeflib", "int main(void){return 0;}", needs=["-lm"],
+                         extra=["-Wl,-z,nodefaultlib"]),
+        "runpath": prog(tmp_path / "app_runpath", "int main(void){return 0;}", needs=[str(own / "libm.so.6")],
+                        runpath=str(own)),
+    }
+    resolver = Resolver(env={})
+    sources = {}
+    for label in order:
+        expected = real_ldd(roots[label])
+        got = parity.ours(resolver, str(roots[label]))
+        assert parity.compare(expected, got) is None, label
+        found = source_of(resolver.closure(str(roots[label])), "libm.so.6")
+        sources[label] = (found.source, os.path.dirname(found.path or ""))
+    assert sources["runpath"] == ("runpath", str(own))
+    assert sources["nodeflib"][0] == "not-found"
+    assert sources["plain"][0] in ("ld.so.cache", "default") and sources["plain"][1] != str(own)
