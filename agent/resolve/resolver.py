@@ -553,7 +553,7 @@ class Resolver:
                         and not tokens.has_tokens(name):
                     known = self._plain[plain] = self._shared_search(name, requester, main, abi)
                 if known is not None:
-                    return self._plain_hit(name, known, requester, namespace, index)
+                    return self._place(name, known, requester, namespace, index)
         expanded = name
         if tokens.has_tokens(name):
             expanded = tokens.expand(name, requester.origin, abi.lib, self.platform, secure=self.secure,
@@ -580,31 +580,18 @@ class Resolver:
                 found = None
         if found is None:
             res = Resolution(name, requester.path, None, "not-found", tried, order, None)
-            if plain is not None:
-                self._plain[plain] = (None, None, res, None)
             if preload:
                 return None, res, False  # rtld.c do_preload: a missing preload is ignored
-            fake = _Loaded(None, None, [name], requester, None, None)
-            namespace.append(fake)
-            return fake, res, True
-
-        path, info, source = found
-        st = self._stat_of(path)
-        file_id = (st.st_dev, st.st_ino) if st is not None else None
-        res = Resolution(name, requester.path, path, source, tried, order, info.soname)
+            found_entry = (None, None, res, None)
+        else:
+            path, info, source = found
+            st = self._stat_of(path)
+            file_id = (st.st_dev, st.st_ino) if st is not None else None
+            found_entry = (path, info, Resolution(name, requester.path, path, source, tried, order, info.soname),
+                           file_id)
         if plain is not None:
-            self._plain[plain] = (path, info, res, file_id)
-        same = namespace.by_file.get(file_id) if index is not None else next(
-            (obj for obj in namespace if file_id is not None and obj.file_id == file_id), None)
-        if same is not None:
-            if name not in same.names:
-                same.names.append(name)
-                if index is not None:
-                    namespace.note_name(same, name)
-            return same, res, False
-        obj = _Loaded(path, info, [name], requester, _origin_of(path), file_id)
-        namespace.append(obj)
-        return obj, res, True
+            self._plain[plain] = found_entry
+        return self._place(name, found_entry, requester, namespace, index)
 
     def _loaded(self, name: str, requester: str, hit: _Loaded) -> Resolution:
         """The Resolution 'loaded' of ``name`` by an object already mapped: the same answer
@@ -639,9 +626,11 @@ class Resolver:
         path, info, source = found
         return path, info, Resolution(name, requester.path, path, source, tried, order, info.soname), file_id
 
-    def _plain_hit(self, name: str, known: tuple, requester: _Loaded, namespace: list, index):
-        """_map's answer from a remembered plain search (see _map): what follows the search
-        there, over the remembered path, ElfInfo, Resolution and file identity."""
+    def _place(self, name: str, known: tuple, requester: _Loaded, namespace: list, index):
+        """What follows a search in _map, over its (path, ElfInfo, Resolution, file identity),
+        found now or remembered (_plain): a name found nowhere is an l_faked placeholder; a
+        file already mapped (same inode) is that object, answering to one more name; else a
+        new object, loaded by the requester."""
         path, info, res, file_id = known
         if path is None:
             fake = _Loaded(None, None, [name], requester, None, None)

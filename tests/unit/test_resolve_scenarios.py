@@ -387,6 +387,19 @@ def test_root_resolves_inside_another_tree(tmp_path):
     assert exe.exists()
 
 
+def one_resolver_in_order(roots: dict, order, name: str) -> dict:
+    """label -> the Resolution of NEEDED ``name`` in that root's closure, from ONE Resolver
+    checking the roots in ``order``; each root's whole closure is asserted equal to ldd's."""
+    resolver = Resolver(env={})
+    found = {}
+    for label in order:
+        expected = real_ldd(roots[label])
+        got = parity.ours(resolver, str(roots[label]))
+        assert parity.compare(expected, got) is None, label
+        found[label] = source_of(resolver.closure(str(roots[label])), name)
+    return found
+
+
 @pytest.mark.parametrize("order", [("rpath", "wrapped", "runpath", "alone"), ("alone", "runpath", "wrapped", "rpath")])
 def test_one_resolver_answers_each_root_in_its_own_search_context(tmp_path, order):
     """The resolver remembers a requester's search when it is the requester's own (no
@@ -407,14 +420,7 @@ def test_one_resolver_answers_each_root_in_its_own_search_context(tmp_path, orde
                         needs=[wrap], runpath=str(d3)),
         "alone": mid,
     }
-    resolver = Resolver(env={})
-    sources = {}
-    for label in order:
-        expected = real_ldd(roots[label])
-        got = parity.ours(resolver, str(roots[label]))
-        assert parity.compare(expected, got) is None, label
-        closure = resolver.closure(str(roots[label]))
-        sources[label] = source_of(closure, "libleaf.so").source
+    sources = {label: res.source for label, res in one_resolver_in_order(roots, order, "libleaf.so").items()}
     # the contexts really differ: found through an inherited DT_RPATH, or nowhere
     assert sources == {"rpath": "rpath", "wrapped": "rpath", "runpath": "not-found", "alone": "not-found"}
     assert subprocess.run([roots["rpath"]], env=CLEAN).returncode == 0
@@ -437,14 +443,8 @@ def test_requesters_share_a_search_only_where_their_order_is_the_same(tmp_path, 
         "runpath": prog(tmp_path / "app_runpath", "int main(void){return 0;}", needs=[str(own / "libm.so.6")],
                         runpath=str(own)),
     }
-    resolver = Resolver(env={})
-    sources = {}
-    for label in order:
-        expected = real_ldd(roots[label])
-        got = parity.ours(resolver, str(roots[label]))
-        assert parity.compare(expected, got) is None, label
-        found = source_of(resolver.closure(str(roots[label])), "libm.so.6")
-        sources[label] = (found.source, os.path.dirname(found.path or ""))
+    sources = {label: (res.source, os.path.dirname(res.path or ""))
+               for label, res in one_resolver_in_order(roots, order, "libm.so.6").items()}
     assert sources["runpath"] == ("runpath", str(own))
     assert sources["nodeflib"][0] == "not-found"
     assert sources["plain"][0] in ("ld.so.cache", "default") and sources["plain"][1] != str(own)
