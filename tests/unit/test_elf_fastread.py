@@ -69,21 +69,30 @@ def c_verdict(path: str, symbols=False):
 
 def tables_differ(path: str, info) -> bool:
     """Whether fastread.symbol_tables (built from the C reader's raw symbols) differs from
-    the resolver's tables over the reference reader's symbols of the same file."""
-    from seedance.resolve import Resolver
+    the resolver's tables over ``info``, the reference reader's symbols of the same file."""
+    from seedance.resolve.resolver import Resolver
 
-    return fastread.symbol_tables(path) != Resolver()._symbol_tables(path, info)
+    # _symbol_tables reads only ``info``; a fresh object, without __init__'s host probing
+    # (/proc/cpuinfo), so that no table is remembered from another file
+    return fastread.symbol_tables(path) != Resolver._symbol_tables(_Bare(), path, info)
 
 
-def exports_differ(path: str, prefixes=TORCH_PREFIXES) -> bool:
+class _Bare:
+    def __init__(self):
+        self._elf = {}
+
+
+def exports_differ(path: str, prefixes=TORCH_PREFIXES, info=None) -> bool:
     """Whether fastread.exported_names differs from what cxxabi.TorchAbiCache.defined makes
-    of the reference reader's prefixed symbols."""
+    of the reference reader's prefixed symbols (``info``: that read, when made already)."""
     from seedance.collect.cxxabi import TorchAbiCache
 
-    theirs = python_verdict(path, prefixes)
-    if theirs[0] != "ok":
-        return False
-    return fastread.exported_names(path, prefixes) != TorchAbiCache().defined(path, theirs[1])
+    if info is None:
+        theirs = python_verdict(path, prefixes)
+        if theirs[0] != "ok":
+            return False
+        info = theirs[1]
+    return fastread.exported_names(path, prefixes) != TorchAbiCache().defined(path, info)
 
 
 def isa_differs(path: str):
@@ -341,7 +350,7 @@ def fuzz(count: int, seed: int) -> dict:
             if symbols is True and ours[0] == "ok" and not differ:
                 differ = tables_differ(path, theirs[1])
             elif type(symbols) is tuple and ours[0] == "ok" and not differ:
-                differ = exports_differ(path, symbols)
+                differ = exports_differ(path, symbols, theirs[1])
             if ours[0] == "ok" and properties.x86_isa_needed(path):
                 summary["isa_marked"] += 1
             if ours[0] != "fallback" and differ and len(summary["mismatches"]) < 5:
