@@ -281,6 +281,10 @@ def test_the_agent_places_workloads_as_they_come_and_go(tmp_path, burners):
         while "seedance-encoders-" not in _cgroups(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert "seedance-encoders-" in _cgroups(pids[0]), agent.log_text()
+        # the agent moves the pids inside its quota pass and logs the event after the pass
+        # (state saved): the move can be seen before the line is written
+        while not any(e.get("event") == "quota-placed" for e in agent.events()) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert any(e.get("event") == "quota-placed" for e in agent.events()), agent.log_text()
         status = agent.status()
         body = urllib.request.urlopen(f"http://{status['agent']['metrics']}/metrics", timeout=5).read().decode()
