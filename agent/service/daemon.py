@@ -36,7 +36,6 @@ from .state import StateStore
 STATUS_SCHEMA = "seedance.agent-status/v1"
 WRAPPER_GRACE_S = 30.0
 QUOTA_POLL_S = 2.0      # quota pass: new labelled workloads are placed within this
-QUOTA_IDLE_S = 30.0     # no quota policy stored: look again this far apart
 IDLE_SCAN_MAX_S = 60.0   # an empty registry is re-read at most this far apart (busy: every gc-interval)
 PROBE_POLL_S = 5.0       # probe findings and counts are collected this often
 
@@ -241,7 +240,10 @@ class Agent:
         if self._quota is None:
             store = QuotaStore(config_mod.config_dir(self.env) / "quota", config_mod.state_dir(self.env) / "quota")
             if not store.config_dir.is_dir() and not (store.state_dir / "state.json").exists():
-                return QUOTA_IDLE_S  # no policy was ever applied here
+                # no policy was ever applied here: look again at the next pass (two stats),
+                # so a policy applied while the agent runs is honoured within a pass (it was
+                # 30 s, which the agent's quota test only met by its own 30 s deadline)
+                return QUOTA_POLL_S
             self._quota = QuotaController(store)
         for event in self._quota.tick():
             name = event["event"]
