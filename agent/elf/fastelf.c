@@ -941,39 +941,29 @@ static int parse(struct parser *p)
 
 /* --- x86 ISA level ---------------------------------------------------------------------- */
 
-/* little-endian loads from the file image, at offsets already checked against its size */
-static uint32_t le32(const unsigned char *b)
-{
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
-static uint64_t le64(const unsigned char *b)
-{
-    return (uint64_t)le32(b) | (uint64_t)le32(b + 4) << 32;
-}
-
-/* properties.py _isa_from_notes: NT_GNU_PROPERTY_TYPE_0 "GNU" notes, properties padded to 8 */
-static unsigned int isa_from_notes(const unsigned char *data, uint64_t len)
+/* properties.py _isa_from_notes: NT_GNU_PROPERTY_TYPE_0 "GNU" notes in [base, base + len)
+ * of the image, properties padded to 8 (read with get(): the caller checked little-endian) */
+static unsigned int isa_from_notes(const struct parser *p, uint64_t base, uint64_t len)
 {
     unsigned int needed = 0;
     uint64_t at = 0;
     while (at + 12 <= len) {
-        uint64_t namesz = le32(data + at), descsz = le32(data + at + 4);
-        uint32_t n_type = le32(data + at + 8);
+        uint64_t namesz = get(p, base + at, 4), descsz = get(p, base + at + 4, 4);
+        uint32_t n_type = (uint32_t)get(p, base + at + 8, 4);
         uint64_t name_at = at + 12;
         uint64_t desc_at = name_at + ((namesz + 3) & ~(uint64_t)3);
         uint64_t end = desc_at + ((descsz + 7) & ~(uint64_t)7);
         if (desc_at + descsz > len)
             break;
-        if (n_type == NT_GNU_PROPERTY_TYPE_0 && namesz == 4 && memcmp(data + name_at, "GNU", 4) == 0) {
+        if (n_type == NT_GNU_PROPERTY_TYPE_0 && namesz == 4 && memcmp(p->data + base + name_at, "GNU", 4) == 0) {
             uint64_t ptr = desc_at, stop = desc_at + descsz;
             while (ptr + 8 <= stop) {
-                uint32_t pr_type = le32(data + ptr);
-                uint64_t pr_datasz = le32(data + ptr + 4);
+                uint32_t pr_type = (uint32_t)get(p, base + ptr, 4);
+                uint64_t pr_datasz = get(p, base + ptr + 4, 4);
                 if (ptr + 8 + pr_datasz > stop)
                     break;
                 if (pr_type == GNU_PROPERTY_X86_ISA_1_NEEDED && pr_datasz == 4)
-                    needed |= le32(data + ptr + 8);
+                    needed |= (unsigned int)get(p, base + ptr + 8, 4);
                 ptr += 8 + ((pr_datasz + 7) & ~(uint64_t)7);
             }
         }
@@ -992,27 +982,26 @@ static unsigned int isa_from_notes(const unsigned char *data, uint64_t len)
  * os.pread's OverflowError there, is past any file too). */
 static unsigned int x86_isa_needed(const struct parser *p)
 {
-    const unsigned char *d = p->data;
     uint64_t size = (uint64_t)p->size;
-    if (size < 64 || memcmp(d, "\x7f" "ELF", 4) != 0 || d[4] != 2 || d[5] != 1)
+    if (size < 64 || memcmp(p->data, "\x7f" "ELF", 4) != 0 || p->data[4] != 2 || p->data[5] != 1)
         return 0;
-    if ((d[18] | d[19] << 8) != EM_X86_64)
+    if (get(p, 18, 2) != EM_X86_64)
         return 0;
-    uint64_t phoff = le64(d + 32);
-    unsigned phentsize = d[54] | d[55] << 8, phnum = d[56] | d[57] << 8;
+    uint64_t phoff = get(p, 32, 8);
+    unsigned phentsize = (unsigned)get(p, 54, 2), phnum = (unsigned)get(p, 56, 2);
     if (phentsize < 56 || phnum == 0 || phnum > 4096)
         return 0;
     uint64_t table = phoff < size ? size - phoff : 0;
     if (table > (uint64_t)phentsize * phnum)
         table = (uint64_t)phentsize * phnum;
     for (uint64_t i = 0; i < table / phentsize; i++) {
-        const unsigned char *ph = d + phoff + i * phentsize;
-        uint64_t p_offset = le64(ph + 8), p_filesz = le64(ph + 32);
-        if (le32(ph) == PT_GNU_PROPERTY && p_filesz > 0 && p_filesz <= MAX_PROPERTY_SEGMENT) {
+        uint64_t ph = phoff + i * phentsize;
+        uint64_t p_offset = get(p, ph + 8, 8), p_filesz = get(p, ph + 32, 8);
+        if (get(p, ph, 4) == PT_GNU_PROPERTY && p_filesz > 0 && p_filesz <= MAX_PROPERTY_SEGMENT) {
             uint64_t len = p_offset < size ? size - p_offset : 0;
             if (len > p_filesz)
                 len = p_filesz;
-            return isa_from_notes(d + (p_offset < size ? p_offset : 0), len);
+            return isa_from_notes(p, p_offset < size ? p_offset : 0, len);
         }
     }
     return 0;

@@ -82,8 +82,10 @@ def _prefixes(ffi, prefixes: tuple):
 
 def read(path: str, symbols: bool | tuple = False, tables: bool = False):
     """ElfInfo for ``path`` (no fatbins), ELFError, or None: use the Python reader.
-    ``symbols`` as read_elf's: False, True, or a tuple of name prefixes.  ``tables``: with
-    symbols=True, the resolver's symbol tables instead of the ElfInfo (symbol_tables)."""
+    ``symbols`` as read_elf's: False, True, or a tuple of name prefixes.  ``tables``: instead
+    of the ElfInfo, what the symbols give without Symbol objects: with symbols=True the
+    resolver's symbol tables (symbol_tables), with prefixes the exported names
+    (exported_names)."""
     loaded = _lib if _lib is not None else _load()
     if not loaded or "\0" in path:
         return None
@@ -149,22 +151,15 @@ def _symbols(ffi, syms) -> tuple:
     libtorch_cpu has ~75,000 dynamic symbols, and Symbol's frozen __init__ was ~1/3 of
     reading them)."""
     global _names
-    import struct
-
     from .info import Symbol
     from .reader import BIND_NAMES, STT_NAMES
 
     if _names is None:
         _names = ([BIND_NAMES.get(n, str(n)) for n in range(16)], [STT_NAMES.get(n, str(n)) for n in range(16)])
     bind_names, type_names = _names
-    count = syms.count
-    if not count:
+    if not syms.count:
         return ()
-    names = ffi.unpack(syms.names, syms.names_len).decode("utf-8", "surrogateescape").split("\0")
-    versions = [None]
-    if syms.n_versions:
-        versions += ffi.unpack(syms.versions, syms.versions_len).decode("utf-8", "surrogateescape").split("\0")
-    records = struct.iter_unpack("=BBBBI", ffi.buffer(syms.records, 8 * count))
+    names, versions, records = _raw(ffi, syms)
     new, set_dict = object.__new__, object.__setattr__
     out = []
     append = out.append
@@ -174,6 +169,18 @@ def _symbols(ffi, syms) -> tuple:
                                       "type": type_names[kind], "version": versions[slot], "hidden": hidden == 1})
         append(symbol)
     return tuple(out)
+
+
+def _raw(ffi, syms) -> tuple:
+    """(names, versions by slot (slot 0: None), iterator of (bind, type, defined, hidden,
+    slot) records) of a non-empty symbol output, as fastelf.h lays it out."""
+    import struct
+
+    names = ffi.unpack(syms.names, syms.names_len).decode("utf-8", "surrogateescape").split("\0")
+    versions = [None]
+    if syms.n_versions:
+        versions += ffi.unpack(syms.versions, syms.versions_len).decode("utf-8", "surrogateescape").split("\0")
+    return names, versions, struct.iter_unpack("=BBBBI", ffi.buffer(syms.records, 8 * syms.count))
 
 
 def symbol_tables(path: str):
@@ -206,16 +213,9 @@ def _tables(ffi, syms) -> tuple:
     """The tables of Resolver._symbol_tables (its docstring says what the tags mean), over
     the raw records: bind 0 is STB_LOCAL, 1 STB_GLOBAL; one frozenset per (version, hidden)
     for a name defined once, the union for a name defined under several versions."""
-    import struct
-
-    count = syms.count
-    if not count:
+    if not syms.count:
         return {}, ()
-    names = ffi.unpack(syms.names, syms.names_len).decode("utf-8", "surrogateescape").split("\0")
-    versions = [None]
-    if syms.n_versions:
-        versions += ffi.unpack(syms.versions, syms.versions_len).decode("utf-8", "surrogateescape").split("\0")
-    records = struct.iter_unpack("=BBBBI", ffi.buffer(syms.records, 8 * count))
+    names, versions, records = _raw(ffi, syms)
     shared: dict = {}  # (version slot, hidden) -> the tags of one such definition
     defs: dict = {}
     undefs = []
