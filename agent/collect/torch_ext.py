@@ -233,10 +233,9 @@ def inventory(roots, ninja_only: bool = False) -> list:
         for entry in _subdirs(root):
             full = os.path.join(root, entry)
             if _TAG.match(entry):
-                for name in _listdir(full):
+                for name in _subdirs(full):
                     build_dir = os.path.join(full, name)
-                    if os.path.isdir(build_dir) and not os.path.islink(build_dir) and (
-                            not ninja_only or os.path.isfile(os.path.join(build_dir, "build.ninja"))):
+                    if not ninja_only or os.path.isfile(os.path.join(build_dir, "build.ninja")):
                         builds.append(_read_build(build_dir, name, entry))
             elif not ninja_only or os.path.isfile(os.path.join(full, "build.ninja")):
                 builds.append(_read_build(full, entry, None))
