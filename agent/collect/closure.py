@@ -311,6 +311,11 @@ def driver_facts(runtimes: dict, gpu, dedup: FactDedup) -> list:
 TORCH_LIB_PREFIXES = ("libc10", "libtorch", "libshm")
 
 
+# the file names of torch's own core libraries (scan.py starts the C++ ABI check's helper
+# when a tree holds one)
+TORCH_CORE_NAMES = ("libc10.so", "libtorch_cpu.so", "libtorch.so")
+
+
 def torch_libs(closure, memo: dict | None = None) -> list:
     """Paths of torch's own core libraries (libc10, libtorch*) in the closure.
     ``memo``: path -> whether it is one, across the closures of one scan."""
@@ -318,5 +323,5 @@ def torch_libs(closure, memo: dict | None = None) -> list:
         memo = {}
     for path in closure.objects:
         if path not in memo:
-            memo[path] = os.path.basename(path).startswith(("libc10.so", "libtorch_cpu.so", "libtorch.so"))
+            memo[path] = os.path.basename(path).startswith(TORCH_CORE_NAMES)
     return [path for path in closure.objects if memo[path]]

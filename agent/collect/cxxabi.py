@@ -105,17 +105,35 @@ def abi_of(symbol_names) -> tuple:
 class TorchAbiCache:
     """ABI and exports of each torch library, read once per scan (libtorch_cpu has ~100k symbols)."""
 
-    def __init__(self):
+    def __init__(self, key=None):
         self._abi: dict = {}
-        self._defined: dict = {}
+        self._defined: dict = {}  # key(path) -> frozenset of the names it exports
+        # the file a path names (the scan's (dev, inode)): torch's test programs reach
+        # torch/bin/../lib/libtorch_cpu.so, its extensions torch/lib/libtorch_cpu.so
+        self._key = key or str
 
     def defined(self, path: str, info) -> frozenset:
         """Names ``path`` exports to other objects: defined, not local, not a hidden version."""
-        if path not in self._defined:
+        key = self._key(path)
+        known = self._defined.get(key)
+        if known is None:
             # a list comprehension, not a generator: ~100k symbols of libtorch_cpu (issue 13)
-            self._defined[path] = frozenset([s.name for s in info.symbols
-                                             if s.defined and s.binding != "LOCAL" and not s.hidden])
-        return self._defined[path]
+            known = self._defined[key] = frozenset([s.name for s in info.symbols
+                                                    if s.defined and s.binding != "LOCAL" and not s.hidden])
+        return known
+
+    def warm(self, paths, read_exports) -> None:
+        """Read ahead the exports of ``paths`` (torch's libraries), as missing() would read
+        them: the check's helper does this while the root loop gets to the first extension."""
+        for path in paths:
+            key = self._key(path)
+            if key not in self._defined:
+                try:
+                    exports = read_exports(path)
+                except Exception:
+                    continue  # left to missing(), which meets the same error and goes on
+                if exports is not None:
+                    self._defined[key] = exports
 
     def missing(self, imports, ext_path: str, closure_objects: dict, torch_paths, read_symbols,
                 read_exports=None) -> list:
@@ -134,14 +152,15 @@ class TorchAbiCache:
             if not left:
                 break
             info = closure_objects[path]
-            if path not in self._defined and not info.symbols and read_exports is not None:
+            key = self._key(path)
+            if key not in self._defined and not info.symbols and read_exports is not None:
                 try:
                     exports = read_exports(path)  # the names alone, when the reader can
                 except Exception:
                     exports = None
                 if exports is not None:
-                    self._defined[path] = exports
-            if path not in self._defined and not info.symbols:
+                    self._defined[key] = exports
+            if key not in self._defined and not info.symbols:
                 try:
                     info = read_symbols(path)
                 except Exception:  # an unreadable object is the loader rules' finding, not ours

@@ -20,7 +20,7 @@ from ..model import Fact, Report
 from ..record import NEW, Record
 from . import closure as closure_facts
 from . import config as config_collect
-from . import cuda, cxxabi, fatbin, host, practice
+from . import cuda, cxxabi, fatbin, helper, host, practice
 # process (pids, the host scope) and torch_ext (--python, directories, torch extensions) are
 # imported where used: with their dataclasses ~10M instructions of a `seedance fix` of one
 # library, which needs neither (callgrind, issue 13)
@@ -89,7 +89,7 @@ class Scanner:
         self.stats: Counter = Counter()
         self.errors: list = []
         self.dedup = closure_facts.FactDedup()
-        self.torch_abi = cxxabi.TorchAbiCache()
+        self.torch_abi = cxxabi.TorchAbiCache(key=self.dedup.identity)
         self.fatbin_seen: set = set()
         self.static_runtime_seen: set = set()  # objects checked for a linked-in CUDA runtime
         self.objects_seen: set = set()
@@ -113,6 +113,9 @@ class Scanner:
         # check --bundle (collect/bundle.py) records each closure and process as it is read
         self.on_closure = None  # (root, ClosureResult, runtimes) -> None
         self.on_process = None  # (ProcessView) -> None
+        # the C++ ABI check's jobs, run beside the root loop by a forked helper (helper.py)
+        self._abi_jobs = None  # helper.Helper, when this scan has enough roots for one
+        self._abi_placed: list = []  # (index in self.facts, ticket): where each job's facts go
 
     # --- entry point ------------------------------------------------------------------
     def run(self) -> Report:
@@ -163,6 +166,12 @@ class Scanner:
             self._process(pid, explicit=True)
         for path in configs:
             self._config(path, explicit=not self.options.host_scope)
+        if helper.wanted(len(roots), HELPER_MIN_ROOTS):
+            torch_roots = [path for path in roots if os.path.basename(path).startswith(closure_facts.TORCH_CORE_NAMES)]
+            if torch_roots:  # the tree holds a torch: its extensions and test programs follow
+                self._abi_jobs = helper.Helper(self._cxx_abi_job, warm=lambda: self.torch_abi.warm(
+                    torch_roots, self._torch_exports))
+                self._abi_jobs.start()
         self.progress.start(len(roots), "checking")
         try:
             for path in roots:
@@ -170,6 +179,7 @@ class Scanner:
                 self.progress.advance(note=path)
         finally:
             self.progress.finish()
+            self._place_abi_facts()
         self.facts.extend(closure_facts.needed_facts(self.dedup, self._explain_missing))
         self.facts.extend(closure_facts.runtime_mix_facts(self.dedup))
         if self.options.host_scope:
@@ -621,12 +631,38 @@ class Scanner:
         return fatbin.fatbin_facts(path, entries, self.gpu.targets, driver=self.gpu.driver_version)
 
     def _cxx_abi(self, path: str, result, torch_paths) -> None:
+        job = (path, tuple(result.objects), tuple(torch_paths))
+        jobs = self._abi_jobs
+        if jobs is None:
+            self.facts.extend(self._cxx_abi_job(job))
+            return
+        self._abi_placed.append((len(self.facts), jobs.submit(job)))
+
+    def _cxx_abi_job(self, job) -> list:
+        """The cxx_abi and torch_symbols facts of one root: (root, its closure's paths in
+        load order, torch's libraries among them).  A pure function of the files, so the
+        helper's answer is the loop's: the objects are the resolver's reads of those paths,
+        as the closure holds them."""
+        path, object_paths, torch_paths = job
+        read, symbols = self.resolver.read, self.options.strict
+        objects = {obj_path: read(obj_path, symbols=symbols) for obj_path in object_paths}
         torch = self._torch_for(path)
         torch_lib = os.path.join(torch.path, "lib") if torch is not None else None
         source = torch.source if torch_lib and any(os.path.dirname(p) == torch_lib for p in torch_paths) \
             else "found through its own library search path"
-        self.facts.extend(cxxabi.extension_facts(path, result.objects, torch_paths, self.torch_abi,
-                                                 self._torch_symbols, source, self._torch_exports))
+        return cxxabi.extension_facts(path, objects, list(torch_paths), self.torch_abi,
+                                      self._torch_symbols, source, self._torch_exports)
+
+    def _place_abi_facts(self) -> None:
+        """The helper's facts, each job's where the loop would have added them (from the
+        last, so the earlier places stay where they were)."""
+        jobs, placed = self._abi_jobs, self._abi_placed
+        if jobs is None:
+            return
+        self._abi_jobs, self._abi_placed = None, []
+        results = jobs.finish()
+        for index, ticket in reversed(placed):
+            self.facts[index:index] = results[ticket]
 
     def _torch_symbols(self, path: str):
         """``path`` read with only its c10/at/torch/caffe2 symbols: building a Symbol for each
@@ -683,6 +719,10 @@ class Scanner:
             self.stats["unreadable"] += 1
             self.errors.append({"path": path, "error": describe_os_error(exc)})
 
+
+# A check of a tree that holds a torch hands the C++ ABI check to a helper process
+# (helper.py) from this many roots: fewer leave the helper little to overlap with.
+HELPER_MIN_ROOTS = 64
 
 # Python sources and bytecode and C/CUDA headers: files no loader maps, ~28,000 of the 33,500
 # files of a site-packages with torch and /usr/local/cuda.  Opening each to read 4 bytes was

@@ -252,7 +252,9 @@ def system_dirs(lines, name) -> list:
     path = next(line for line in lines[start:] if line.startswith("search path=") and "(system search path)" in line)
     dirs = []
     for entry in path.split("=", 1)[1].split()[0].split(":"):
-        base = re.sub(r"/(glibc-hwcaps/[^/]+|tls(/x86_64)*|x86_64(/x86_64)*)$", "", entry)
+        # (the legacy subdirectories too: tls/haswell/avx512_1/x86_64 on an AVX-512 Intel CPU)
+        base = re.sub(r"/(glibc-hwcaps/[^/]+|(tls|haswell|xeon_phi|avx512_1|x86_64)"
+                      r"(/(haswell|xeon_phi|avx512_1|x86_64))*)$", "", entry)
         if base + "/" not in dirs:
             dirs.append(base + "/")
     return dirs

@@ -19,8 +19,11 @@ from seedance.resolve.tokens import is_trusted
 from tests.conftest import ld_so_cache_try, run_with_ld_so_cache, write_ld_so_cache
 
 CLEAN = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
-# the directory variants ld.so prints in a search path before each directory it was given
-VARIANT = re.compile(r"/(glibc-hwcaps/[^/:]+|tls(/x86_64){0,2}|x86_64(/x86_64)?)$")
+# the directory variants ld.so prints in a search path before each directory it was given:
+# glibc-hwcaps levels and the legacy tls/platform/hwcap subdirectories (on an Intel CPU
+# with AVX-512, glibc 2.36 also tries tls/haswell/avx512_1/x86_64 and its shorter forms)
+VARIANT = re.compile(r"/(glibc-hwcaps/[^/:]+|(tls|haswell|xeon_phi|avx512_1|x86_64)"
+                     r"(/(haswell|xeon_phi|avx512_1|x86_64))*)$")
 SOURCES = {"RPATH": "rpath", "RUNPATH": "runpath", "LD_LIBRARY_PATH": "ld_library_path",
            "system search path": "default"}
 

@@ -1,0 +1,184 @@
+"""A forked copy of the check that runs one kind of job beside the root loop, on a second core.
+
+A check of site-packages with torch spends about a third of its time in the C++ ABI check
+of torch's extensions and test programs (reading their c10/at/torch imports and torch's
+exports), work that needs nothing the root loop computes after it but the paths of the
+closure (issue 13: "parallel scan across cores ... with a measured gain or it goes").  The
+loop hands each such job to this helper and carries on; the results are put back where the
+loop would have put them, so the report is the same fact for fact, in the same order.
+
+Why a fork and not multiprocessing or threads: the job is Python (the GIL would serialise
+threads), the helper needs the scan's state as it stands (resolver, torch caches), and
+multiprocessing's import alone costs what a small check takes.
+
+Nothing is lost when the helper fails: a fork that fails (EAGAIN), a helper that dies, a
+job that raised there or an answer that cannot be read, and those jobs run here, inline,
+as they would have without it.  SEEDANCE_JOBS=1 keeps every job inline.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def wanted(jobs_expected: int, minimum: int) -> bool:
+    """A helper pays for its fork (a few ms) only with enough jobs, a second core, and
+    SEEDANCE_JOBS not 1."""
+    setting = os.environ.get("SEEDANCE_JOBS", "")
+    if setting == "1":
+        return False
+    return jobs_expected >= minimum and cores() >= 2
+
+
+class Helper:
+    """``run(job) -> result``, in a forked child once started, inline otherwise.
+
+    submit() returns a ticket; finish() returns {ticket: result} for every job submitted,
+    each computed once: by the helper, or here when the helper could not answer for it.
+    Jobs and results must pickle."""
+
+    def __init__(self, run, warm=None):
+        self._run = run
+        self._warm = warm  # called in the helper first: what its jobs will all need, read ahead
+        self._jobs: list = []  # every job submitted, by ticket, for an inline rerun
+        self._pid = None
+        self._to_helper = None  # our end of the jobs pipe (a buffered file)
+        self._from_helper = None  # fd of the results pipe
+        self._inline: dict = {}  # ticket -> result computed here
+
+    @property
+    def running(self) -> bool:
+        return self._pid is not None
+
+    def start(self) -> bool:
+        """Fork the helper; False (jobs then run inline) when the system refuses."""
+        if self._pid is not None:
+            return True
+        jobs_r, jobs_w = os.pipe()
+        results_r, results_w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (jobs_r, jobs_w, results_r, results_w):
+                os.close(fd)
+            return False
+        if pid == 0:  # the helper: never returns
+            status = 1
+            try:
+                os.close(jobs_w)
+                os.close(results_r)
+                status = self._serve(jobs_r, results_w)
+            finally:
+                os._exit(status)  # no atexit, no flushing of the parent's buffers
+        os.close(jobs_r)
+        os.close(results_w)
+        self._pid = pid
+        self._to_helper = os.fdopen(jobs_w, "wb")
+        self._from_helper = results_r
+        return True
+
+    def _serve(self, jobs_fd: int, results_fd: int) -> int:
+        """In the helper: every job, then every answer at once.  The answers are written
+        only after the last job is read, so neither side ever waits on a full pipe while
+        the other does."""
+        answers = []
+        if self._warm is not None:
+            try:
+                self._warm()
+            except Exception:  # a cache left cold: the jobs read it themselves
+                pass
+        with os.fdopen(jobs_fd, "rb") as jobs:
+            while True:
+                try:
+                    # one load per dump: each dump numbers its memo from 0, and one
+                    # Unpickler over them all would read a later job's references
+                    # into an earlier job's objects
+                    ticket, job = pickle.load(jobs)
+                except EOFError:
+                    break
+                try:
+                    answers.append((ticket, self._run(job)))
+                except Exception:  # run here again: it raises there too, as it would have
+                    continue
+        try:
+            data = pickle.dumps(answers, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # an answer that does not pickle: every job runs inline
+            return 1
+        with os.fdopen(results_fd, "wb") as out:
+            out.write(data)
+        return 0
+
+    def submit(self, job) -> int:
+        ticket = len(self._jobs)
+        self._jobs.append(job)
+        if self._pid is None:
+            self._inline[ticket] = self._run(job)
+            return ticket
+        try:
+            pickle.dump((ticket, job), self._to_helper, protocol=pickle.HIGHEST_PROTOCOL)
+            self._to_helper.flush()  # the helper works while we go on
+        except (OSError, pickle.PicklingError):
+            self._stop()  # the helper is gone: this job and the rest are answered in finish()
+        return ticket
+
+    def finish(self) -> dict:
+        """{ticket: result} for every job; the helper is waited for and gone after."""
+        answers = self._collect() if self._pid is not None else {}
+        results = {}
+        for ticket, job in enumerate(self._jobs):
+            if ticket in self._inline:
+                results[ticket] = self._inline[ticket]
+            elif ticket in answers:
+                results[ticket] = answers[ticket]
+            else:
+                results[ticket] = self._run(job)
+        return results
+
+    def _collect(self) -> dict:
+        try:
+            self._to_helper.close()  # EOF: the helper answers
+        except OSError:
+            pass
+        chunks = []
+        try:
+            while True:
+                chunk = os.read(self._from_helper, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except OSError:
+            chunks = []
+        finally:
+            self._stop()
+        try:
+            answers = pickle.loads(b"".join(chunks)) if chunks else []
+            return {ticket: result for ticket, result in answers}
+        except Exception:  # cut short (the helper died writing): run them all here
+            return {}
+
+    def _stop(self) -> None:
+        """Close our ends and reap the helper (it exits once its jobs pipe is closed)."""
+        for handle in (self._to_helper,):
+            try:
+                if handle is not None:
+                    handle.close()
+            except OSError:
+                pass
+        self._to_helper = None
+        if self._from_helper is not None:
+            os.close(self._from_helper)
+            self._from_helper = None
+        if self._pid is not None:
+            try:
+                os.waitpid(self._pid, 0)
+            except ChildProcessError:
+                pass
+            self._pid = None
