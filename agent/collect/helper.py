@@ -18,7 +18,9 @@ as they would have without it.  SEEDANCE_JOBS=1 keeps every job inline.
 from __future__ import annotations
 
 import os
-import pickle
+
+# pickle and struct are imported where a helper is forked: pickle's import (~2 ms) would
+# otherwise be paid by every check, most of which never fork one
 
 
 def cores() -> int:
@@ -89,6 +91,8 @@ class Helper:
         """In the helper: every job, then every answer at once.  The answers are written
         only after the last job is read, so neither side ever waits on a full pipe while
         the other does."""
+        import pickle
+
         answers = []
         if self._warm is not None:
             try:
@@ -117,6 +121,8 @@ class Helper:
         return 0
 
     def submit(self, job) -> int:
+        import pickle
+
         ticket = len(self._jobs)
         self._jobs.append(job)
         if self._pid is None:
@@ -143,6 +149,8 @@ class Helper:
         return results
 
     def _collect(self) -> dict:
+        import pickle
+
         try:
             self._to_helper.close()  # EOF: the helper answers
         except OSError:
@@ -182,3 +190,91 @@ class Helper:
             except ChildProcessError:
                 pass
             self._pid = None
+
+
+def share(items: list, run, minimum: int) -> list:
+    """[run(item) for item in items], the items shared with a forked helper: each process
+    takes the next item off one queue (a pipe of 4-byte indices: a read of 4 bytes from a
+    pipe is whole), so a slow item does not hold the other process up.  The helper's
+    results come back at its end; any it could not give are computed here.  Fewer than
+    ``minimum`` items, one core or SEEDANCE_JOBS=1: all here, in order."""
+    count = len(items)
+    if count < minimum or count > MAX_SHARED or not wanted(count, minimum):
+        return [run(item) for item in items]
+    import pickle
+    import struct
+
+    queue_r, queue_w = os.pipe()
+    os.write(queue_w, b"".join(struct.pack("=I", index) for index in range(count)))  # < one pipe's room
+    os.close(queue_w)  # empty queue: EOF for both
+    results_r, results_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (queue_r, results_r, results_w):
+            os.close(fd)
+        return [run(item) for item in items]
+    if pid == 0:  # the helper
+        status = 1
+        try:
+            os.close(results_r)
+            theirs = _take(items, run, queue_r, stop_on_error=False)
+            data = pickle.dumps(theirs, protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(results_w, "wb") as out:
+                out.write(data)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(results_w)
+    try:
+        mine = _take(items, run, queue_r, stop_on_error=True)
+    finally:
+        os.close(queue_r)
+        theirs = _answers(results_r, pid)
+    return [mine[index] if index in mine else theirs[index] if index in theirs else run(items[index])
+            for index in range(count)]
+
+
+MAX_SHARED = 8192  # indices in the queue pipe: 32 KB, within the 64 KB a pipe holds unread
+
+
+def _take(items: list, run, queue_fd: int, stop_on_error: bool) -> dict:
+    import struct
+
+    done = {}
+    while True:
+        token = os.read(queue_fd, 4)
+        if len(token) < 4:
+            return done
+        index = struct.unpack("=I", token)[0]
+        try:
+            done[index] = run(items[index])
+        except Exception:
+            if stop_on_error:
+                raise  # here, as the one-process run would (after the helper is reaped)
+            continue  # in the helper: left for the caller, which meets the same error
+
+
+def _answers(results_fd: int, pid: int) -> dict:
+    """The helper's {index: result}, or {} when it died or its answer is cut short."""
+    import pickle
+
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(results_fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        chunks = []
+    finally:
+        os.close(results_fd)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    try:
+        return pickle.loads(b"".join(chunks)) if chunks else {}
+    except Exception:
+        return {}

@@ -190,3 +190,70 @@ def test_check_with_the_helper_equals_the_check_without(torch_dir, tmp_path, mon
     kinds = [fact[0] for fact in alone[0]]
     assert "torch_symbols" in kinds and "cxx_abi" in kinds
     assert helped[:3] == alone[:3]
+
+
+# --- share(): one queue, two processes ----------------------------------------------------
+
+def _slow_here(item):
+    import time
+
+    # every item takes a while in either process: neither drains the queue before the
+    # other starts, however busy the machine is
+    time.sleep(0.005)
+    return (item, item * item, os.getpid())
+
+
+def test_share_gives_every_result_in_order_and_both_take_items(monkeypatch):
+    monkeypatch.delenv("SEEDANCE_JOBS", raising=False)
+    if helper_mod.cores() < 2:
+        pytest.skip("one core: nothing is shared")
+    items = list(range(60))
+    results = helper_mod.share(items, _slow_here, 8)
+    assert [r[:2] for r in results] == [(i, i * i) for i in items]
+    assert len({r[2] for r in results}) == 2, "the helper took no item"
+
+
+def test_share_below_the_minimum_or_with_jobs_1_forks_nothing(monkeypatch):
+    def no_fork():
+        raise AssertionError("forked")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert helper_mod.share([1, 2, 3], lambda x: -x, 8) == [-1, -2, -3]
+    monkeypatch.setenv("SEEDANCE_JOBS", "1")
+    assert helper_mod.share(list(range(20)), lambda x: -x, 8) == [-x for x in range(20)]
+    monkeypatch.delenv("SEEDANCE_JOBS")
+    many = list(range(helper_mod.MAX_SHARED + 1))  # more than the queue pipe holds
+    assert helper_mod.share(many, lambda x: x, 8) == many
+
+
+def test_share_survives_a_helper_that_dies_and_a_failed_fork(monkeypatch):
+    monkeypatch.delenv("SEEDANCE_JOBS", raising=False)
+    if helper_mod.cores() < 2:
+        pytest.skip("one core: nothing is shared")
+
+    def dies(item):
+        if os.getpid() != PARENT:
+            os._exit(5)
+        return _slow_here(item)
+
+    assert [r[:2] for r in helper_mod.share(list(range(30)), dies, 8)] == [(i, i * i) for i in range(30)]
+
+    def refuse():
+        raise OSError(errno.EAGAIN, "no more processes")
+
+    monkeypatch.setattr(os, "fork", refuse)
+    assert [r[:2] for r in helper_mod.share(list(range(30)), _slow_here, 8)] == [(i, i * i) for i in range(30)]
+
+
+def test_share_raises_what_an_item_raises(monkeypatch):
+    monkeypatch.delenv("SEEDANCE_JOBS", raising=False)
+
+    def fails(item):
+        if item == 7:
+            raise KeyError("item 7")
+        return _slow_here(item)
+
+    with pytest.raises(KeyError):
+        helper_mod.share(list(range(30)), fails, 8)
+    with pytest.raises(ChildProcessError):  # the helper was reaped
+        os.waitpid(-1, os.WNOHANG)

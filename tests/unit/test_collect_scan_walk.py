@@ -53,6 +53,7 @@ def build_tree(root) -> None:
     (root / "b" / "mod.py").write_text("import os  # a Python source is not opened\n")
     (root / "b" / "libodd.data").write_bytes(open(real, "rb").read())  # any other name is sniffed
     (root / "Z-first.so").write_bytes(open(real, "rb").read())
+    (root / "setup.py").write_text("pass  # counted and skipped where it is listed, once\n")
     # a directory whose name ends like a Python source is still walked, and a linked
     # directory with such a name is neither walked nor counted as a file
     (root / "b" / "pkg.py").mkdir()
@@ -85,3 +86,133 @@ def test_walk_reports_an_unlistable_directory(tmp_path):
         assert [e["path"] for e in scanner.errors] == [str(tmp_path / "b")]
     finally:
         os.chmod(tmp_path / "b", 0o755)
+
+
+# --- a walk shared with a helper process (helper.share) ----------------------------------
+
+def build_big_tree(root) -> None:
+    """build_tree's cases, and enough entries for the walk to be cut in pieces: 300 files
+    beside them, 12 packages of files and subdirectories, a link loop, a FIFO, configs."""
+    build_tree(root)
+    real = os.path.realpath(LIBZ)
+    data = open(real, "rb").read()
+    for index in range(300):
+        name = f"f{index:03d}" + (".so" if index % 25 == 0 else ".txt")
+        (root / name).write_bytes(data if index % 25 == 0 else b"plain text, not ELF, long enough\n")
+    for package in range(12):
+        base = root / f"pkg{package:02d}"
+        (base / "lib" / "deeper").mkdir(parents=True)
+        (base / "include").mkdir()
+        for index in range(30):
+            (base / "include" / f"h{index}.h").write_text("/* a header */\n")
+            (base / f"m{index}.py").write_text("pass  # never opened\n")
+        shutil.copyfile(real, base / "lib" / f"libp{package}.so.1")
+        os.symlink(f"libp{package}.so.1", base / "lib" / f"libp{package}.so")
+        shutil.copyfile(real, base / "lib" / "deeper" / "x.so")
+        (base / "lib" / "deeper" / "notes").write_text("another file that is sniffed, not ELF\n")
+        (base / "seedance.yaml").write_text("{}\n")
+    os.symlink("loop-b", root / "pkg03" / "loop-a")
+    os.symlink("loop-a", root / "pkg03" / "loop-b")
+    os.mkfifo(root / "pkg05" / "fifo.so")
+    (root / "seedance").mkdir()
+    (root / "seedance" / "policy.yaml").write_text("{}\n")
+
+
+from seedance.collect.helper import share as _SHARE  # noqa: E402  (before any test replaces it)
+
+
+def _walked(root, monkeypatch, jobs):
+    from seedance.collect import helper
+
+    if jobs:
+        monkeypatch.setenv("SEEDANCE_JOBS", jobs)
+    else:
+        monkeypatch.delenv("SEEDANCE_JOBS", raising=False)
+    pids = []
+    share = _SHARE
+
+    def tagged(items, run, minimum):
+        def run_tagged(item):
+            result = run(item)
+            result.taken_by = os.getpid()
+            return result
+
+        results = share(items, run_tagged, minimum)
+        pids.extend(getattr(result, "taken_by", None) for result in results)
+        return results
+
+    monkeypatch.setattr(helper, "share", tagged)
+    scanner = Scanner(CheckOptions(targets=[str(root)]))
+    found = scanner._walk(str(root))
+    return ([(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)) for path, st in found],
+            dict(scanner.stats), scanner.errors, scanner.dir_configs, sorted(scanner._plain_files)), pids
+
+
+def test_a_walk_shared_with_a_helper_is_the_one_process_walk(tmp_path, monkeypatch):
+    from seedance.collect import helper
+
+    if helper.cores() < 2:
+        pytest.skip("one core: the walk is never shared")
+    build_big_tree(tmp_path)
+    alone, alone_pids = _walked(tmp_path, monkeypatch, "1")
+    # with its 27 subtrees two levels down, this tree is below the threshold of a helper:
+    # cut in pieces, all walked here
+    below, below_pids = _walked(tmp_path, monkeypatch, None)
+    assert below == alone and set(below_pids) == {os.getpid()}
+    from seedance.collect import scan as scan_mod
+
+    monkeypatch.setattr(scan_mod, "WALK_SPLIT_MIN_SUBTREES", 4)
+    # each piece waits a little, in either process: neither takes every piece before the
+    # other starts, however busy the machine is
+    from seedance.collect import scan
+    import time
+
+    piece = scan.Scanner._walk_piece
+
+    def slow_here(self, item):
+        time.sleep(0.01)
+        return piece(self, item)
+
+    monkeypatch.setattr(scan.Scanner, "_walk_piece", slow_here)
+    shared, pids = _walked(tmp_path, monkeypatch, None)
+    assert alone_pids == []  # SEEDANCE_JOBS=1: not cut in pieces at all
+    assert len(set(pids)) == 2, "the helper took no piece"  # (the helper starts while we take the first)
+    assert shared == alone
+    found, stats, errors, configs, plain = shared
+    expected, files, skipped = reference_walk(str(tmp_path))
+    assert [(path, ident[:2]) for path, ident in found] == expected
+    assert stats["files"] == files
+    assert [e["path"] for e in errors] == [str(tmp_path / "pkg03" / "loop-a"), str(tmp_path / "pkg03" / "loop-b")]
+    assert len(configs) == 13
+
+
+def test_a_shared_walk_survives_its_helper(tmp_path, monkeypatch):
+    """A helper that dies after its first piece: every piece is walked here."""
+    from seedance.collect import helper, scan
+
+    if helper.cores() < 2:
+        pytest.skip("one core: the walk is never shared")
+    build_big_tree(tmp_path)
+    alone, _ = _walked(tmp_path, monkeypatch, "1")
+    parent = os.getpid()
+    piece = scan.Scanner._walk_piece
+    taken = []
+
+    marker = tmp_path.parent / (tmp_path.name + ".helper-died")
+
+    def dying(self, item):
+        import time
+
+        time.sleep(0.01)  # (both processes: the helper gets pieces however busy the machine is)
+        if os.getpid() != parent:
+            taken.append(item)
+            if len(taken) > 1:
+                marker.write_text("after two pieces\n")
+                os._exit(9)
+        return piece(self, item)
+
+    monkeypatch.setattr(scan.Scanner, "_walk_piece", dying)
+    monkeypatch.setattr(scan, "WALK_SPLIT_MIN_SUBTREES", 4)
+    shared, _ = _walked(tmp_path, monkeypatch, None)
+    assert marker.exists(), "the helper did not get to its second piece"
+    assert shared == alone
