@@ -172,6 +172,14 @@ class Helper:
         except Exception:  # cut short (the helper died writing): run them all here
             return {}
 
+    def abandon(self) -> None:
+        """The caller failed or was interrupted: the helper is killed, not waited for, and
+        no job is run again."""
+        if self._pid is not None:
+            _kill(self._pid)
+            self._pid = None
+        self._stop()
+
     def _stop(self) -> None:
         """Close our ends and reap the helper (it exits once its jobs pipe is closed)."""
         for handle in (self._to_helper,):
@@ -228,14 +236,28 @@ def share(items: list, run, minimum: int) -> list:
     os.close(results_w)
     try:
         mine = _take(items, run, queue_r, stop_on_error=True)
+    except BaseException:  # an error or Ctrl-C here: the helper's pieces are not waited for
+        _kill(pid)
+        os.close(results_r)
+        raise
     finally:
         os.close(queue_r)
-        theirs = _answers(results_r, pid)
+    theirs = _answers(results_r, pid)
     return [mine[index] if index in mine else theirs[index] if index in theirs else run(items[index])
             for index in range(count)]
 
 
 MAX_SHARED = 8192  # indices in the queue pipe: 32 KB, within the 64 KB a pipe holds unread
+
+
+def _kill(pid: int) -> None:
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def _take(items: list, run, queue_fd: int, stop_on_error: bool) -> dict:

@@ -178,9 +178,14 @@ class Scanner:
             for path in roots:
                 self._root(path)
                 self.progress.advance(note=path)
+        except BaseException:  # (Ctrl-C included) the helper's jobs are not waited for
+            if self._abi_jobs is not None:
+                self._abi_jobs.abandon()
+                self._abi_jobs = None
+            raise
         finally:
             self.progress.finish()
-            self._place_abi_facts()
+        self._place_abi_facts()
         self.facts.extend(closure_facts.needed_facts(self.dedup, self._explain_missing))
         self.facts.extend(closure_facts.runtime_mix_facts(self.dedup))
         if self.options.host_scope:

@@ -28,6 +28,7 @@ examples:
   seedance check --from-bundle evidence.tar.zst --arch sm_90 --driver-version 580
   seedance check --format sarif --baseline previous.json ./build > new.sarif
   seedance check --select cuda-arch-missing --ignore 'needed-unresolved:/opt/vendor/*' ./build
+  SEEDANCE_JOBS=1 seedance check ./venv           in one process (no helper on a second core)
 """
 
 

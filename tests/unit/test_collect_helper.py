@@ -257,3 +257,72 @@ def test_share_raises_what_an_item_raises(monkeypatch):
         helper_mod.share(list(range(30)), fails, 8)
     with pytest.raises(ChildProcessError):  # the helper was reaped
         os.waitpid(-1, os.WNOHANG)
+
+
+def test_abandon_kills_the_helper_without_waiting_for_its_jobs(tmp_path):
+    marker = tmp_path / "job-finished"
+
+    def slow(job):
+        import time
+
+        time.sleep(30)
+        marker.write_text("the helper ran its job to the end\n")
+        return job
+
+    helper = Helper(slow)
+    assert helper.start()
+    pid = helper._pid
+    helper.submit(1)
+    helper.abandon()
+    assert not helper.running and not marker.exists()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped
+
+
+def test_a_failing_root_loop_abandons_the_abi_helper(monkeypatch, torch_dir, tmp_path):
+    """An error (or Ctrl-C) in the root loop propagates at once: the helper is killed and
+    no ABI job is run again here."""
+    from seedance.collect import scan
+
+    started, inline = [], []
+    start, root = Helper.start, scan.Scanner._root
+
+    def recording_start(self):
+        started.append(self)
+        return start(self)
+
+    calls = []
+
+    def failing_root(self, path):
+        calls.append(path)
+        if len(calls) == 40:
+            raise KeyboardInterrupt
+        return root(self, path)
+
+    job = scan.Scanner._cxx_abi_job
+    marker = tmp_path / "helper-job-finished"
+
+    def counting_job(self, item):
+        if os.getpid() == PARENT:
+            inline.append(item)
+        elif not marker.exists():  # the helper's first job takes long: waiting for it shows
+            import time
+
+            time.sleep(20)
+            marker.write_text("a job ran to its end\n")
+        return job(self, item)
+
+    monkeypatch.delenv("SEEDANCE_JOBS", raising=False)
+    monkeypatch.setattr(helper_mod, "cores", lambda: 2)
+    monkeypatch.setattr(Helper, "start", recording_start)
+    monkeypatch.setattr(scan.Scanner, "_root", failing_root)
+    monkeypatch.setattr(scan.Scanner, "_cxx_abi_job", counting_job)
+    submitted = []
+    submit = Helper.submit
+    monkeypatch.setattr(Helper, "submit", lambda self, item: submitted.append(item) or submit(self, item))
+    scanner = Scanner(CheckOptions(targets=[torch_dir], env={}))
+    with pytest.raises(KeyboardInterrupt):
+        scanner.run()
+    assert started and not started[0].running
+    assert submitted, "no ABI job before the failure"
+    assert inline == [] and not marker.exists()
