@@ -203,3 +203,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if lines:
         terminalreporter.section("processes left running by the tests (killed now)", red=True)
         terminalreporter.write_line(lines)
+
+
+@pytest.fixture(scope="module")
+def torch_dir():
+    """The venv's torch package directory (found, not imported), or a skip."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
+        pytest.skip("torch wheel not installed")
+    return list(spec.submodule_search_locations)[0]
+
+
+def seedance_jobs(monkeypatch, value: str | None) -> None:
+    """SEEDANCE_JOBS for a test: "1" keeps a check in one process, None lets it use a helper."""
+    if value:
+        monkeypatch.setenv("SEEDANCE_JOBS", value)
+    else:
+        monkeypatch.delenv("SEEDANCE_JOBS", raising=False)

@@ -149,28 +149,16 @@ class Helper:
         return results
 
     def _collect(self) -> dict:
-        import pickle
-
         try:
             self._to_helper.close()  # EOF: the helper answers
         except OSError:
             pass
-        chunks = []
         try:
-            while True:
-                chunk = os.read(self._from_helper, 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except OSError:
-            chunks = []
+            answers = _read_answer(self._from_helper)
         finally:
             self._stop()
-        try:
-            answers = pickle.loads(b"".join(chunks)) if chunks else []
-            return {ticket: result for ticket, result in answers}
-        except Exception:  # cut short (the helper died writing): run them all here
-            return {}
+        # none (the helper died, or was cut short writing): every job runs here
+        return dict(answers) if isinstance(answers, list) else {}
 
     def abandon(self) -> None:
         """The caller failed or was interrupted: the helper is killed, not waited for, and
@@ -279,24 +267,29 @@ def _take(items: list, run, queue_fd: int, stop_on_error: bool) -> dict:
 
 def _answers(results_fd: int, pid: int) -> dict:
     """The helper's {index: result}, or {} when it died or its answer is cut short."""
-    import pickle
-
-    chunks = []
     try:
-        while True:
-            chunk = os.read(results_fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    except OSError:
-        chunks = []
+        answers = _read_answer(results_fd)
     finally:
         os.close(results_fd)
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
+    return answers if isinstance(answers, dict) else {}
+
+
+def _read_answer(fd: int):
+    """What a helper wrote on ``fd`` until it closed it, unpickled; None when it wrote
+    nothing (it died first) or its answer does not unpickle (cut short)."""
+    import pickle
+
+    chunks = []
     try:
-        return pickle.loads(b"".join(chunks)) if chunks else {}
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return pickle.loads(b"".join(chunks)) if chunks else None
     except Exception:
-        return {}
+        return None

@@ -26,16 +26,6 @@ PyMODINIT_FUNC PyInit_NAME(void) { return PyModule_Create(&mod); }
 """
 
 
-@pytest.fixture(scope="module")
-def torch_dir():
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    if spec is None:
-        pytest.skip("torch wheel not installed")
-    return list(spec.submodule_search_locations)[0]
-
-
 def real_c10_function(torch_dir) -> str:
     proc = subprocess.run(["nm", "-D", "--defined-only", os.path.join(torch_dir, "lib", "libc10.so")],
                           capture_output=True, text=True, errors="replace", check=True)

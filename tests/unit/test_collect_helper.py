@@ -7,7 +7,6 @@ and error in order."""
 from __future__ import annotations
 
 import errno
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 from seedance.collect import helper as helper_mod
 from seedance.collect.helper import Helper
 from seedance.collect.scan import CheckOptions, Scanner
+from tests.conftest import seedance_jobs
 
 PARENT = os.getpid()
 _COLLECT = Helper._collect
@@ -127,14 +127,6 @@ def test_jobs_setting_and_cores(monkeypatch):
 
 # --- a whole check, with and without the helper ------------------------------------------
 
-@pytest.fixture(scope="module")
-def torch_dir():
-    spec = importlib.util.find_spec("torch")
-    if spec is None:
-        pytest.skip("torch wheel not installed")
-    return list(spec.submodule_search_locations)[0]
-
-
 EXT = """\
 extern "C" void present(void) __asm__("PRESENT");
 extern "C" void absent(void) __asm__("_ZN3c1019seedance_not_in_c10Ev");
@@ -153,10 +145,7 @@ def _nm_c10_function(torch_dir) -> str:
 
 
 def _facts(targets, monkeypatch, jobs):
-    if jobs:
-        monkeypatch.setenv("SEEDANCE_JOBS", jobs)
-    else:
-        monkeypatch.delenv("SEEDANCE_JOBS", raising=False)
+    seedance_jobs(monkeypatch, jobs)
     answered = []
 
     def counting(self):

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from seedance.collect.scan import CheckOptions, Scanner
+from tests.conftest import seedance_jobs
 
 LIBZ = "/usr/lib/x86_64-linux-gnu/libz.so.1"
 # written out here, not imported: sources, bytecode and headers are never opened
@@ -124,10 +125,7 @@ from seedance.collect.helper import share as _SHARE  # noqa: E402  (before any t
 def _walked(root, monkeypatch, jobs):
     from seedance.collect import helper
 
-    if jobs:
-        monkeypatch.setenv("SEEDANCE_JOBS", jobs)
-    else:
-        monkeypatch.delenv("SEEDANCE_JOBS", raising=False)
+    seedance_jobs(monkeypatch, jobs)
     pids = []
     share = _SHARE
 
