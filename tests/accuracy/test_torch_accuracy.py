@@ -130,6 +130,10 @@ def _install_old_torch(site: Path) -> None:
     while wanted - seen:  # the nvidia wheels' own nvidia-* dependencies too (cusparse -> nvjitlink)
         spec = sorted(wanted - seen)[0]
         seen.add(spec)
+        if "==" not in spec and any(other.startswith(spec + "==") for other in wanted):
+            # cusolver needs some nvidia-cusparse-cu12, torch pins one: the pinned wheel is
+            # that one (the newest in the folder would be a second version: pip refuses both)
+            continue
         wheel = _wheel(wheels, spec)
         chosen.append(wheel)
         wanted |= _nvidia_pins(wheel)
