@@ -25,6 +25,7 @@ EM_X86_64 = 62
 # GNU_PROPERTY_X86_ISA_1_BASELINE is bit 0; the named levels (the glibc-hwcaps names)
 LEVEL_BITS = (("x86-64-v2", 1 << 1), ("x86-64-v3", 1 << 2), ("x86-64-v4", 1 << 3))
 BASELINE = 1 << 0
+_KNOWN_BITS = BASELINE | LEVEL_BITS[0][1] | LEVEL_BITS[1][1] | LEVEL_BITS[2][1]
 _MAX_SEGMENT = 1 << 16  # a property segment is a few dozen bytes; more is not one
 
 
@@ -86,8 +87,19 @@ def _isa_from_notes(data: bytes) -> int:
 
 
 def level_names(mask: int) -> list:
-    """The named levels (x86-64-v2...) in a mask, lowest first; the baseline is not named."""
-    return [name for name, bit in LEVEL_BITS if mask & bit]
+    """The named levels (x86-64-v2...) in a mask, lowest first; the baseline is not named.
+    A bit no level has (a later level, or a crafted note) is named by its value after them:
+    glibc refuses an object needing any bit its CPU mask lacks ("CPU ISA level is lower than
+    required", checked with a note needing bit 0x10), so it is a level this CPU lacks too."""
+    names = [name for name, bit in LEVEL_BITS if mask & bit]
+    unknown = mask & ~_KNOWN_BITS
+    bit = 1
+    while unknown:
+        if unknown & bit:
+            names.append(f"x86 ISA bit {bit:#x}")
+            unknown &= ~bit
+        bit <<= 1
+    return names
 
 
 def cpu_isa_mask(hwcaps_subdirs) -> int:

@@ -74,3 +74,34 @@ def test_a_level_this_cpu_supports_is_not_reported(tmp_path):
     run = subprocess.run([str(directory / "prog")], capture_output=True, text=True, errors="replace", timeout=30)
     assert run.returncode == 0, run.stderr  # the loader takes it
     assert _findings(directory) == []
+
+
+# An ISA_1_NEEDED bit no level has (a later level, or a crafted note): glibc refuses the
+# object as it refuses a missing level; the check once failed on it with an IndexError.
+UNKNOWN_BIT_NOTE = r"""
+int f(void) { return 4; }
+__asm__(".section .note.gnu.property,\"a\"\n.p2align 3\n"
+        ".long 4\n.long 16\n.long 5\n.asciz \"GNU\"\n"
+        ".long 0xc0008002\n.long 4\n.long 0x10\n.p2align 3\n.text\n");
+"""
+
+
+def test_a_bit_no_level_has_is_an_error_as_ld_so_refuses_it(tmp_path):
+    (tmp_path / "l.c").write_text(UNKNOWN_BIT_NOTE)
+    (tmp_path / "m.c").write_text("int f(void); int main(void) { return f() - 4; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libisaseed.so", "-o", str(tmp_path / "libisaseed.so"),
+                    str(tmp_path / "l.c")], check=True, capture_output=True)
+    note = subprocess.run(["readelf", "-n", str(tmp_path / "libisaseed.so")], capture_output=True, text=True,
+                          errors="replace").stdout
+    if "x86 ISA needed: <unknown: 10>" not in note:
+        pytest.skip(f"the linker did not keep the crafted ISA note (readelf -n: {note.strip()[:200]})")
+    subprocess.run(["gcc", "-o", str(tmp_path / "prog"), str(tmp_path / "m.c"), f"-L{tmp_path}", "-lisaseed",
+                    "-Wl,-rpath,$ORIGIN"], check=True, capture_output=True)
+    run = subprocess.run([str(tmp_path / "prog")], capture_output=True, text=True, errors="replace", timeout=30)
+    if run.returncode == 0:
+        pytest.skip("this ld.so loads an object needing an unknown ISA bit (glibc before 2.33 checks no level)")
+    assert run.returncode == 127 and "CPU ISA level is lower than required" in run.stderr, run.stderr
+    found = _findings(tmp_path)
+    assert [f["subject"]["path"] for f in found] == [str(tmp_path / "libisaseed.so")]
+    assert found[0]["severity"] == "error"
+    assert found[0]["evidence"]["lacking"] == ["x86 ISA bit 0x10"]
