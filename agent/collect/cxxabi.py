@@ -126,14 +126,17 @@ class TorchAbiCache:
         """Read ahead the exports of ``paths`` (torch's libraries), as missing() would read
         them: the check's helper does this while the root loop gets to the first extension."""
         for path in paths:
-            key = self._key(path)
-            if key not in self._defined:
-                try:
-                    exports = read_exports(path)
-                except Exception:
-                    continue  # left to missing(), which meets the same error and goes on
-                if exports is not None:
-                    self._defined[key] = exports
+            self._read_exports(self._key(path), path, read_exports)
+
+    def _read_exports(self, key, path: str, read_exports) -> None:
+        """The names alone, when the reader can (an error leaves the symbols to be read)."""
+        if key not in self._defined:
+            try:
+                exports = read_exports(path)
+            except Exception:
+                return
+            if exports is not None:
+                self._defined[key] = exports
 
     def missing(self, imports, ext_path: str, closure_objects: dict, torch_paths, read_symbols,
                 read_exports=None) -> list:
@@ -153,13 +156,8 @@ class TorchAbiCache:
                 break
             info = closure_objects[path]
             key = self._key(path)
-            if key not in self._defined and not info.symbols and read_exports is not None:
-                try:
-                    exports = read_exports(path)  # the names alone, when the reader can
-                except Exception:
-                    exports = None
-                if exports is not None:
-                    self._defined[key] = exports
+            if not info.symbols and read_exports is not None:
+                self._read_exports(key, path, read_exports)
             if key not in self._defined and not info.symbols:
                 try:
                     info = read_symbols(path)

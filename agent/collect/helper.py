@@ -31,13 +31,14 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def available() -> bool:
+    """A second core to fork a helper onto, and SEEDANCE_JOBS not 1."""
+    return os.environ.get("SEEDANCE_JOBS", "") != "1" and cores() >= 2
+
+
 def wanted(jobs_expected: int, minimum: int) -> bool:
-    """A helper pays for its fork (a few ms) only with enough jobs, a second core, and
-    SEEDANCE_JOBS not 1."""
-    setting = os.environ.get("SEEDANCE_JOBS", "")
-    if setting == "1":
-        return False
-    return jobs_expected >= minimum and cores() >= 2
+    """A helper pays for its fork (a few ms) only with enough jobs, and when available()."""
+    return jobs_expected >= minimum and available()
 
 
 class Helper:
@@ -53,7 +54,7 @@ class Helper:
         self._jobs: list = []  # every job submitted, by ticket, for an inline rerun
         self._pid = None
         self._to_helper = None  # our end of the jobs pipe (a buffered file)
-        self._from_helper = None  # fd of the results pipe
+        self._from_helper = None  # fd of the answer pipe
         self._inline: dict = {}  # ticket -> result computed here
 
     @property
@@ -65,32 +66,18 @@ class Helper:
         if self._pid is not None:
             return True
         jobs_r, jobs_w = os.pipe()
-        results_r, results_w = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError:
-            for fd in (jobs_r, jobs_w, results_r, results_w):
-                os.close(fd)
-            return False
-        if pid == 0:  # the helper: never returns
-            status = 1
-            try:
-                os.close(jobs_w)
-                os.close(results_r)
-                status = self._serve(jobs_r, results_w)
-            finally:
-                os._exit(status)  # no atexit, no flushing of the parent's buffers
+        forked = _fork(lambda: self._serve(jobs_r), child_closes=(jobs_w,))
         os.close(jobs_r)
-        os.close(results_w)
-        self._pid = pid
+        if forked is None:
+            os.close(jobs_w)
+            return False
+        self._pid, self._from_helper = forked
         self._to_helper = os.fdopen(jobs_w, "wb")
-        self._from_helper = results_r
         return True
 
-    def _serve(self, jobs_fd: int, results_fd: int) -> int:
-        """In the helper: every job, then every answer at once.  The answers are written
-        only after the last job is read, so neither side ever waits on a full pipe while
-        the other does."""
+    def _serve(self, jobs_fd: int) -> list:
+        """In the helper: [(ticket, result)] of every job, answered at once after the last
+        job is read, so neither side ever waits on a full pipe while the other does."""
         import pickle
 
         answers = []
@@ -107,18 +94,11 @@ class Helper:
                     # into an earlier job's objects
                     ticket, job = pickle.load(jobs)
                 except EOFError:
-                    break
+                    return answers
                 try:
                     answers.append((ticket, self._run(job)))
                 except Exception:  # run here again: it raises there too, as it would have
                     continue
-        try:
-            data = pickle.dumps(answers, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # an answer that does not pickle: every job runs inline
-            return 1
-        with os.fdopen(results_fd, "wb") as out:
-            out.write(data)
-        return 0
 
     def submit(self, job) -> int:
         import pickle
@@ -132,7 +112,7 @@ class Helper:
             pickle.dump((ticket, job), self._to_helper, protocol=pickle.HIGHEST_PROTOCOL)
             self._to_helper.flush()  # the helper works while we go on
         except (OSError, pickle.PicklingError):
-            self._stop()  # the helper is gone: this job and the rest are answered in finish()
+            self.abandon()  # the helper is gone: this job and the rest are answered in finish()
         return ticket
 
     def finish(self) -> dict:
@@ -153,39 +133,24 @@ class Helper:
             self._to_helper.close()  # EOF: the helper answers
         except OSError:
             pass
-        try:
-            answers = _read_answer(self._from_helper)
-        finally:
-            self._stop()
+        answers = _reap(self._pid, self._from_helper)
+        self._pid = self._to_helper = self._from_helper = None
         # none (the helper died, or was cut short writing): every job runs here
         return dict(answers) if isinstance(answers, list) else {}
 
     def abandon(self) -> None:
-        """The caller failed or was interrupted: the helper is killed, not waited for, and
-        no job is run again."""
-        if self._pid is not None:
-            _kill(self._pid)
-            self._pid = None
-        self._stop()
-
-    def _stop(self) -> None:
-        """Close our ends and reap the helper (it exits once its jobs pipe is closed)."""
-        for handle in (self._to_helper,):
+        """The caller failed or was interrupted, or the helper is gone: it is killed, not
+        waited for, and what it answered is dropped."""
+        if self._to_helper is not None:
             try:
-                if handle is not None:
-                    handle.close()
+                self._to_helper.close()
             except OSError:
                 pass
-        self._to_helper = None
         if self._from_helper is not None:
             os.close(self._from_helper)
-            self._from_helper = None
         if self._pid is not None:
-            try:
-                os.waitpid(self._pid, 0)
-            except ChildProcessError:
-                pass
-            self._pid = None
+            _kill(self._pid)
+        self._pid = self._to_helper = self._from_helper = None
 
 
 def share(items: list, run, minimum: int) -> list:
@@ -195,47 +160,65 @@ def share(items: list, run, minimum: int) -> list:
     results come back at its end; any it could not give are computed here.  Fewer than
     ``minimum`` items, one core or SEEDANCE_JOBS=1: all here, in order."""
     count = len(items)
-    if count < minimum or count > MAX_SHARED or not wanted(count, minimum):
+    if count > MAX_SHARED or not wanted(count, minimum):
         return [run(item) for item in items]
-    import pickle
     import struct
 
     queue_r, queue_w = os.pipe()
     os.write(queue_w, b"".join(struct.pack("=I", index) for index in range(count)))  # < one pipe's room
     os.close(queue_w)  # empty queue: EOF for both
-    results_r, results_w = os.pipe()
-    try:
-        pid = os.fork()
-    except OSError:
-        for fd in (queue_r, results_r, results_w):
-            os.close(fd)
+    forked = _fork(lambda: _take(items, run, queue_r, stop_on_error=False))
+    if forked is None:
+        os.close(queue_r)
         return [run(item) for item in items]
-    if pid == 0:  # the helper
-        status = 1
-        try:
-            os.close(results_r)
-            theirs = _take(items, run, queue_r, stop_on_error=False)
-            data = pickle.dumps(theirs, protocol=pickle.HIGHEST_PROTOCOL)
-            with os.fdopen(results_w, "wb") as out:
-                out.write(data)
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(results_w)
+    pid, answer_fd = forked
     try:
         mine = _take(items, run, queue_r, stop_on_error=True)
     except BaseException:  # an error or Ctrl-C here: the helper's pieces are not waited for
+        os.close(answer_fd)
         _kill(pid)
-        os.close(results_r)
         raise
     finally:
         os.close(queue_r)
-    theirs = _answers(results_r, pid)
+    theirs = _reap(pid, answer_fd)
+    if not isinstance(theirs, dict):
+        theirs = {}  # the helper died, or was cut short writing
     return [mine[index] if index in mine else theirs[index] if index in theirs else run(items[index])
             for index in range(count)]
 
 
 MAX_SHARED = 8192  # indices in the queue pipe: 32 KB, within the 64 KB a pipe holds unread
+
+
+def _fork(work, child_closes: tuple = ()):
+    """(pid, fd to read its answer from) of a forked helper that closes ``child_closes``
+    (our ends of other pipes), runs work() and writes its result, pickled, on that pipe;
+    None when the system refuses the fork.  The helper ends with os._exit: no atexit, no
+    flushing of our buffers; an error in it (a result that does not pickle, say) leaves
+    the pipe empty."""
+    answer_r, answer_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(answer_r)
+        os.close(answer_w)
+        return None
+    if pid == 0:  # the helper: never returns
+        status = 1
+        try:
+            import pickle
+
+            os.close(answer_r)
+            for fd in child_closes:
+                os.close(fd)
+            data = pickle.dumps(work(), protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(answer_w, "wb") as out:
+                out.write(data)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(answer_w)
+    return pid, answer_r
 
 
 def _kill(pid: int) -> None:
@@ -265,31 +248,25 @@ def _take(items: list, run, queue_fd: int, stop_on_error: bool) -> dict:
             continue  # in the helper: left for the caller, which meets the same error
 
 
-def _answers(results_fd: int, pid: int) -> dict:
-    """The helper's {index: result}, or {} when it died or its answer is cut short."""
-    try:
-        answers = _read_answer(results_fd)
-    finally:
-        os.close(results_fd)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    return answers if isinstance(answers, dict) else {}
-
-
-def _read_answer(fd: int):
-    """What a helper wrote on ``fd`` until it closed it, unpickled; None when it wrote
-    nothing (it died first) or its answer does not unpickle (cut short)."""
+def _reap(pid: int, answer_fd: int):
+    """What the helper wrote on ``answer_fd`` until it closed it, unpickled (None when it
+    wrote nothing, having died first, or its answer does not unpickle, cut short); the fd
+    is closed and the helper reaped."""
     import pickle
 
     chunks = []
     try:
         while True:
-            chunk = os.read(fd, 1 << 20)
+            chunk = os.read(answer_fd, 1 << 20)
             if not chunk:
                 break
             chunks.append(chunk)
         return pickle.loads(b"".join(chunks)) if chunks else None
     except Exception:
         return None
+    finally:
+        os.close(answer_fd)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass

@@ -260,22 +260,22 @@ class Scanner:
         files, the subtrees two levels down) are taken by whichever process is free; each
         piece's findings are put back in the walk's order, so the result, the counts and
         the errors are the one-process walk's."""
-        pieces = self._walk_pieces(directory, _WalkAcc({}))
+        pieces = self._walk_pieces(directory) if helper.available() else None
         if pieces is None:
             top = _WalkAcc({})
             self._walk_tree(directory, top)
             parts = [top]
         else:
-            work = [index for index, piece in enumerate(pieces) if piece[0] != "done"]
-            subtrees = sum(1 for piece in pieces if piece[0] == "tree")
+            work = [piece for piece in pieces if piece[0] != "done"]
             # A tree with few subtrees two levels down is walked here, piece after piece: the
             # helper's fork, its copy-on-write faults and its answer cost ~10 ms, more than
             # it saves on /usr/lib/x86_64-linux-gnu (28 subtrees, an 18 ms walk; 25 ms shared),
             # less than on site-packages with torch (533 subtrees: 67 ms, 58 ms shared).
-            minimum = WALK_SPLIT_MIN_PIECES if subtrees >= WALK_SPLIT_MIN_SUBTREES else len(work) + 1
-            done = helper.share([pieces[index] for index in work], self._walk_piece, minimum)
-            results = dict(zip(work, done))
-            parts = [results[index] if index in results else piece[1] for index, piece in enumerate(pieces)]
+            if sum(1 for piece in work if piece[0] == "tree") >= WALK_SPLIT_MIN_SUBTREES:
+                done = iter(helper.share(work, self._walk_piece, WALK_SPLIT_MIN_PIECES))
+            else:
+                done = map(self._walk_piece, work)
+            parts = [piece[1] if piece[0] == "done" else next(done) for piece in pieces]
         found = []
         for part in parts:
             found.extend(part.found)
@@ -290,23 +290,21 @@ class Scanner:
                 note(path, st)
         return found
 
-    def _walk_pieces(self, directory: str, top: "_WalkAcc") -> list | None:
+    def _walk_pieces(self, directory: str) -> list:
         """The walk of ``directory`` cut in pieces, in walk order: ("done", acc) for what is
         done here (the listings of the directory and of its subdirectories), ("files",
-        entries) for up to WALK_CHUNK files of one directory, ("tree", path) for a subtree;
-        None when one process walks it all (one core, SEEDANCE_JOBS=1)."""
-        if not helper.wanted(WALK_SPLIT_MIN_PIECES, WALK_SPLIT_MIN_PIECES):
-            return None
+        entries) for up to WALK_CHUNK files of one directory, ("tree", path) for a subtree."""
+        top = _WalkAcc(None)  # (a listing sniffs nothing)
         listing = self._walk_list(directory, top)
         if listing is None:
             return [("done", top)]
         files, subdirs = listing
-        sniffed = self._walk_sniffed = {}  # one per walk, as a one-process walk's
+        self._walk_sniffed = {}  # one per walk, as a one-process walk's
         pieces = [("done", top)]
         pieces += [("files", files[at:at + WALK_CHUNK]) for at in range(0, len(files), WALK_CHUNK)]
         for name in subdirs:
             path = os.path.join(directory, name)
-            acc = _WalkAcc(sniffed)
+            acc = _WalkAcc(None)
             listed = self._walk_list(path, acc)
             pieces.append(("done", acc))
             if listed is None:
@@ -712,26 +710,29 @@ class Scanner:
         return fatbin.fatbin_facts(path, entries, self.gpu.targets, driver=self.gpu.driver_version)
 
     def _cxx_abi(self, path: str, result, torch_paths) -> None:
-        job = (path, tuple(result.objects), tuple(torch_paths))
         jobs = self._abi_jobs
         if jobs is None:
-            self.facts.extend(self._cxx_abi_job(job))
+            self.facts.extend(self._cxx_abi_facts(path, result.objects, torch_paths))
             return
+        job = (path, tuple(result.objects), tuple(torch_paths))
         self._abi_placed.append((len(self.facts), jobs.submit(job)))
 
     def _cxx_abi_job(self, job) -> list:
-        """The cxx_abi and torch_symbols facts of one root: (root, its closure's paths in
-        load order, torch's libraries among them).  A pure function of the files, so the
-        helper's answer is the loop's: the objects are the resolver's reads of those paths,
-        as the closure holds them."""
+        """_cxx_abi_facts of one root sent to the helper as (root, its closure's paths in
+        load order, torch's libraries among them): the objects are the resolver's reads of
+        those paths, as the closure holds them, so the helper's answer is the loop's."""
         path, object_paths, torch_paths = job
         read, symbols = self.resolver.read, self.options.strict
         objects = {obj_path: read(obj_path, symbols=symbols) for obj_path in object_paths}
+        return self._cxx_abi_facts(path, objects, list(torch_paths))
+
+    def _cxx_abi_facts(self, path: str, objects: dict, torch_paths: list) -> list:
+        """The cxx_abi and torch_symbols facts of one root, from its closure's objects."""
         torch = self._torch_for(path)
         torch_lib = os.path.join(torch.path, "lib") if torch is not None else None
         source = torch.source if torch_lib and any(os.path.dirname(p) == torch_lib for p in torch_paths) \
             else "found through its own library search path"
-        return cxxabi.extension_facts(path, objects, list(torch_paths), self.torch_abi,
+        return cxxabi.extension_facts(path, objects, torch_paths, self.torch_abi,
                                       self._torch_symbols, source, self._torch_exports)
 
     def _place_abi_facts(self) -> None:

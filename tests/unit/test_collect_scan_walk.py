@@ -125,23 +125,31 @@ from seedance.collect.helper import share as _SHARE  # noqa: E402  (before any t
 def _walked(root, monkeypatch, jobs):
     from seedance.collect import helper
 
+    from seedance.collect import scan
+
     seedance_jobs(monkeypatch, jobs)
-    pids = []
-    share = _SHARE
+    pids = []  # the process that took each piece: here, or (from its answer) the helper
+    share, piece, parent = _SHARE, scan.Scanner._walk_piece, os.getpid()
 
     def tagged(items, run, minimum):
-        def run_tagged(item):
-            result = run(item)
-            result.taken_by = os.getpid()
-            return result
-
-        results = share(items, run_tagged, minimum)
+        results = share(items, run, minimum)
         pids.extend(getattr(result, "taken_by", None) for result in results)
         return results
 
+    def tagged_piece(self, item):
+        result = piece(self, item)
+        result.taken_by = os.getpid()
+        if result.taken_by == parent:
+            pids.append(parent)  # (walked here, through share or not)
+        return result
+
     monkeypatch.setattr(helper, "share", tagged)
-    scanner = Scanner(CheckOptions(targets=[str(root)]))
-    found = scanner._walk(str(root))
+    scan.Scanner._walk_piece = tagged_piece
+    try:
+        scanner = Scanner(CheckOptions(targets=[str(root)]))
+        found = scanner._walk(str(root))
+    finally:
+        scan.Scanner._walk_piece = piece  # (a later call wraps what the test put there, not this)
     return ([(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)) for path, st in found],
             dict(scanner.stats), scanner.errors, scanner.dir_configs, sorted(scanner._plain_files)), pids
 
