@@ -467,10 +467,12 @@ class Scanner:
             if (info.elf_class, info.machine) not in ABIS:
                 self.stats["skipped"] += 1  # another machine's object (firmware, BPF): no loader
                 return
-            result = self.resolver.closure(path, symbols=self.options.strict)
+            # (no symbols read into the closure: --strict asks resolver.undefined below,
+            # which reads each file's symbol table once, without Symbol objects)
+            result = self.resolver.closure(path)
             preload, preloaded_by = self._preloads(path, result)
             if preload:
-                result = self.resolver.closure(path, symbols=self.options.strict, preloaded=preload)
+                result = self.resolver.closure(path, preloaded=preload)
         except ELFError as exc:
             if path in self.explicit:
                 raise
@@ -496,7 +498,7 @@ class Scanner:
                                     package_of=practice.package_of))
         if self.options.strict:
             host, scope = self._host_of(path)
-            undefined = self.resolver.undefined(result, scope) if scope else result.undefined
+            undefined = self.resolver.undefined(result, scope)
             # an object with a NEEDED that resolves nowhere: its symbols are that library's,
             # and the needed-* finding already names the cause (libsystemd-core would
             # otherwise add 1012 warnings for the libsystemd-shared that only systemd finds)
@@ -576,7 +578,7 @@ class Scanner:
         scope = self._hosts.get(interpreter)
         if scope is None:
             try:
-                closure = self.resolver.closure(interpreter, symbols=True)
+                closure = self.resolver.closure(interpreter)  # (its symbols: resolver.undefined reads them)
                 scope = dict(closure.objects)
             except (ELFError, OSError):
                 scope = {}

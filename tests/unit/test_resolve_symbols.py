@@ -117,3 +117,41 @@ def test_weak_reference_to_a_missing_symbol_is_no_gap(tmp_path):
     assert load_now(user).returncode == 0
     resolver = Resolver()
     assert resolver.version_gaps(resolver.closure(str(user))) == []
+
+
+def test_one_resolver_over_many_closures_answers_each_as_a_fresh_one(tmp_path):
+    """Resolver._undefined remembers which table bound a name and which objects had every
+    reference bound, across the closures of one scan.  An object bound in one closure by a
+    provider that another closure lacks is missing there; a second provider defining the
+    name binds it too.  Each verdict against a fresh Resolver and against ld.so itself."""
+    for letter in "ab":
+        src = tmp_path / f"prov_{letter}.c"
+        src.write_text("#include <unistd.h>\nint shared_fn(void){return getpid() > 0;}\n")
+        gcc("-shared", "-fPIC", src, "-o", tmp_path / f"libprov_{letter}.so", f"-Wl,-soname,libprov_{letter}.so")
+    user = tmp_path / "user.c"
+    user.write_text("int shared_fn(void);\nint use(void) { return shared_fn(); }\n")
+    # no NEEDED for the provider: a plugin-style library whose loader brings shared_fn
+    gcc("-shared", "-fPIC", user, "-o", tmp_path / "libuser.so", "-Wl,-soname,libuser.so")
+    roots = {}
+    for name, links in (("with_a", ["-lprov_a", "-luser"]), ("alone", ["-luser"]),
+                        ("with_b", ["-lprov_b", "-luser"])):
+        src = tmp_path / f"{name}.c"
+        src.write_text(f"int use(void);\nint {name}(void) {{ return use(); }}\n")
+        roots[name] = tmp_path / f"lib{name}.so"
+        gcc("-shared", "-fPIC", src, "-o", roots[name], f"-L{tmp_path}", "-Wl,--no-as-needed", *links,
+            "-Wl,-rpath,$ORIGIN")
+    shared = Resolver()
+    order = ["with_a", "alone", "with_b", "alone", "with_a"]
+    for name in order:
+        path = str(roots[name])
+        got = sorted(shared.closure(path, symbols=True).undefined)
+        fresh = sorted(Resolver().closure(path, symbols=True).undefined)
+        assert got == fresh, name
+        assert shared.undefined(shared.closure(path)) == shared.closure(path, symbols=True).undefined, name
+        loaded = load_now(roots[name])
+        if name == "alone":
+            assert got == [(str(tmp_path / "libuser.so"), "shared_fn", None)]
+            assert loaded.returncode != 0 and "undefined symbol: shared_fn" in loaded.stderr
+        else:
+            assert got == [], name
+            assert loaded.returncode == 0, loaded.stderr
