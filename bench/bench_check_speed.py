@@ -13,6 +13,9 @@ roots check itself would close: one per inode, listed with check's own walker):
   lddtree F1 F2 ...         ONE lddtree process (Debian's pax-utils), when installed
   libtree loop              one `libtree FILE` per file, from a shell loop
   ldd loop                  one `ldd FILE` per file (glibc's ld.so in trace mode)
+With --strict, also `seedance check --strict DIR...` (every strong undefined symbol of every
+closure: the symbol tables of every object) beside an `ldd -r` loop (ld.so relocating each
+file in trace mode, which reports undefined symbols).
 Rounds interleave the tools (rotating which goes first), so load drifts hit all of them;
 best and median of the rounds are printed, with the core count and the load average, and
 each command's CPU time (user + system, with the children it waited for: a check with two
@@ -123,6 +126,9 @@ def main() -> int:
     parser.add_argument("--no-lddtree", action="store_true", help="leave out the (slow) lddtree row")
     parser.add_argument("--one-process", action="store_true",
                         help="also time the check with SEEDANCE_JOBS=1 (no helper process)")
+    parser.add_argument("--strict", action="store_true",
+                        help="also time `check --strict` (every undefined symbol of every closure), "
+                             "beside an `ldd -r` loop (ld.so's own relocation of each file)")
     args = parser.parse_args()
     if args.ldd:
         return ldd_main(args.ldd, args.rounds, args.baseline)
@@ -143,6 +149,12 @@ def main() -> int:
     if args.one_process:  # (through env(1): ~1 ms more)
         tools["seedance, 1 process"] = ["env", "SEEDANCE_JOBS=1", str(SEEDANCE), "check", "--no-progress", "--json",
                                         *directories]
+    if args.strict:
+        tools["seedance check --strict"] = [str(SEEDANCE), "check", "--strict", "--no-progress", "--json",
+                                            *directories]
+        if args.baseline:
+            tools["baseline --strict"] = [args.baseline, "check", "--strict", "--no-progress", "--json",
+                                          *directories]
     if shutil.which("libtree"):
         tools["libtree (one process)"] = ["libtree", *roots]
     if shutil.which("lddtree") and not args.no_lddtree:
@@ -151,6 +163,8 @@ def main() -> int:
         tools["libtree loop"] = ["bash", "-c", loop.format(tool="libtree", listing=listing)]
     if shutil.which("ldd") and not args.no_ldd:
         tools["ldd loop"] = ["bash", "-c", loop.format(tool="ldd", listing=listing)]
+    if shutil.which("ldd") and args.strict and not args.no_ldd:
+        tools["ldd -r loop"] = ["bash", "-c", loop.format(tool="ldd -r", listing=listing)]
 
     print(f"tree: {' '.join(directories)}: {len(roots)} ELF roots (one per inode)")
     print(f"machine: {os.cpu_count()} cores, load {load()} (1/5 min) before; {args.rounds} rounds, "
@@ -178,7 +192,7 @@ def main() -> int:
         return min(ours) / min(times[peer]), statistics.median(ours) / statistics.median(times[peer])
 
     for peer in tools:
-        if peer in ("seedance check", "seedance, 1 process"):
+        if peer in ("seedance check", "seedance, 1 process", "ldd -r loop") or "strict" in peer:
             continue
         best, median = ratio(peer)
         print(f"seedance / {peer:<22} {best:6.2f}x (best)  {median:6.2f}x (median)")
@@ -191,6 +205,11 @@ def main() -> int:
         best, median = ratio("libtree loop")
         verdict |= _target(f"faster than the libtree loop: {best:.2f}x / {median:.2f}x its time (best / median)",
                            best < 1, median < 1)
+    if "seedance check --strict" in times:
+        strict = times["seedance check --strict"]
+        for peer in [p for p in ("baseline --strict", "ldd -r loop") if p in times]:
+            print(f"seedance --strict / {peer:<15} {min(strict) / min(times[peer]):6.2f}x (best)  "
+                  f"{statistics.median(strict) / statistics.median(times[peer]):6.2f}x (median)")
     os.unlink(listing)
     return verdict
 
