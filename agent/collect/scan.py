@@ -473,6 +473,11 @@ class Scanner:
             preload, preloaded_by = self._preloads(path, result)
             if preload:
                 result = self.resolver.closure(path, preloaded=preload)
+            if self.options.strict:
+                # here, where a symbol table that does not parse makes the root unreadable
+                # as the reads above do (a file found in a tree is skipped, a named one fails)
+                host, scope = self._host_of(path)
+                undefined = self.resolver.undefined(result, scope)
         except ELFError as exc:
             if path in self.explicit:
                 raise
@@ -497,8 +502,6 @@ class Scanner:
         add(closure_facts.gap_facts(result, self.resolver.version_gaps(result), self.dedup,
                                     package_of=practice.package_of))
         if self.options.strict:
-            host, scope = self._host_of(path)
-            undefined = self.resolver.undefined(result, scope)
             # an object with a NEEDED that resolves nowhere: its symbols are that library's,
             # and the needed-* finding already names the cause (libsystemd-core would
             # otherwise add 1012 warnings for the libsystemd-shared that only systemd finds)
@@ -578,8 +581,10 @@ class Scanner:
         scope = self._hosts.get(interpreter)
         if scope is None:
             try:
-                closure = self.resolver.closure(interpreter)  # (its symbols: resolver.undefined reads them)
+                closure = self.resolver.closure(interpreter)
                 scope = dict(closure.objects)
+                for obj_path, info in scope.items():  # read now: one that does not parse leaves no scope
+                    self.resolver.symbol_tables(obj_path, info)
             except (ELFError, OSError):
                 scope = {}
             self._hosts[interpreter] = scope

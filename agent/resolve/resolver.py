@@ -909,6 +909,12 @@ class Resolver:
             self._elf[key] = tables
         return tables
 
+    def symbol_tables(self, path: str, info: ElfInfo) -> tuple:
+        """(definitions: name -> frozenset of tags, strong undefined references) of the file
+        ``info`` was read from at ``path``, as undefined() reads them; ELFError when its
+        symbol table does not parse."""
+        return self._tables_for(path, info)
+
     def _tables_for(self, path: str, info: ElfInfo) -> tuple:
         """_symbol_tables(path, info read from ``path`` with its symbols): from the C
         reader's raw table (_tables_of) when this resolver reads the host's files, which

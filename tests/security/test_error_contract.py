@@ -214,3 +214,51 @@ def test_a_crafted_path_cannot_forge_a_line_of_a_fix_report(tmp_path):
     lines = proc.out.splitlines()
     assert not any(line.startswith("forged") for line in lines), proc.out
     assert f"    --- {tmp_path}/a\\nforged: rewrote everything/shim.yaml (before)" in lines
+
+
+def _with_bad_symbol_table(tmp_path) -> Path:
+    """A library whose dynamic section is sound but whose DT_SYMENT is 4, smaller than an
+    Elf64_Sym: read without its symbols it parses, its symbol table does not."""
+    import struct
+
+    src = tmp_path / "bad.c"
+    src.write_text("int f(void) { return 1; }\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    lib = tree / "libbad.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True, capture_output=True)
+    data = bytearray(lib.read_bytes())
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    patched = 0
+    for i in range(phnum):
+        p_type, _flags, offset, _va, _pa, filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        if p_type == 2:  # PT_DYNAMIC
+            for k in range(filesz // 16):
+                if struct.unpack_from("<q", data, offset + 16 * k)[0] == 11:  # DT_SYMENT
+                    struct.pack_into("<qQ", data, offset + 16 * k, 11, 4)
+                    patched += 1
+    assert patched == 1
+    lib.write_bytes(data)
+    return lib
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("reader", ["c", "python"])
+def test_strict_check_of_a_library_whose_symbol_table_does_not_parse(tmp_path, reader):
+    """--strict reads every symbol table; one that does not parse makes that library
+    unreadable like any read: found in a tree it is skipped and counted (exit 0 here, no
+    finding), named on the command line it is bad input (one line, exit 2)."""
+    lib = _with_bad_symbol_table(tmp_path)
+    env = {"SEEDANCE_ELF_READER": reader}
+    plain = run("check", lib.parent, env=env)
+    assert plain.returncode == 0 and "skipped" not in plain.err, plain.err  # no symbols read
+    found = run("check", "--strict", "--report-json", tmp_path / "r.json", lib.parent, env=env)
+    assert found.returncode == 0, found.err
+    assert found.err.splitlines() == [f"seedance: skipped {lib}: malformed ELF: DT_SYMENT 4 too small"]
+    import json
+
+    stats = json.loads((tmp_path / "r.json").read_text())["stats"]
+    assert stats["unreadable"] == 1 and stats["elf_objects"] == 0
+    named = run("check", "--strict", lib, env=env)
+    assert assert_one_error_line(named) == f"seedance: error: {lib}: malformed ELF: DT_SYMENT 4 too small"
