@@ -1,3 +1,3 @@
 from .cli import console
 
-console()
+console(front_end=False)  # (what seedance-run execs for the runs it leaves to Python)

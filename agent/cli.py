@@ -318,6 +318,32 @@ def _exiting(command) -> int:
         gc.freeze()
 
 
+def _launch() -> None:
+    """exec seedance-run (shim/src/launcher.c) with this `seedance run`'s arguments: it makes
+    every check the Python command makes, runs the common case itself and hands the rest
+    (-o, --events, --help, a run that ended holding memory, ...) to `python -m seedance run`
+    unchanged.  Importing the CLI and the run command and parsing the arguments here was
+    ~70 ms of every wrapped program, against ~2 ms through the launcher (bench_shim.py,
+    issue 13).  Found without importing seedance.shim (~40 ms of imports): the package's
+    directory from the import system, as an editable install maps it."""
+    import seedance
+
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        try:
+            spec = find("seedance.shim", seedance.__path__) if find is not None else None
+        except (ImportError, OSError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            launcher = os.path.join(list(spec.submodule_search_locations)[0], "seedance-run")
+            if os.path.isfile(launcher) and os.access(launcher, os.X_OK):
+                try:
+                    os.execv(launcher, [launcher, *sys.argv[2:]])
+                except OSError:
+                    return  # (not executable after all: the Python command runs it)
+            return
+
+
 # Console-script aliases from the product notes: same flags as the subcommand.
 check_alias = _alias("check", "seedance-check")
 fix_alias = _alias("fix", "seedance-fix")
@@ -326,7 +352,12 @@ bench_alias = _alias("bench", "seedance-bench")
 profiler_alias = _alias("profiler", "seedance-profiler")
 
 
-def console() -> None:
+def console(front_end: bool = True) -> None:
+    """The `seedance` console script.  ``front_end``: a `seedance run` goes to seedance-run,
+    the C launcher, at once (``python -m seedance``, which the launcher itself execs for
+    what it leaves to Python, passes False)."""
+    if front_end and sys.argv[1:2] == ["run"]:
+        _launch()  # returns only when the launcher is not built
     if sys.argv[1:2] == ["ldd"]:
         # A `seedance ldd` reads one closure and the process ends: the cyclic collector's
         # passes were most of 5% of the command's instructions (callgrind, issue 13) for

@@ -14,8 +14,10 @@ core count and load average are printed with them.
    added on a pass-through call.
 2. run (whole commands, issue 13): 200 programs (bench_shim inittime: cuInit, print,
    exit) one after another from one shell loop, started by raw LD_PRELOAD, by
-   seedance-run (the C launcher) and by `seedance run` (Python; fewer programs, scaled
-   to 200 and said so).  Target: seedance-run <= 2x raw LD_PRELOAD.
+   seedance-run (the C launcher), by `seedance run` (the console script, which execs
+   seedance-run at once: Python's start-up more) and by `python -m seedance run` (the
+   Python command; fewer programs, scaled to 200 and said so).  Target: seedance-run
+   <= 2x raw LD_PRELOAD.
 3. start-up: 200 wrapped processes started at once; time from the first spawn until the
    last cuInit returned, against 200 unwrapped ones.  Target: <= 2 s.
 4. concurrency: 64 threads x 4 processes allocate and free under one shared quota; the
@@ -133,7 +135,10 @@ def run_commands(b, rounds, count, python_count):
     variants = {"raw LD_PRELOAD": (f"LD_PRELOAD={b['shim']} {prog} inittime", count)}
     if b["launcher"]:
         variants["seedance-run (C launcher)"] = (f"{b['launcher']} --mem-limit 8G -- {prog} inittime", count)
-    variants["seedance run (Python)"] = (f"{seedance} run --mem-limit 8G -- {prog} inittime", python_count)
+        # the console script: `seedance run` execs seedance-run at once (cli._launch)
+        variants["seedance run (console script)"] = (f"{seedance} run --mem-limit 8G -- {prog} inittime", count)
+    variants["seedance run (Python)"] = (f"{sys.executable} -m seedance run --mem-limit 8G -- {prog} inittime",
+                                         python_count)
     times = {name: [] for name in variants}
     for _ in range(rounds):
         for name, (line, n) in variants.items():
@@ -146,7 +151,7 @@ def run_commands(b, rounds, count, python_count):
             times[name].append(elapsed * count / n)    # scaled to `count` programs
     raw = times["raw LD_PRELOAD"]
     out = {"timed": f"whole commands: {count} programs one after another from one sh loop, seconds for {count} "
-                    f"(seedance run: {python_count} programs per round, scaled to {count})"}
+                    f"(python -m seedance run: {python_count} programs per round, scaled to {count})"}
     for name, values in times.items():
         out[name] = {"seconds": best_median(values), "per_program_ms": round(1000 * min(values) / count, 2),
                      "x_raw": {"best": round(min(values) / min(raw), 2),

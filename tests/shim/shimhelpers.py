@@ -20,7 +20,7 @@ def parse_lines(stdout: str) -> list[dict]:
     return out
 
 
-# which front end seedance_run() drives: "python" (`seedance run`) or "launcher"
+# which front end seedance_run() drives: "python" (`python -m seedance run`) or "launcher"
 # (seedance-run, the C launcher of issue 13); the `front` fixture of conftest switches it
 FRONT = {"name": "python"}
 
@@ -30,5 +30,7 @@ def seedance_run(env, *args, timeout=60):
         from seedance import shim
         cmd = [str(shim.launcher_path())]
     else:
-        cmd = [str(Path(sys.executable).parent / "seedance"), "run"]
+        # `python -m seedance run`: the Python command itself (the console script's
+        # `seedance run` execs seedance-run at once, cli._launch)
+        cmd = [sys.executable, "-m", "seedance", "run"]
     return subprocess.run([*cmd, *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)

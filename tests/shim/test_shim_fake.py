@@ -645,3 +645,30 @@ def test_many_processes_with_their_own_quota_at_once(built, env):
     outs = [p.communicate(timeout=120) for p in procs]
     results = [[r["result"] for r in parse_lines(out)[2:4]] for out, _ in outs]
     assert results == [[0, 2]] * n, [err for _, err in outs if err][:3]
+
+
+def test_console_script_hands_run_to_the_c_launcher_and_python_m_does_not(built, env):
+    """`seedance run` (the console script) execs seedance-run before importing the CLI
+    (cli._launch, issue 13); `python -m seedance run` is the Python command itself, which
+    the launcher execs for what it leaves to Python.  The wrapped program's parent says
+    which process ran it."""
+    from seedance import shim
+
+    try:
+        launcher = shim.launcher_path()
+    except shim.NotAvailable as exc:
+        pytest.skip(str(exc))
+    parent = 'tr "\\0" " " < /proc/$PPID/cmdline'
+    console = Path(sys.executable).parent / "seedance"
+    p = subprocess.run([str(console), "run", "--", "sh", "-c", parent], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[0] == str(launcher)
+    p = subprocess.run([sys.executable, "-m", "seedance", "run", "--", "sh", "-c", parent], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "seedance-run" not in p.stdout and "python" in p.stdout.split()[0]
+    # what the launcher leaves to Python still works through the console script
+    p = subprocess.run([str(console), "run", "--bogus", "--", "true"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
