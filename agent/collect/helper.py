@@ -187,6 +187,7 @@ def share(items: list, run, minimum: int) -> list:
             for index in range(count)]
 
 
+_WITH_INPUTS = "seedance.collect.inputs/v1"  # marks an answer that carries the helper's recorded inputs
 MAX_SHARED = 8192  # indices in the queue pipe: 32 KB, within the 64 KB a pipe holds unread
 
 
@@ -211,7 +212,15 @@ def _fork(work, child_closes: tuple = ()):
             os.close(answer_r)
             for fd in child_closes:
                 os.close(fd)
-            data = pickle.dumps(work(), protocol=pickle.HIGHEST_PROTOCOL)
+            from . import inputs
+
+            # a check being recorded for the cache (inputs.py): what this copy read goes
+            # back with its answer, or the cache would not know those files
+            mark = inputs.mark() if inputs.recording() else None
+            result = work()
+            if mark is not None:
+                result = (_WITH_INPUTS, result, inputs.since(mark))
+            data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
             with os.fdopen(answer_w, "wb") as out:
                 out.write(data)
             status = 0
@@ -261,7 +270,13 @@ def _reap(pid: int, answer_fd: int):
             if not chunk:
                 break
             chunks.append(chunk)
-        return pickle.loads(b"".join(chunks)) if chunks else None
+        answer = pickle.loads(b"".join(chunks)) if chunks else None
+        if isinstance(answer, tuple) and len(answer) == 3 and answer[0] == _WITH_INPUTS:
+            from . import inputs
+
+            inputs.merge(answer[2])
+            answer = answer[1]
+        return answer
     except Exception:
         return None
     finally:

@@ -15,39 +15,15 @@ from collections import Counter
 
 from ..elf.reader import ELF_MAGIC, read_elf
 from ..engine import load_rules
-from ..errors import BadInput, ELFError, UsageError, describe_os_error
+from ..errors import BadInput, ELFError, describe_os_error
 from ..model import Fact, Report
-from ..record import NEW, Record
 from . import closure as closure_facts
 from . import config as config_collect
 from . import cuda, cxxabi, fatbin, helper, host, practice
+from .options import CheckOptions, gpu_context  # noqa: F401 (their home before the check cache)
 # process (pids, the host scope) and torch_ext (--python, directories, torch extensions) are
 # imported where used: with their dataclasses ~10M instructions of a `seedance fix` of one
 # library, which needs neither (callgrind, issue 13)
-
-
-class CheckOptions(Record):
-    """What a check covers and assumes."""
-    _fields = ("targets", "pids", "arch", "driver_version", "strict", "rules_dir", "env", "python", "nvml")
-
-    def __init__(self, targets: list = NEW, pids: list = NEW, arch: str | None = None,
-                 driver_version: str | None = None, strict: bool = False, rules_dir: str | None = None,
-                 env: dict | None = None, python: str | None = None, nvml: cuda.GpuInfo | None = None):
-        self.targets = [] if targets is NEW else targets
-        self.pids = [] if pids is NEW else pids
-        self.arch = arch
-        self.driver_version = driver_version
-        self.strict = strict
-        self.rules_dir = rules_dir
-        self.env = env  # the environment the resolver assumes (LD_LIBRARY_PATH, ...)
-        self.python = python  # check --python: the interpreter whose torch imports extensions
-        # a GpuInfo cuda.probe_nvml() gave earlier in this command: fix checks, then checks
-        # again, and NVML was probed (pynvml imported, initialised, shut down) for each (issue 13)
-        self.nvml = nvml
-
-    @property
-    def host_scope(self) -> bool:
-        return not self.targets and not self.pids
 
 
 class _Null:
@@ -59,26 +35,6 @@ class _Null:
 
     def finish(self):
         pass
-
-
-def gpu_context(options: CheckOptions) -> cuda.GpuInfo:
-    """Target archs and driver: the command line wins; NVML fills what it does not give."""
-    if options.nvml is None:
-        gpu = cuda.probe_nvml()
-    else:  # a copy: this one gets the command line's values
-        gpu = options.nvml._replace(targets=list(options.nvml.targets), devices=list(options.nvml.devices))
-    if options.arch:
-        try:
-            gpu.targets = [fatbin.parse_target(options.arch)]
-        except ValueError as exc:
-            raise UsageError(f"--arch: {exc}") from None
-    if options.driver_version:
-        try:
-            cuda.parse_driver_version(options.driver_version)
-        except ValueError as exc:
-            raise UsageError(f"--driver-version: {exc}") from None
-        gpu.driver_version, gpu.driver_source = options.driver_version, "--driver-version"
-    return gpu
 
 
 class Scanner:

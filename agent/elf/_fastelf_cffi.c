@@ -584,34 +584,42 @@ static void (*_cffi_call_python_org)(struct _cffi_externpy_s *, char *);
 
 static void *_cffi_types[] = {
 /*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *, unsigned char *, size_t)
-/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 20), // char const *
-/*  2 */ _CFFI_OP(_CFFI_OP_POINTER, 23), // struct sd_fastelf_result *
-/*  3 */ _CFFI_OP(_CFFI_OP_POINTER, 20), // char *
+/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 25), // char const *
+/*  2 */ _CFFI_OP(_CFFI_OP_POINTER, 30), // struct sd_fastelf_result *
+/*  3 */ _CFFI_OP(_CFFI_OP_POINTER, 25), // char *
 /*  4 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28), // size_t
-/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 26), // unsigned int *
+/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 34), // unsigned int *
 /*  6 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
 /*  7 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7), // int
 /*  8 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
 /*  9 */ _CFFI_OP(_CFFI_OP_POINTER, 4), // size_t const *
 /* 10 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 11 */ _CFFI_OP(_CFFI_OP_POINTER, 24), // struct sd_fastelf_symbols *
-/* 12 */ _CFFI_OP(_CFFI_OP_POINTER, 25), // unsigned char *
+/* 11 */ _CFFI_OP(_CFFI_OP_POINTER, 31), // struct sd_fastelf_symbols *
+/* 12 */ _CFFI_OP(_CFFI_OP_POINTER, 33), // unsigned char *
 /* 13 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
 /* 14 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
 /* 15 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(void)
 /* 16 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 17 */ _CFFI_OP(_CFFI_OP_FUNCTION, 28), // void()(struct sd_fastelf_symbols *)
-/* 18 */ _CFFI_OP(_CFFI_OP_NOOP, 11),
-/* 19 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 20 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
-/* 21 */ _CFFI_OP(_CFFI_OP_ARRAY, 20), // char[512]
-/* 22 */ (_cffi_opcode_t)(512),
-/* 23 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
-/* 24 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_fastelf_symbols
-/* 25 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
-/* 26 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
-/* 27 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
-/* 28 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
+/* 17 */ _CFFI_OP(_CFFI_OP_FUNCTION, 29), // long()(unsigned char const *, size_t, size_t *)
+/* 18 */ _CFFI_OP(_CFFI_OP_POINTER, 33), // unsigned char const *
+/* 19 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 20 */ _CFFI_OP(_CFFI_OP_POINTER, 4), // size_t *
+/* 21 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 22 */ _CFFI_OP(_CFFI_OP_FUNCTION, 36), // void()(struct sd_fastelf_symbols *)
+/* 23 */ _CFFI_OP(_CFFI_OP_NOOP, 11),
+/* 24 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 25 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
+/* 26 */ _CFFI_OP(_CFFI_OP_ARRAY, 25), // char[512]
+/* 27 */ (_cffi_opcode_t)(512),
+/* 28 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 11), // long long
+/* 29 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 9), // long
+/* 30 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
+/* 31 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_fastelf_symbols
+/* 32 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 2), // struct sd_input_record
+/* 33 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
+/* 34 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
+/* 35 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
+/* 36 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
 };
 
 static int _cffi_d_sd_fastelf_abi(void)
@@ -825,6 +833,65 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
 #  define _cffi_f_sd_fastelf_read _cffi_d_sd_fastelf_read
 #endif
 
+static long _cffi_d_sd_inputs_changed(unsigned char const * x0, size_t x1, size_t * x2)
+{
+  return sd_inputs_changed(x0, x1, x2);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_inputs_changed(PyObject *self, PyObject *args)
+{
+  unsigned char const * x0;
+  size_t x1;
+  size_t * x2;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  long result;
+  PyObject *pyresult;
+  PyObject *arg0;
+  PyObject *arg1;
+  PyObject *arg2;
+
+  if (!PyArg_UnpackTuple(args, "sd_inputs_changed", 3, 3, &arg0, &arg1, &arg2))
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(18), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (unsigned char const *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(18), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x1 = _cffi_to_c_int(arg1, size_t);
+  if (x1 == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(20), arg2, (char **)&x2);
+  if (datasize != 0) {
+    x2 = ((size_t)datasize) <= 640 ? (size_t *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(20), arg2, (char **)&x2,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_inputs_changed(x0, x1, x2); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_int(result, long);
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_inputs_changed _cffi_d_sd_inputs_changed
+#endif
+
 static int _cffi_const_SD_FASTELF_ABI(unsigned long long *o)
 {
   int n = (SD_FASTELF_ABI) <= 0;
@@ -944,6 +1011,24 @@ static void _cffi_checkfld_struct_sd_fastelf_symbols(struct sd_fastelf_symbols *
 }
 struct _cffi_align_struct_sd_fastelf_symbols { char x; struct sd_fastelf_symbols y; };
 
+_CFFI_UNUSED_FN
+static void _cffi_checkfld_struct_sd_input_record(struct sd_input_record *p)
+{
+  /* only to generate compile-time warnings or errors */
+  (void)p;
+  (void)((p->path_len) | 0);  /* check that 'struct sd_input_record.path_len' is an integer */
+  (void)((p->follow) | 0);  /* check that 'struct sd_input_record.follow' is an integer */
+  (void)((p->err) | 0);  /* check that 'struct sd_input_record.err' is an integer */
+  (void)((p->pad) | 0);  /* check that 'struct sd_input_record.pad' is an integer */
+  (void)((p->dev) | 0);  /* check that 'struct sd_input_record.dev' is an integer */
+  (void)((p->ino) | 0);  /* check that 'struct sd_input_record.ino' is an integer */
+  (void)((p->mode) | 0);  /* check that 'struct sd_input_record.mode' is an integer */
+  (void)((p->size) | 0);  /* check that 'struct sd_input_record.size' is an integer */
+  (void)((p->mtime_ns) | 0);  /* check that 'struct sd_input_record.mtime_ns' is an integer */
+  (void)((p->ctime_ns) | 0);  /* check that 'struct sd_input_record.ctime_ns' is an integer */
+}
+struct _cffi_align_struct_sd_input_record { char x; struct sd_input_record y; };
+
 static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_FASTELF_ABI", (void *)_cffi_const_SD_FASTELF_ABI, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_ALL_SYMBOLS", (void *)_cffi_const_SD_FASTELF_ALL_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
@@ -954,8 +1039,9 @@ static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_FASTELF_OK", (void *)_cffi_const_SD_FASTELF_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_PREFIXED_SYMBOLS", (void *)_cffi_const_SD_FASTELF_PREFIXED_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 15), (void *)_cffi_d_sd_fastelf_abi },
-  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 17), (void *)_cffi_d_sd_fastelf_free_symbols },
+  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 22), (void *)_cffi_d_sd_fastelf_free_symbols },
   { "sd_fastelf_read", (void *)_cffi_f_sd_fastelf_read, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 0), (void *)_cffi_d_sd_fastelf_read },
+  { "sd_inputs_changed", (void *)_cffi_f_sd_inputs_changed, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 17), (void *)_cffi_d_sd_inputs_changed },
 };
 
 static const struct _cffi_field_s _cffi_fields[] = {
@@ -997,31 +1083,31 @@ static const struct _cffi_field_s _cffi_fields[] = {
                     _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "flags", offsetof(struct sd_fastelf_result, flags),
              sizeof(((struct sd_fastelf_result *)0)->flags),
-             _CFFI_OP(_CFFI_OP_NOOP, 27) },
+             _CFFI_OP(_CFFI_OP_NOOP, 35) },
   { "flags_1", offsetof(struct sd_fastelf_result, flags_1),
                sizeof(((struct sd_fastelf_result *)0)->flags_1),
-               _CFFI_OP(_CFFI_OP_NOOP, 27) },
+               _CFFI_OP(_CFFI_OP_NOOP, 35) },
   { "n_sections", offsetof(struct sd_fastelf_result, n_sections),
                   sizeof(((struct sd_fastelf_result *)0)->n_sections),
-                  _CFFI_OP(_CFFI_OP_NOOP, 26) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 34) },
   { "n_needed", offsetof(struct sd_fastelf_result, n_needed),
                 sizeof(((struct sd_fastelf_result *)0)->n_needed),
-                _CFFI_OP(_CFFI_OP_NOOP, 26) },
+                _CFFI_OP(_CFFI_OP_NOOP, 34) },
   { "n_verneed", offsetof(struct sd_fastelf_result, n_verneed),
                  sizeof(((struct sd_fastelf_result *)0)->n_verneed),
-                 _CFFI_OP(_CFFI_OP_NOOP, 26) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 34) },
   { "n_verdef", offsetof(struct sd_fastelf_result, n_verdef),
                 sizeof(((struct sd_fastelf_result *)0)->n_verdef),
-                _CFFI_OP(_CFFI_OP_NOOP, 26) },
+                _CFFI_OP(_CFFI_OP_NOOP, 34) },
   { "strings_len", offsetof(struct sd_fastelf_result, strings_len),
                    sizeof(((struct sd_fastelf_result *)0)->strings_len),
                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
   { "x86_isa_needed", offsetof(struct sd_fastelf_result, x86_isa_needed),
                       sizeof(((struct sd_fastelf_result *)0)->x86_isa_needed),
-                      _CFFI_OP(_CFFI_OP_NOOP, 26) },
+                      _CFFI_OP(_CFFI_OP_NOOP, 34) },
   { "error", offsetof(struct sd_fastelf_result, error),
              sizeof(((struct sd_fastelf_result *)0)->error),
-             _CFFI_OP(_CFFI_OP_NOOP, 21) },
+             _CFFI_OP(_CFFI_OP_NOOP, 26) },
   { "count", offsetof(struct sd_fastelf_symbols, count),
              sizeof(((struct sd_fastelf_symbols *)0)->count),
              _CFFI_OP(_CFFI_OP_NOOP, 4) },
@@ -1051,14 +1137,46 @@ static const struct _cffi_field_s _cffi_fields[] = {
                     _CFFI_OP(_CFFI_OP_NOOP, 4) },
   { "n_versions", offsetof(struct sd_fastelf_symbols, n_versions),
                   sizeof(((struct sd_fastelf_symbols *)0)->n_versions),
-                  _CFFI_OP(_CFFI_OP_NOOP, 26) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 34) },
+  { "path_len", offsetof(struct sd_input_record, path_len),
+                sizeof(((struct sd_input_record *)0)->path_len),
+                _CFFI_OP(_CFFI_OP_NOOP, 34) },
+  { "follow", offsetof(struct sd_input_record, follow),
+              sizeof(((struct sd_input_record *)0)->follow),
+              _CFFI_OP(_CFFI_OP_NOOP, 7) },
+  { "err", offsetof(struct sd_input_record, err),
+           sizeof(((struct sd_input_record *)0)->err),
+           _CFFI_OP(_CFFI_OP_NOOP, 7) },
+  { "pad", offsetof(struct sd_input_record, pad),
+           sizeof(((struct sd_input_record *)0)->pad),
+           _CFFI_OP(_CFFI_OP_NOOP, 7) },
+  { "dev", offsetof(struct sd_input_record, dev),
+           sizeof(((struct sd_input_record *)0)->dev),
+           _CFFI_OP(_CFFI_OP_NOOP, 35) },
+  { "ino", offsetof(struct sd_input_record, ino),
+           sizeof(((struct sd_input_record *)0)->ino),
+           _CFFI_OP(_CFFI_OP_NOOP, 35) },
+  { "mode", offsetof(struct sd_input_record, mode),
+            sizeof(((struct sd_input_record *)0)->mode),
+            _CFFI_OP(_CFFI_OP_NOOP, 35) },
+  { "size", offsetof(struct sd_input_record, size),
+            sizeof(((struct sd_input_record *)0)->size),
+            _CFFI_OP(_CFFI_OP_NOOP, 28) },
+  { "mtime_ns", offsetof(struct sd_input_record, mtime_ns),
+                sizeof(((struct sd_input_record *)0)->mtime_ns),
+                _CFFI_OP(_CFFI_OP_NOOP, 28) },
+  { "ctime_ns", offsetof(struct sd_input_record, ctime_ns),
+                sizeof(((struct sd_input_record *)0)->ctime_ns),
+                _CFFI_OP(_CFFI_OP_NOOP, 28) },
 };
 
 static const struct _cffi_struct_union_s _cffi_struct_unions[] = {
-  { "sd_fastelf_result", 23, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_result", 30, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 0, 21 },
-  { "sd_fastelf_symbols", 24, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_symbols", 31, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 21, 10 },
+  { "sd_input_record", 32, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_input_record), offsetof(struct _cffi_align_struct_sd_input_record, y), 31, 10 },
 };
 
 static const struct _cffi_type_context_s _cffi_type_context = {
@@ -1068,12 +1186,12 @@ static const struct _cffi_type_context_s _cffi_type_context = {
   _cffi_struct_unions,
   NULL,  /* no enums */
   NULL,  /* no typenames */
-  11,  /* num_globals */
-  2,  /* num_struct_unions */
+  12,  /* num_globals */
+  3,  /* num_struct_unions */
   0,  /* num_enums */
   0,  /* num_typenames */
   NULL,  /* no includes */
-  29,  /* num_types */
+  37,  /* num_types */
   0,  /* flags */
 };
 

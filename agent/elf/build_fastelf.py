@@ -25,6 +25,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 HEADER = HERE / "fastelf.h"
 SOURCE = HERE / "fastelf.c"
+# the check cache's input validation (inputcheck.c) rides in the same extension: one build
+EXTRA_SOURCES = (HERE / "inputcheck.c",)
 WRAPPER = HERE / "_fastelf_cffi.c"
 MODULE = "seedance.elf._fastelf"
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-std=gnu11", "-fvisibility=hidden"]
@@ -72,7 +74,8 @@ def extension():
     rel = os.path.relpath(HERE, ROOT)
     return Extension(
         MODULE,
-        sources=[os.path.join(rel, WRAPPER.name), os.path.join(rel, SOURCE.name)],
+        sources=[os.path.join(rel, WRAPPER.name), os.path.join(rel, SOURCE.name),
+                 *(os.path.join(rel, extra.name) for extra in EXTRA_SOURCES)],
         include_dirs=[rel],
         depends=[os.path.join(rel, HEADER.name)],
         extra_compile_args=CFLAGS,
@@ -90,7 +93,7 @@ def build_standalone(out_dir: str, cc: str | None = None) -> str:
     target = os.path.join(out_dir, "_fastelf" + suffix)
     tmp = target + f".tmp{os.getpid()}"
     subprocess.run([cc, *CFLAGS, "-fPIC", "-shared", f"-I{sysconfig.get_paths()['include']}", f"-I{HERE}",
-                    str(WRAPPER), str(SOURCE), "-o", tmp], check=True)
+                    str(WRAPPER), str(SOURCE), *map(str, EXTRA_SOURCES), "-o", tmp], check=True)
     os.replace(tmp, target)
     return target
 

@@ -91,6 +91,19 @@ int sd_fastelf_read(const char *path, struct sd_fastelf_result *out, char *strin
                     const size_t *prefix_lens, size_t n_prefixes, struct sd_fastelf_symbols *symbols,
                     unsigned char *scratch, size_t scratch_cap);
 void sd_fastelf_free_symbols(struct sd_fastelf_symbols *symbols);
+
+/* inputcheck.c: the check cache's inputs, stat'ed again (agent/collect/inputs.py).
+ * Returns -1 when every record matches, the index of the first that does not, or -2 when
+ * the blob is malformed; *validated counts the records that matched. */
+struct sd_input_record {
+    unsigned int path_len;
+    int follow;                /* 1: stat (follow links), 0: lstat */
+    int err;                   /* 0: the path existed; else the errno its stat gave */
+    int pad;
+    unsigned long long dev, ino, mode;
+    long long size, mtime_ns, ctime_ns;
+};
+long sd_inputs_changed(const unsigned char *blob, size_t len, size_t *validated);
 /* cdef-end */
 
 #endif

@@ -1,0 +1,275 @@
+"""The check cache: a check of the same targets, on files that have not changed, answers
+from the report it gave last time (issue 13: "a persistent cache, keyed by (dev, inode,
+size, mtime), stored under the XDG cache dir, may serve repeat runs (the agent, CI)").
+
+What a report depends on, and how each part is keyed:
+
+- the files and directories the check read, listed, stat'ed or looked for: recorded as it
+  ran (collect/inputs.py), each with (dev, inode, mode, size, mtime_ns, ctime_ns) or the
+  errno it gave, and stat'ed again before a cached report is believed.  ctime is in the
+  key because it changes with every write, chmod, rename and link, even when a tool
+  restores mtime;
+- the command line (targets, --strict, --arch, --driver-version, --rules, --python), the
+  working directory, the user, and the environment a check reads (LD_*, CUDA*, TORCH*,
+  XDG_*, HOME, PATH, PYTHONPATH, ...), compared whole;
+- this host: the boot id (the CPU's ISA level and hwcaps do not change within a boot), the
+  kernel and glibc, and the GPU context, which NVML is asked for on every run as before;
+- seedance itself: every source, extension, rule and schema file of the package, by its stat.
+
+A file changed within the file system's timestamp tick of being read could keep its
+mtime and ctime ("racy git"): a report whose inputs include a file or directory changed
+less than RACY_S before the check began is not stored.  Host-scope checks (they read
+every process) and --pid are never cached; --bundle and --from-bundle neither.
+
+Entries live in $XDG_CACHE_HOME/seedance/check/ (0700), one JSON file per key (0600,
+written to a temp file and renamed); only a regular file of this user's that nobody else
+can write is read.  At most MAX_ENTRIES are kept, the oldest dropped.  `--no-cache` or
+SEEDANCE_CACHE=0 turns it off.  A cache that cannot be read or written costs time, never
+a result.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from ..model import Finding, Report
+from . import inputs
+
+FORMAT = 1
+RACY_S = 2.0  # FAT and some network file systems keep 2 s timestamps; local ones a tick
+MAX_ENTRIES = 64
+MAX_BYTES = 64 << 20
+ENV_PREFIXES = ("LD_", "CUDA", "NVIDIA", "TORCH", "XDG_", "CONDA", "SEEDANCE_ELF")
+ENV_NAMES = ("HOME", "PATH", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
+
+
+def cache_dir() -> str | None:
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative value is ignored
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "seedance", "check")
+
+
+def eligible(options, disabled: bool = False) -> bool:
+    """A check of named files or directories, with the cache not turned off."""
+    return not disabled and os.environ.get("SEEDANCE_CACHE", "") != "0" and bool(options.targets) \
+        and not options.pids and options.env is None
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def _code_stamp() -> list:
+    """Every source and extension file of the seedance package, by its stat: a changed
+    seedance is another key.  All of them, not the modules loaded now: a check answered from
+    the cache loads fewer than one that runs (~160 files, ~0.5 ms)."""
+    import seedance
+
+    stamp, stack = [], list(seedance.__path__)
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != "__pycache__":
+                        stack.append(entry.path)
+                elif entry.name.endswith((".py", ".so", ".yaml", ".json")):
+                    st = entry.stat()
+                    stamp.append([entry.path, st.st_size, st.st_mtime_ns])
+            except OSError:
+                continue
+    return stamp
+
+
+def key_of(options, gpu) -> dict:
+    uname = os.uname()
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):
+        glibc = None
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    return {"format": FORMAT, "targets": list(options.targets), "strict": options.strict, "arch": options.arch,
+            "driver_version": options.driver_version, "python": options.python, "rules": options.rules_dir,
+            "cwd": os.getcwd(),
+            "uid": os.geteuid(), "env": env, "boot": _boot_id(), "kernel": uname.release,
+            "host": uname.nodename, "glibc": glibc, "gpu": gpu.to_dict(), "code": _code_stamp()}
+
+
+def _entry_path(directory: str, key: dict) -> str:
+    import zlib
+
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return os.path.join(directory, f"check-{zlib.crc32(text.encode('utf-8', 'surrogateescape')):08x}.json")
+
+
+def _read_entry(path: str):
+    """(header dict, inputs blob) of a cache entry, or None: a JSON line, then the blob
+    (inputs.encode) whose length and CRC-32 the header gives."""
+    import stat
+    import zlib
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
+                or st.st_size > MAX_BYTES:
+            return None
+        chunks, size = [], 0
+        while size <= st.st_size:
+            chunk = os.read(fd, st.st_size + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+        line, sep, blob = data.partition(b"\n")
+        header = json.loads(line.decode("utf-8", "surrogateescape")) if sep else None
+        if not isinstance(header, dict) or header.get("blob") != [len(blob), zlib.crc32(blob)]:
+            return None
+        return header, blob
+    except (OSError, ValueError, UnicodeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def lookup(options, gpu):
+    """(Report or None, entry path or None, key): the cached report when every input is as it was."""
+    directory = cache_dir()
+    key = key_of(options, gpu)
+    if directory is None:
+        return None, None, key
+    path = _entry_path(directory, key)
+    entry = _read_entry(path)
+    if entry is None or entry[0].get("key") != key:
+        return None, path, key
+    header, blob = entry
+    try:
+        if inputs.changed(blob, header["inputs"]) is not None:
+            return None, path, key
+        report = _report_from(header["report"])
+    except (KeyError, TypeError, ValueError):
+        return None, path, key
+    report.stats["cache"] = {"state": "hit", "inputs": header["inputs"]}
+    return report, path, key
+
+
+def _plain_report(report: Report) -> dict:
+    from ..model import _plain
+
+    return {"command": report.command, "stats": _plain(report.stats), "extra": _plain(report.extra),
+            "findings": [_plain(f._asdict()) for f in report.findings]}
+
+
+def _report_from(data: dict) -> Report:
+    report = Report(command=data["command"], stats=dict(data["stats"]), extra=dict(data["extra"]))
+    report.findings = [Finding(**finding) for finding in data["findings"]]
+    return report
+
+
+def store(path: str, key: dict, report: Report, records: dict, started_ns: int) -> str:
+    """Write the entry (best effort); what was done: 'stored' or why not."""
+    import zlib
+
+    if inputs.newest_change(records) >= started_ns - int(RACY_S * 1e9):
+        return "not stored: an input changed just before the check"
+    plain = _plain_report(report)
+    blob = inputs.encode(records)
+    text = json.dumps({"key": key, "report": plain, "inputs": len(records), "blob": [len(blob), zlib.crc32(blob)]},
+                      separators=(",", ":"))
+    # the entry must give back this very report: what does not survive JSON (a value that
+    # is not plain data) is not cached
+    again = _report_from(json.loads(text)["report"])
+    again.host = report.host  # (not stored: a hit reads the host facts afresh)
+    if again.to_dict() != json.loads(json.dumps(report.to_dict())) or _plain_report(again) != plain:
+        return "not stored: the report does not round-trip through JSON"
+    directory = os.path.dirname(path)
+    temp = None
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        temp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            data = text.encode("utf-8", "surrogateescape") + b"\n" + blob
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+        temp = None
+        _prune(directory)
+    except (OSError, ValueError):
+        return "not stored: the cache directory cannot be written"
+    finally:
+        if temp is not None:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+    return "stored"
+
+
+def _prune(directory: str) -> None:
+    try:
+        entries = [e for e in os.scandir(directory) if e.name.startswith("check-") and e.name.endswith(".json")]
+        if len(entries) <= MAX_ENTRIES:
+            return
+        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns)
+        for entry in entries[:len(entries) - MAX_ENTRIES]:
+            os.unlink(entry.path)
+    except OSError:
+        pass
+
+
+def run_cached(options, progress=None, disabled: bool = False) -> Report:
+    """run_check(options), from the cache when it can answer, stored in it after."""
+    from . import host
+    from .options import gpu_context
+
+    if not eligible(options, disabled):
+        from .scan import Scanner
+
+        return Scanner(options, progress).run()
+    started = time.monotonic()
+    if options.nvml is None:
+        from . import cuda
+
+        options.nvml = cuda.probe_nvml()  # once: the key's GPU context, then the scan's
+    gpu = gpu_context(options)  # (a bad --arch or --driver-version fails here, as in the scan)
+    report, path, key = lookup(options, gpu)
+    if report is not None:
+        report.host = host.host_facts(gpu)
+        report.stats["duration_s"] = round(time.monotonic() - started, 3)
+        return report
+    # seedance's own cache files (this one, the rules' parse cache) are not inputs: each
+    # checks itself against what it was made from, and the rules' files are recorded
+    skip = (os.path.dirname(cache_dir()),) if cache_dir() else ()
+    started_ns = time.time_ns()
+    from .scan import Scanner
+
+    inputs.start(skip=skip)
+    try:
+        report = Scanner(options, progress).run()
+    finally:
+        records = inputs.stop()
+    state = store(path, key, report, records, started_ns) if path is not None else "not stored: no cache directory"
+    report.stats["cache"] = {"state": state, "inputs": len(records)}
+    return report

@@ -1,0 +1,270 @@
+"""What a check read from the file system, recorded as it reads it (issue 13: the check cache).
+
+A check's report is a function of the files and directories it looked at, its options, the
+environment and this host (CPU, glibc, GPU).  To know the first part without asking every
+collector to declare its reads, the recorder sees them where they happen:
+
+- ``os.stat`` and ``os.lstat`` are wrapped while recording: the resolver, the walk,
+  ``os.path.exists/isfile/isdir/islink/realpath`` and every collector go through them, so
+  each answer (a stat result, or the errno of a path that is not there) is kept as it was
+  *before* the file was read;
+- an audit hook (PEP 578) sees ``open`` (``open()``, ``os.open``), ``os.listdir`` and
+  ``os.scandir``; the file or directory is stat'ed then, before it is read or listed (a
+  file changed after that stat is seen as changed on the next run, never the other way).
+
+The C reader opens files itself, but only paths the resolver has stat'ed first.  A forked
+helper (helper.py) records in its own copy and sends its records back with its answer.
+
+A recorded input is (path, follow-links, identity) where identity is (dev, inode, mode, size,
+mtime_ns, ctime_ns) or the errno.  ``changed()`` stats them all again: one difference, one
+new file where none was, one missing file, and the cached report is not used.
+/proc, /sys and /dev are not recorded (volatile, and what they tell a check is keyed
+elsewhere: the boot id for the CPU), nor seedance's own cache directory.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_IGNORED = ("/proc/", "/sys/", "/dev/")
+_state = {"on": False, "hooked": False}
+_records: dict = {}  # (path, follow) -> identity tuple | errno int
+_skip_prefixes: list = list(_IGNORED)
+_real = {"stat": os.stat, "lstat": os.lstat}
+
+
+def identity(st) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _path_of(path):
+    """The absolute str path of an os.stat/open argument, or None (an fd, a dir_fd-relative
+    name, bytes that do not decode as the file system encoding would)."""
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    elif not isinstance(path, str):
+        path = getattr(path, "__fspath__", None)
+        if path is None:
+            return None
+        path = path()
+        if not isinstance(path, str):
+            return _path_of(path)
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)
+    return path
+
+
+def _note(path: str, follow: bool, result) -> None:
+    key = (path, follow)
+    if key in _records:
+        return
+    if path.startswith(tuple(_skip_prefixes)):
+        return
+    _records[key] = result
+
+
+def _stat_now(path: str, follow: bool) -> None:
+    if (path, follow) in _records or path.startswith(tuple(_skip_prefixes)):
+        return
+    try:
+        st = (_real["stat"] if follow else _real["lstat"])(path)
+    except OSError as exc:
+        _records[(path, follow)] = exc.errno or -1
+    except ValueError:  # an embedded NUL: no file
+        return
+    else:
+        _records[(path, follow)] = identity(st)
+
+
+def _wrapped(name: str, follow: bool):
+    real = _real[name]
+
+    def recorded(path, *args, **kwargs):
+        if not _state["on"] or args or kwargs.get("dir_fd") is not None:
+            return real(path, *args, **kwargs)
+        where = _path_of(path)
+        try:
+            st = real(path, *args, **kwargs)
+        except OSError as exc:
+            if where is not None:
+                _note(where, follow and kwargs.get("follow_symlinks", True), exc.errno or -1)
+            raise
+        if where is not None:
+            _note(where, follow and kwargs.get("follow_symlinks", True), identity(st))
+        return st
+    recorded.__wrapped__ = real
+    return recorded
+
+
+def _audit(event: str, args) -> None:
+    if not _state["on"]:
+        return
+    if event == "open":
+        path, mode, flags = args
+        if mode is not None and any(c in mode for c in "wax+"):
+            return  # written, not read
+        if isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR):
+            return
+    elif event not in ("os.listdir", "os.scandir"):
+        return
+    else:
+        path = args[0]
+        if path is None:
+            path = "."
+    where = _path_of(path)
+    if where is not None:
+        _stat_now(where, True)
+
+
+def start(skip: tuple = ()) -> None:
+    """Record from now on (a fresh record), until stop()."""
+    _records.clear()
+    _skip_prefixes[:] = list(_IGNORED) + [p.rstrip("/") + "/" for p in skip if p]
+    if not _state["hooked"]:
+        sys.addaudithook(_audit)  # (a hook cannot be removed: it does nothing while off)
+        _state["hooked"] = True
+    os.stat = _wrapped("stat", True)
+    os.lstat = _wrapped("lstat", False)
+    _state["on"] = True
+
+
+def stop() -> dict:
+    """Stop recording; {(path, follow): identity or errno}."""
+    _state["on"] = False
+    os.stat, os.lstat = _real["stat"], _real["lstat"]
+    return dict(_records)
+
+
+def recording() -> bool:
+    return _state["on"]
+
+
+class paused:
+    """``with inputs.paused():`` seedance's own cache I/O (the rules' parse cache written
+    during a check): creating ~/.cache/seedance would otherwise record ~/.cache as an input
+    that the next run finds changed."""
+
+    def __enter__(self):
+        self._was = _state["on"]
+        _state["on"] = False
+        return self
+
+    def __exit__(self, *exc):
+        _state["on"] = self._was
+        return False
+
+
+def mark() -> int:
+    """How many inputs are recorded so far (a forked helper sends back what follows)."""
+    return len(_records)
+
+
+def since(count: int) -> list:
+    """The records made after mark() gave ``count`` (dicts keep their insertion order)."""
+    return list(_records.items())[count:]
+
+
+def merge(records: list) -> None:
+    """A helper's records: each path as the helper first saw it, unless seen here before."""
+    for key, value in records:
+        if isinstance(key, tuple) and len(key) == 2:
+            _records.setdefault(tuple(key), value)
+
+
+# The records as the C validator reads them (struct sd_input_record in agent/elf/fastelf.h,
+# native byte order: written and read on one host): path_len, follow, err, pad, dev, ino,
+# mode, size, mtime_ns, ctime_ns, then the path's bytes.
+_RECORD = "=IiiiQQQqqq"
+
+
+def encode(records: dict) -> bytes:
+    """The blob of ``records`` ({(path, follow): identity or errno}), for changed()."""
+    import struct
+
+    pack, parts = struct.Struct(_RECORD).pack, []
+    for (path, follow), value in records.items():
+        raw = os.fsencode(path)
+        if isinstance(value, int):
+            parts.append(pack(len(raw), 1 if follow else 0, value, 0, 0, 0, 0, 0, 0, 0))
+        else:
+            parts.append(pack(len(raw), 1 if follow else 0, 0, 0, *value))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def changed(blob: bytes, count: int, use_c: bool | None = None) -> str | None:
+    """None when all ``count`` records of ``blob`` are as recorded now; else why not (the
+    first path that differs, or 'malformed').  In C when the extension is built (inputcheck.c);
+    changed_python() is its reference."""
+    if use_c is not False:
+        from ..elf import fastread
+
+        loaded = fastread._load() if fastread.available() else None
+        lib = getattr(loaded[1], "sd_inputs_changed", None) if loaded else None
+        if lib is not None:
+            ffi = loaded[0]
+            validated = ffi.new("size_t *")
+            index = lib(ffi.from_buffer(blob), len(blob), validated)
+            return _verdict(blob, index, validated[0], count)
+        if use_c:
+            raise RuntimeError("the C validator is not built")
+    return changed_python(blob, count)
+
+
+def changed_python(blob: bytes, count: int) -> str | None:
+    """changed() in Python, record by record, with the same answers."""
+    import struct
+
+    header = struct.Struct(_RECORD)
+    at = done = 0
+    while at < len(blob):
+        if len(blob) - at < header.size:
+            return _verdict(blob, -2, done, count)
+        path_len, follow, err, _pad, *was = header.unpack_from(blob, at)
+        at += header.size
+        if path_len == 0 or path_len > 4096 or len(blob) - at < path_len:
+            return _verdict(blob, -2, done, count)
+        raw = blob[at:at + path_len]
+        at += path_len
+        if b"\0" in raw:
+            return _verdict(blob, -2, done, count)
+        try:
+            st = (_real["stat"] if follow else _real["lstat"])(raw)
+        except OSError as exc:
+            if err != (exc.errno or -1):
+                return _verdict(blob, done, done, count)
+        else:
+            if err != 0 or identity(st) != tuple(was):
+                return _verdict(blob, done, done, count)
+        done += 1
+    return _verdict(blob, -1, done, count)
+
+
+def _verdict(blob: bytes, index: int, validated: int, count: int) -> str | None:
+    if index == -2:
+        return "malformed inputs"
+    if index >= 0:
+        return f"{_path_at(blob, index)}: changed"
+    if validated != count:
+        return "malformed inputs: fewer records than stored"
+    return None
+
+
+def _path_at(blob: bytes, index: int) -> str:
+    import struct
+
+    header = struct.Struct(_RECORD)
+    at = 0
+    for _ in range(index):
+        at += header.size + header.unpack_from(blob, at)[0]
+    path_len = header.unpack_from(blob, at)[0]
+    return os.fsdecode(blob[at + header.size:at + header.size + path_len])
+
+
+def newest_change(records: dict) -> int:
+    """The latest ctime/mtime (ns) among the recorded files, 0 when none exists."""
+    newest = 0
+    for value in records.values():
+        if not isinstance(value, int):
+            newest = max(newest, value[4], value[5])
+    return newest

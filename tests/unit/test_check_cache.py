@@ -1,0 +1,273 @@
+"""The check cache (collect/check_cache.py, collect/inputs.py): a repeat check of files that
+did not change answers from the last report, and any change to what the check read makes
+it check again.  The oracle is always a fresh, uncached check of the same tree."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from seedance.collect import check_cache, inputs
+from seedance.collect.options import CheckOptions
+from seedance.collect.scan import Scanner
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+DEP_V1 = "int dep_value(void) { return 1; }\n"
+DEP_V2 = "int dep_value(void) { return 2; }\nint dep_extra(void) { return 3; }\n"
+TOP = "int dep_value(void); int dep_extra(void); int top(void) { return dep_value() + dep_extra(); }\n"
+
+
+def _cc(src: Path, out: Path, *args) -> None:
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(src), *args], check=True, capture_output=True)
+
+
+def _build_dep(tmp: Path, source: str, name: str = "libdep.so.1") -> Path:
+    """libdep.so.1 built aside and renamed in: a new inode, whatever the timestamp tick."""
+    src = tmp / f"dep{time.monotonic_ns()}.c"
+    src.write_text(source)
+    built = tmp / f"built{time.monotonic_ns()}.so"
+    _cc(src, built, f"-Wl,-soname,{name}")
+    return built
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """tree/lib/libtop.so NEEDs libdep.so.1 through DT_RUNPATH $ORIGIN/first:$ORIGIN/second;
+    libdep.so.1 lies in second/.  The cache lives in the test's own XDG_CACHE_HOME, and the
+    racy window is 0 for the tests that change files by renaming new inodes in."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("SEEDANCE_CACHE", raising=False)
+    monkeypatch.setattr(check_cache, "RACY_S", 0.0)
+    root = tmp_path / "tree"
+    (root / "lib" / "first").mkdir(parents=True)
+    (root / "lib" / "second").mkdir()
+    os.replace(_build_dep(tmp_path, DEP_V2), root / "lib" / "second" / "libdep.so.1")
+    src = tmp_path / "top.c"
+    src.write_text(TOP)
+    _cc(src, root / "lib" / "libtop.so", "-Wl,-soname,libtop.so", "-Wl,--enable-new-dtags",
+        "-Wl,-rpath,$ORIGIN/first:$ORIGIN/second", f"-L{root / 'lib' / 'second'}", "-l:libdep.so.1")
+    return root
+
+
+def _plain(report) -> dict:
+    out = report.to_dict()
+    out["stats"] = {k: v for k, v in out["stats"].items() if k not in ("duration_s", "cache")}
+    return out
+
+
+def _check(root, **options):
+    return check_cache.run_cached(CheckOptions(targets=[str(root)], **options))
+
+
+def _fresh(root, **options):
+    return Scanner(CheckOptions(targets=[str(root)], **options)).run()
+
+
+def test_a_repeat_check_answers_from_the_cache_with_the_same_report(tree):
+    first = _check(tree)
+    assert first.stats["cache"]["state"] == "stored" and first.stats["cache"]["inputs"] > 0
+    second = _check(tree)
+    assert second.stats["cache"]["state"] == "hit"
+    assert _plain(second) == _plain(first) == _plain(_fresh(tree))
+    from seedance import render
+    second.stats["duration_s"] = first.stats["duration_s"]  # (the one line that differs: this run's time)
+    assert render.table(second, color=False, verbose=True) == render.table(first, color=False, verbose=True)
+
+
+def _replace_dep_with_v1(tmp, tree):
+    os.replace(_build_dep(tmp, DEP_V1), tree / "lib" / "second" / "libdep.so.1")
+
+
+def _remove_dep(tmp, tree):
+    os.unlink(tree / "lib" / "second" / "libdep.so.1")
+
+
+def _shadow_dep_earlier(tmp, tree):
+    os.replace(_build_dep(tmp, DEP_V1), tree / "lib" / "first" / "libdep.so.1")
+
+
+def _dep_becomes_a_dangling_link(tmp, tree):
+    link = tree / "lib" / "second" / "libdep.so.1.tmp"
+    os.symlink("nowhere.so", link)
+    os.replace(link, tree / "lib" / "second" / "libdep.so.1")
+
+
+@pytest.mark.parametrize("change", [_replace_dep_with_v1, _remove_dep, _shadow_dep_earlier,
+                                    _dep_becomes_a_dangling_link])
+def test_a_changed_input_is_checked_again(tree, tmp_path, change):
+    """--strict: a library without dep_extra is then a finding (symbol-undefined)."""
+    before = _check(tree, strict=True)
+    assert _check(tree, strict=True).stats["cache"]["state"] == "hit"
+    change(tmp_path, tree)
+    after = _check(tree, strict=True)
+    assert after.stats["cache"]["state"] != "hit"
+    fresh = _fresh(tree, strict=True)
+    assert _plain(after) == _plain(fresh)
+    # the change changes the verdict: a stale answer would have been wrong
+    assert [f.rule for f in fresh.findings] != [f.rule for f in before.findings] or \
+        _plain(fresh) != _plain(before)
+    assert _check(tree, strict=True).stats["cache"]["state"] == "hit"  # the new answer is cached in turn
+
+
+def test_the_command_line_and_environment_are_in_the_key(tree, monkeypatch):
+    _check(tree)
+    assert _check(tree, arch="sm_90").stats["cache"]["state"] == "stored"
+    assert _check(tree, strict=True).stats["cache"]["state"] == "stored"
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tree / "lib" / "first"))
+    assert _check(tree).stats["cache"]["state"] == "stored"
+    assert _check(tree).stats["cache"]["state"] == "hit"
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    for options in ({}, {"arch": "sm_90"}, {"strict": True}):
+        assert _check(tree, **options).stats["cache"]["state"] == "hit"
+
+
+def test_inputs_changed_just_before_the_check_are_not_cached(tree, monkeypatch):
+    monkeypatch.setattr(check_cache, "RACY_S", 2.0)
+    os.utime(tree / "lib" / "libtop.so")  # ctime and mtime now: within a timestamp tick of the check
+    report = _check(tree)
+    assert report.stats["cache"]["state"].startswith("not stored: an input changed")
+    assert _check(tree).stats["cache"]["state"] != "hit"
+
+
+def _entry(tree) -> Path:
+    entries = list(Path(check_cache.cache_dir()).glob("check-*.json"))
+    assert len(entries) == 1
+    return entries[0]
+
+
+@pytest.mark.parametrize("spoil", ["world-writable", "truncated", "not-json", "fewer-records", "symlink"])
+def test_a_cache_entry_that_is_not_trusted_is_not_used(tree, tmp_path, spoil):
+    _check(tree)
+    entry = _entry(tree)
+    data = entry.read_bytes()
+    if spoil == "world-writable":
+        os.chmod(entry, 0o666)
+    elif spoil == "truncated":
+        entry.write_bytes(data[:-10])
+    elif spoil == "not-json":
+        entry.write_bytes(b"[" + data[1:])
+    elif spoil == "fewer-records":
+        # a blob cut at a record boundary, its length and CRC fixed up: the count says no
+        import zlib
+
+        line, _, blob = data.partition(b"\n")
+        header = json.loads(line)
+        cut = blob[:len(inputs.encode(dict(list(_records_of(blob).items())[:1])))]
+        header["blob"] = [len(cut), zlib.crc32(cut)]
+        entry.write_bytes(json.dumps(header).encode() + b"\n" + cut)
+    else:
+        moved = tmp_path / "elsewhere.json"
+        os.replace(entry, moved)
+        os.symlink(moved, entry)
+    report = _check(tree)
+    assert report.stats["cache"]["state"] != "hit"
+    assert _plain(report) == _plain(_fresh(tree))
+
+
+def _records_of(blob: bytes) -> dict:
+    import struct
+
+    header = struct.Struct(inputs._RECORD)
+    out, at = {}, 0
+    while at < len(blob):
+        path_len, follow, err, _pad, *was = header.unpack_from(blob, at)
+        path = os.fsdecode(blob[at + header.size:at + header.size + path_len])
+        out[(path, bool(follow))] = err if err else tuple(was)
+        at += header.size + path_len
+    return out
+
+
+def test_the_c_validator_agrees_with_the_python_one(tmp_path):
+    from seedance.elf import fastread
+
+    if not fastread.available():
+        pytest.skip("the C extension is not built")
+    files = []
+    for index in range(5):
+        path = tmp_path / f"f{index}"
+        path.write_bytes(b"x" * index)
+        files.append(path)
+    inputs.start()
+    try:
+        for path in files:
+            os.stat(path)
+        os.lstat(tmp_path)
+        os.path.exists(tmp_path / "missing")
+        with open(files[0], "rb"):
+            pass
+    finally:
+        records = inputs.stop()
+    assert (str(tmp_path / "missing"), True) in records and (str(tmp_path), False) in records
+    blob = inputs.encode(records)
+    count = len(records)
+
+    def both(data, n=count):
+        c, py = inputs.changed(data, n, use_c=True), inputs.changed_python(data, n)
+        assert c == py
+        return c
+
+    assert both(blob) is None
+    assert both(blob, count + 1) == "malformed inputs: fewer records than stored"
+    assert both(blob[:-1]) == "malformed inputs"
+    assert both(blob[:7]) == "malformed inputs"
+    files[3].write_bytes(b"longer than before")
+    assert both(blob) == f"{files[3]}: changed"
+    files[3].write_bytes(b"xxx")
+    os.utime(files[3], ns=(records[(str(files[3]), True)][4],) * 2)  # mtime back: ctime still tells
+    assert both(blob) == f"{files[3]}: changed"
+    fresh = inputs.encode({key: value for key, value in records.items() if key[0] != str(files[3])})
+    assert both(fresh, count - 1) is None
+    (tmp_path / "missing").write_text("now here")  # (the directory changes with it: first in order)
+    assert both(fresh, count - 1) in (f"{tmp_path}: changed", f"{tmp_path / 'missing'}: changed")
+    zero = bytearray(blob)
+    zero[0:4] = (0).to_bytes(4, sys.byteorder)
+    assert both(bytes(zero)) == "malformed inputs"
+
+
+def test_what_a_helper_reads_is_recorded_too(tmp_path, monkeypatch):
+    """A walk with 128+ subtrees two levels down is shared with a forked helper
+    (helper.share); the files the helper sniffed are inputs of the check all the same."""
+    from seedance.collect import helper
+
+    if not helper.available():
+        pytest.skip("one usable core: no helper is forked")
+    root = tmp_path / "wide"
+    for index in range(140):
+        sub = root / f"p{index:03d}" / "s"
+        sub.mkdir(parents=True)
+        for number in range(20):  # (enough work that the helper takes pieces before the check has them all)
+            (sub / f"data{number}.bin").write_bytes(b"not an elf, but read to know it")
+    seen = {}
+    for jobs in ("1", ""):
+        monkeypatch.setenv("SEEDANCE_JOBS", jobs)
+        inputs.start()
+        try:
+            Scanner(CheckOptions(targets=[str(root)])).run()
+        finally:
+            records = inputs.stop()
+        seen[jobs] = {path for path, _follow in records if path.startswith(str(root))}
+    sniffed = {str(p) for p in root.rglob("data*.bin")}
+    assert sniffed <= seen["1"]
+    assert seen[""] == seen["1"]
+
+
+def test_command_line_says_hit_and_no_cache_turns_it_off(tree, tmp_path):
+    from tests.conftest import run_cli
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    time.sleep(check_cache.RACY_S + 0.1 if check_cache.RACY_S else 2.1)  # the tree ages past the racy window
+    states = []
+    for extra in ([], [], ["--no-cache"]):
+        proc = run_cli("check", *extra, "--json", tree, env=env)
+        assert proc.returncode in (0, 1), proc.stderr
+        states.append(json.loads(proc.stdout)["stats"].get("cache", {}).get("state"))
+    assert states == ["stored", "hit", None]
+    proc = run_cli("check", "--json", tree, env={**env, "SEEDANCE_CACHE": "0"})
+    assert "cache" not in json.loads(proc.stdout)["stats"]
