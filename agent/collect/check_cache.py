@@ -189,6 +189,8 @@ def store(path: str, key: dict, report: Report, records: dict, started_ns: int) 
     """Write the entry (best effort); what was done: 'stored' or why not."""
     import zlib
 
+    if inputs.opaque() is not None:
+        return f"not stored: the check ran something whose reads are not recorded ({inputs.opaque()})"
     if inputs.newest_change(records) >= started_ns - int(RACY_S * 1e9):
         return "not stored: an input changed just before the check"
     plain = _plain_report(report)

@@ -27,7 +27,8 @@ import os
 import sys
 
 _IGNORED = ("/proc/", "/sys/", "/dev/")
-_state = {"on": False, "hooked": False}
+_state = {"on": False, "hooked": False, "opaque": None}
+_OPAQUE = ("subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.exec", "ctypes.dlopen")
 _records: dict = {}  # (path, follow) -> identity tuple | errno int
 _skip_prefixes: list = list(_IGNORED)
 _real = {"stat": os.stat, "lstat": os.lstat}
@@ -105,6 +106,11 @@ def _audit(event: str, args) -> None:
             return  # written, not read
         if isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR):
             return
+    elif event in _OPAQUE:
+        # what another program or a loaded library read is not seen here: such a check
+        # (--python asks the interpreter where its torch is) is not cached
+        _state["opaque"] = event
+        return
     elif event not in ("os.listdir", "os.scandir"):
         return
     else:
@@ -119,6 +125,7 @@ def _audit(event: str, args) -> None:
 def start(skip: tuple = ()) -> None:
     """Record from now on (a fresh record), until stop()."""
     _records.clear()
+    _state["opaque"] = None
     _skip_prefixes[:] = list(_IGNORED) + [p.rstrip("/") + "/" for p in skip if p]
     if not _state["hooked"]:
         sys.addaudithook(_audit)  # (a hook cannot be removed: it does nothing while off)
@@ -137,6 +144,12 @@ def stop() -> dict:
 
 def recording() -> bool:
     return _state["on"]
+
+
+def opaque():
+    """The audit event of a program run or a library loaded while recording (whose reads
+    the record cannot hold), or None."""
+    return _state["opaque"]
 
 
 class paused:

@@ -271,3 +271,11 @@ def test_command_line_says_hit_and_no_cache_turns_it_off(tree, tmp_path):
     assert states == ["stored", "hit", None]
     proc = run_cli("check", "--json", tree, env={**env, "SEEDANCE_CACHE": "0"})
     assert "cache" not in json.loads(proc.stdout)["stats"]
+
+
+def test_a_check_that_runs_a_program_is_not_cached(tree, tmp_path):
+    """--python asks that interpreter where its torch is: what it read is not recorded."""
+    report = _check(tree, python=sys.executable)
+    assert report.stats["cache"]["state"] == "not stored: the check ran something whose reads are not recorded " \
+                                             "(subprocess.Popen)"
+    assert _check(tree, python=sys.executable).stats["cache"]["state"] != "hit"
