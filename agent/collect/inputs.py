@@ -225,32 +225,33 @@ def changed(blob: bytes, count: int, use_c: bool | None = None) -> str | None:
 
 
 def changed_python(blob: bytes, count: int) -> str | None:
-    """changed() in Python, record by record, with the same answers."""
+    """changed() in Python, with the same answers: the blob's structure first (a malformed
+    blob is malformed whatever its records say), then each record in order."""
     import struct
 
     header = struct.Struct(_RECORD)
-    at = done = 0
+    parsed, at = [], 0
     while at < len(blob):
         if len(blob) - at < header.size:
-            return _verdict(blob, -2, done, count)
+            return _verdict(blob, -2, 0, count)
         path_len, follow, err, _pad, *was = header.unpack_from(blob, at)
         at += header.size
         if path_len == 0 or path_len > 4096 or len(blob) - at < path_len:
-            return _verdict(blob, -2, done, count)
-        raw = blob[at:at + path_len]
+            return _verdict(blob, -2, 0, count)
+        parsed.append((blob[at:at + path_len], follow, err, tuple(was)))
         at += path_len
+    for index, (raw, follow, err, was) in enumerate(parsed):
         if b"\0" in raw:
-            return _verdict(blob, -2, done, count)
+            return _verdict(blob, -2, index, count)
         try:
             st = (_real["stat"] if follow else _real["lstat"])(raw)
         except OSError as exc:
             if err != (exc.errno or -1):
-                return _verdict(blob, done, done, count)
+                return _verdict(blob, index, index, count)
         else:
-            if err != 0 or identity(st) != tuple(was):
-                return _verdict(blob, done, done, count)
-        done += 1
-    return _verdict(blob, -1, done, count)
+            if err != 0 or identity(st) != was:
+                return _verdict(blob, index, index, count)
+    return _verdict(blob, -1, len(parsed), count)
 
 
 def _verdict(blob: bytes, index: int, validated: int, count: int) -> str | None:

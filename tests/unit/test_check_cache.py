@@ -279,3 +279,29 @@ def test_a_check_that_runs_a_program_is_not_cached(tree, tmp_path):
     assert report.stats["cache"]["state"] == "not stored: the check ran something whose reads are not recorded " \
                                              "(subprocess.Popen)"
     assert _check(tree, python=sys.executable).stats["cache"]["state"] != "hit"
+
+
+def test_the_c_validator_splits_big_records_and_still_names_the_first_change(tmp_path):
+    """Above 1024 records the C validator stats the second half on a second thread
+    (inputcheck.c): the first change in record order is still the one named."""
+    from seedance.elf import fastread
+
+    if not fastread.available():
+        pytest.skip("the C extension is not built")
+    files = [tmp_path / f"f{index:04d}" for index in range(1500)]
+    for path in files:
+        path.write_bytes(b"x")
+    inputs.start()
+    try:
+        for path in files:
+            os.stat(path)
+    finally:
+        records = inputs.stop()
+    blob = inputs.encode(records)
+    assert inputs.changed(blob, 1500, use_c=True) is None
+    files[1200].write_bytes(b"changed")
+    assert inputs.changed(blob, 1500, use_c=True) == inputs.changed_python(blob, 1500) == f"{files[1200]}: changed"
+    files[3].write_bytes(b"changed too")
+    assert inputs.changed(blob, 1500, use_c=True) == inputs.changed_python(blob, 1500) == f"{files[3]}: changed"
+    assert inputs.changed(blob[:-1], 1500, use_c=True) == inputs.changed_python(blob[:-1], 1500) == \
+        "malformed inputs"
