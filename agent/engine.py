@@ -326,19 +326,19 @@ _CACHE_MAX = 4 << 20
 
 
 def _cache_path(directory: str) -> str | None:
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # the XDG spec: a relative value is ignored
-        home = os.path.expanduser("~")
-        if not os.path.isabs(home):
-            return None
-        base = os.path.join(home, ".cache")
     import zlib
+
+    from .private_file import cache_home
+
+    base = cache_home()
+    if base is None:
+        return None
 
     # one file per rules directory and per copy of this code: two installations sharing a
     # rules directory (a checkout and a copy of it, a bench's baseline) would otherwise
     # replace each other's cache on every run
     who = os.fsencode(directory) + b"\0" + os.fsencode(os.path.realpath(__file__))
-    return os.path.join(base, "seedance", f"rules-{zlib.crc32(who):08x}.json")
+    return os.path.join(base, f"rules-{zlib.crc32(who):08x}.json")
 
 
 def _file_stamp(path: str) -> list:
@@ -383,29 +383,16 @@ def _load_shipped(directory: str, files: list) -> RuleSet | None:
 
 def _read_cache(cache: str, directory: str, stamp: list):
     import json
-    import stat
 
-    try:
-        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    from .private_file import read_private
+
+    raw = read_private(cache, _CACHE_MAX)
+    if raw is None:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
-                or st.st_size > _CACHE_MAX:
-            return None
-        chunks, size = [], 0
-        while size <= st.st_size:
-            chunk = os.read(fd, st.st_size + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        data = json.loads(b"".join(chunks))
-    except (OSError, ValueError):
+        data = json.loads(raw)
+    except ValueError:
         return None
-    finally:
-        os.close(fd)
     if not isinstance(data, dict) or data.get("format") != _CACHE_FORMAT or \
             data.get("directory") != directory or data.get("stamp") != stamp:
         return None
@@ -433,33 +420,18 @@ def _write_cache(cache: str, directory: str, stamp: list, docs: list) -> None:
 def _write_cache_file(cache: str, directory: str, stamp: list, docs: list) -> None:
     import json
 
+    from .private_file import write_private
+
     core = _cel_core()
-    temp = None
     try:
         cel_file = _file_stamp(core.__file__)
         text = json.dumps({"format": _CACHE_FORMAT, "directory": directory, "stamp": stamp, "cel": cel_file,
                            "docs": docs}, separators=(",", ":"))
         if json.loads(text)["docs"] != docs:
             return  # not plain JSON data (a YAML date, a tuple): read from YAML each time
-        os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
-        temp = f"{cache}.{os.getpid()}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            data = text.encode()
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
-        os.replace(temp, cache)
-        temp = None
+        write_private(cache, text.encode())
     except (OSError, TypeError, ValueError, AttributeError):
         pass
-    finally:
-        if temp is not None:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
 
 
 class _LazyProgram:

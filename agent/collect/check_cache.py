@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 from ..model import Finding, Report
@@ -46,13 +45,10 @@ ENV_NAMES = ("HOME", "PATH", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
 
 
 def cache_dir() -> str | None:
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # the XDG spec: a relative value is ignored
-        home = os.path.expanduser("~")
-        if not os.path.isabs(home):
-            return None
-        base = os.path.join(home, ".cache")
-    return os.path.join(base, "seedance", "check")
+    from ..private_file import cache_home
+
+    base = cache_home()
+    return os.path.join(base, "check") if base is not None else None
 
 
 def eligible(options, disabled: bool = False) -> bool:
@@ -120,35 +116,21 @@ def _entry_path(directory: str, key: dict) -> str:
 def _read_entry(path: str):
     """(header dict, inputs blob) of a cache entry, or None: a JSON line, then the blob
     (inputs.encode) whose length and CRC-32 the header gives."""
-    import stat
     import zlib
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    from ..private_file import read_private
+
+    data = read_private(path, MAX_BYTES)
+    if data is None:
         return None
+    line, sep, blob = data.partition(b"\n")
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
-                or st.st_size > MAX_BYTES:
-            return None
-        chunks, size = [], 0
-        while size <= st.st_size:
-            chunk = os.read(fd, st.st_size + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        data = b"".join(chunks)
-        line, sep, blob = data.partition(b"\n")
         header = json.loads(line.decode("utf-8", "surrogateescape")) if sep else None
-        if not isinstance(header, dict) or header.get("blob") != [len(blob), zlib.crc32(blob)]:
-            return None
-        return header, blob
-    except (OSError, ValueError, UnicodeError):
+    except (ValueError, UnicodeError):
         return None
-    finally:
-        os.close(fd)
+    if not isinstance(header, dict) or header.get("blob") != [len(blob), zlib.crc32(blob)]:
+        return None
+    return header, blob
 
 
 def lookup(options, gpu):
@@ -203,29 +185,13 @@ def store(path: str, key: dict, report: Report, records: dict, started_ns: int) 
     again.host = report.host  # (not stored: a hit reads the host facts afresh)
     if again.to_dict() != json.loads(json.dumps(report.to_dict())) or _plain_report(again) != plain:
         return "not stored: the report does not round-trip through JSON"
-    directory = os.path.dirname(path)
-    temp = None
+    from ..private_file import write_private
+
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        temp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            data = text.encode("utf-8", "surrogateescape") + b"\n" + blob
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-        temp = None
-        _prune(directory)
+        write_private(path, text.encode("utf-8", "surrogateescape") + b"\n" + blob)
+        _prune(os.path.dirname(path))
     except (OSError, ValueError):
         return "not stored: the cache directory cannot be written"
-    finally:
-        if temp is not None:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
     return "stored"
 
 
