@@ -81,11 +81,20 @@ class Scanner:
         # site-packages + CUDA): the cyclic collector's passes over them were ~10% of a
         # check's CPU (issue 13).  It is paused for the scan and restored after; the few
         # cycles are collected then, as before, by the next pass.
+        from . import options as _options
+
+        keep = _options.KEEP_UNTIL_EXIT
+        if keep is not None:
+            keep.append(self)
         collecting = gc.isenabled()
         gc.disable()
         try:
             return self._run()
         finally:
+            if keep is not None:
+                # kept to the exit: out of the collector's sight too, or its next pass after
+                # the scan walks every one of them (~20M instructions of a check of /usr/lib)
+                gc.freeze()
             if collecting:
                 gc.enable()
 
