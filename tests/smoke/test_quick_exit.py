@@ -4,6 +4,7 @@ a process that goes on (main() in the tests, the agent) keeps nothing."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,13 @@ from seedance import cli
 from seedance.collect import options
 
 SEEDANCE = Path(sys.executable).parent / "seedance"
+# stdout block-buffered on a pipe, as for most users (PYTHONUNBUFFERED would hide a lost flush)
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
 
 
 def test_a_big_report_on_a_pipe_arrives_whole_with_the_exit_code():
     proc = subprocess.run([str(SEEDANCE), "check", "--no-cache", "--strict", "--json", "/usr/lib/x86_64-linux-gnu"],
-                          capture_output=True, timeout=300)
+                          capture_output=True, timeout=300, env=ENV)
     report = json.loads(proc.stdout)  # every byte of a report of ~100 findings, flushed
     assert proc.returncode == report_exit(report)
     assert len(proc.stdout) > 10000
@@ -30,7 +33,7 @@ def report_exit(report) -> int:
 
 def test_a_reader_that_goes_away_leaves_no_traceback():
     proc = subprocess.run(f"{SEEDANCE} check --no-cache --strict /usr/lib/x86_64-linux-gnu | head -c 10",
-                          shell=True, capture_output=True, timeout=300)
+                          shell=True, capture_output=True, timeout=300, env=ENV)
     assert proc.stdout == b"SEVERITY  "
     assert b"Traceback" not in proc.stderr and b"Exception ignored" not in proc.stderr
 
