@@ -195,6 +195,10 @@ def summary(report: Report) -> str:
         line += " in " + ", ".join(scope)
     if "duration_s" in stats:
         line += f", {stats['duration_s']:.1f} s"
+    if isinstance(stats.get("cache"), dict) and stats["cache"].get("state") == "hit":
+        # (a tenth of the time: say why, and how to check afresh)
+        line += f" (unchanged since the last check: from the check cache, {stats['cache'].get('inputs', 0)} " \
+                f"inputs as they were; --no-cache checks again)"
     problems = len(stats.get("errors", ()))
     if problems:
         line += f"; {problems} file(s) could not be read (stats.errors in --report-json)"

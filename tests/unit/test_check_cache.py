@@ -77,8 +77,10 @@ def test_a_repeat_check_answers_from_the_cache_with_the_same_report(tree):
     assert second.stats["cache"]["state"] == "hit"
     assert _plain(second) == _plain(first) == _plain(_fresh(tree))
     from seedance import render
-    second.stats["duration_s"] = first.stats["duration_s"]  # (the one line that differs: this run's time)
-    assert render.table(second, color=False, verbose=True) == render.table(first, color=False, verbose=True)
+    table, again = render.table(first, color=False, verbose=True), render.table(second, color=False, verbose=True)
+    # the summary line differs: this run's time, and that the answer came from the cache
+    assert again.splitlines()[:-1] == table.splitlines()[:-1]
+    assert "from the check cache" in again.splitlines()[-1] and "check cache" not in table
 
 
 def _replace_dep_with_v1(tmp, tree):
@@ -269,6 +271,10 @@ def test_command_line_says_hit_and_no_cache_turns_it_off(tree, tmp_path):
         assert proc.returncode in (0, 1), proc.stderr
         states.append(json.loads(proc.stdout)["stats"].get("cache", {}).get("state"))
     assert states == ["stored", "hit", None]
+    proc = run_cli("check", tree, env=env)  # the table says where the answer came from
+    assert "from the check cache" in proc.stdout.splitlines()[-1]
+    proc = run_cli("check", "--no-cache", tree, env=env)
+    assert "check cache" not in proc.stdout
     proc = run_cli("check", "--json", tree, env={**env, "SEEDANCE_CACHE": "0"})
     assert "cache" not in json.loads(proc.stdout)["stats"]
 
