@@ -643,9 +643,12 @@ def run_periodic_check(rules_dir: str | None, paths: list | None = None) -> dict
         os.nice(10)  # a periodic check must never compete with the GPU jobs it watches
     except OSError:
         pass
-    from ..collect.scan import CheckOptions, run_check
+    from ..collect.check_cache import run_cached
+    from ..collect.options import CheckOptions
 
-    return run_check(CheckOptions(targets=list(paths or []), rules_dir=rules_dir)).to_dict()
+    # paths that did not change since the last period are answered from the check cache
+    # (collect/check_cache.py: every input stat'ed again); the host scope is never cached
+    return run_cached(CheckOptions(targets=list(paths or []), rules_dir=rules_dir)).to_dict()
 
 
 def _drain(fd: int) -> None:

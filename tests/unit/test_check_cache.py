@@ -311,3 +311,21 @@ def test_the_c_validator_splits_big_records_and_still_names_the_first_change(tmp
     assert inputs.changed(blob, 1500, use_c=True) == inputs.changed_python(blob, 1500) == f"{files[3]}: changed"
     assert inputs.changed(blob[:-1], 1500, use_c=True) == inputs.changed_python(blob[:-1], 1500) == \
         "malformed inputs"
+
+
+def test_the_agents_periodic_check_of_paths_is_answered_from_the_cache(tmp_path):
+    """The agent's periodic check (service/daemon.run_periodic_check, run in a child of its
+    own) of paths that did not change: from the cache, the same report."""
+    target = str(Path(sys.executable).resolve().parent)  # the interpreter's bin: files long unchanged
+    code = ("import json, sys; from seedance.service.daemon import run_periodic_check; "
+            "print(json.dumps(run_periodic_check(None, [sys.argv[1]])))")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("SEEDANCE_CACHE", None)
+    reports = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code, target], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        reports.append(json.loads(proc.stdout))
+    assert [r["stats"]["cache"]["state"] for r in reports] == ["stored", "hit"]
+    assert reports[0]["findings"] == reports[1]["findings"]
