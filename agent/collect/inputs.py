@@ -24,6 +24,7 @@ elsewhere: the boot id for the CPU), nor seedance's own cache directory.
 from __future__ import annotations
 
 import os
+import stat as _stat
 import sys
 
 _IGNORED = ("/proc/", "/sys/", "/dev/")
@@ -36,6 +37,18 @@ _real = {"stat": os.stat, "lstat": os.lstat}
 
 def identity(st) -> tuple:
     return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def weak_identity(st) -> tuple:
+    """A directory that was stat'ed but not listed (os.path.realpath walking a path, isdir):
+    what it is (dev, inode, mode: a directory, or a link) is what the check learnt, not what
+    it holds; its size and times (-1: not compared) change with every file made in it (/tmp).
+    A listing of it records the whole identity."""
+    return (st.st_dev, st.st_ino, st.st_mode, -1, -1, -1)
+
+
+def is_weak(value) -> bool:
+    return not isinstance(value, int) and value[3] == -1
 
 
 def _path_of(path):
@@ -65,8 +78,9 @@ def _note(path: str, follow: bool, result) -> None:
 
 
 def _stat_now(path: str, follow: bool) -> None:
-    if (path, follow) in _records or path.startswith(tuple(_skip_prefixes)):
-        return
+    known = _records.get((path, follow))
+    if (known is not None and not is_weak(known)) or path.startswith(tuple(_skip_prefixes)):
+        return  # (a directory only stat'ed before is listed now: its whole identity counts)
     try:
         st = (_real["stat"] if follow else _real["lstat"])(path)
     except OSError as exc:
@@ -91,7 +105,8 @@ def _wrapped(name: str, follow: bool):
                 _note(where, follow and kwargs.get("follow_symlinks", True), exc.errno or -1)
             raise
         if where is not None:
-            _note(where, follow and kwargs.get("follow_symlinks", True), identity(st))
+            _note(where, follow and kwargs.get("follow_symlinks", True),
+                  weak_identity(st) if _stat.S_ISDIR(st.st_mode) else identity(st))
         return st
     recorded.__wrapped__ = real
     return recorded
@@ -185,7 +200,8 @@ def merge(records: list) -> None:
 
 
 # The records as the C validator reads them (struct sd_input_record in agent/elf/fastelf.h,
-# native byte order: written and read on one host): path_len, follow, err, pad, dev, ino,
+# native byte order: written and read on one host): path_len, follow, err, weak (1: dev,
+# inode and mode only, weak_identity), dev, ino,
 # mode, size, mtime_ns, ctime_ns, then the path's bytes.
 _RECORD = "=IiiiQQQqqq"
 
@@ -199,6 +215,8 @@ def encode(records: dict) -> bytes:
         raw = os.fsencode(path)
         if isinstance(value, int):
             parts.append(pack(len(raw), 1 if follow else 0, value, 0, 0, 0, 0, 0, 0, 0))
+        elif is_weak(value):
+            parts.append(pack(len(raw), 1 if follow else 0, 0, 1, *value[:3], 0, 0, 0))
         else:
             parts.append(pack(len(raw), 1 if follow else 0, 0, 0, *value))
         parts.append(raw)
@@ -238,9 +256,9 @@ def changed_python(blob: bytes, count: int) -> str | None:
         at += header.size
         if path_len == 0 or path_len > 4096 or len(blob) - at < path_len:
             return _verdict(blob, -2, 0, count)
-        parsed.append((blob[at:at + path_len], follow, err, tuple(was)))
+        parsed.append((blob[at:at + path_len], follow, err, _pad, tuple(was)))
         at += path_len
-    for index, (raw, follow, err, was) in enumerate(parsed):
+    for index, (raw, follow, err, weak, was) in enumerate(parsed):
         if b"\0" in raw:
             return _verdict(blob, -2, index, count)
         try:
@@ -249,7 +267,7 @@ def changed_python(blob: bytes, count: int) -> str | None:
             if err != (exc.errno or -1):
                 return _verdict(blob, index, index, count)
         else:
-            if err != 0 or identity(st) != was:
+            if err != 0 or (identity(st)[:3] != was[:3] if weak else identity(st) != was):
                 return _verdict(blob, index, index, count)
     return _verdict(blob, -1, len(parsed), count)
 
@@ -279,6 +297,6 @@ def newest_change(records: dict) -> int:
     """The latest ctime/mtime (ns) among the recorded files, 0 when none exists."""
     newest = 0
     for value in records.values():
-        if not isinstance(value, int):
+        if not isinstance(value, int) and not is_weak(value):
             newest = max(newest, value[4], value[5])
     return newest

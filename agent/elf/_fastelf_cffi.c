@@ -1019,7 +1019,7 @@ static void _cffi_checkfld_struct_sd_input_record(struct sd_input_record *p)
   (void)((p->path_len) | 0);  /* check that 'struct sd_input_record.path_len' is an integer */
   (void)((p->follow) | 0);  /* check that 'struct sd_input_record.follow' is an integer */
   (void)((p->err) | 0);  /* check that 'struct sd_input_record.err' is an integer */
-  (void)((p->pad) | 0);  /* check that 'struct sd_input_record.pad' is an integer */
+  (void)((p->weak) | 0);  /* check that 'struct sd_input_record.weak' is an integer */
   (void)((p->dev) | 0);  /* check that 'struct sd_input_record.dev' is an integer */
   (void)((p->ino) | 0);  /* check that 'struct sd_input_record.ino' is an integer */
   (void)((p->mode) | 0);  /* check that 'struct sd_input_record.mode' is an integer */
@@ -1147,9 +1147,9 @@ static const struct _cffi_field_s _cffi_fields[] = {
   { "err", offsetof(struct sd_input_record, err),
            sizeof(((struct sd_input_record *)0)->err),
            _CFFI_OP(_CFFI_OP_NOOP, 7) },
-  { "pad", offsetof(struct sd_input_record, pad),
-           sizeof(((struct sd_input_record *)0)->pad),
-           _CFFI_OP(_CFFI_OP_NOOP, 7) },
+  { "weak", offsetof(struct sd_input_record, weak),
+            sizeof(((struct sd_input_record *)0)->weak),
+            _CFFI_OP(_CFFI_OP_NOOP, 7) },
   { "dev", offsetof(struct sd_input_record, dev),
            sizeof(((struct sd_input_record *)0)->dev),
            _CFFI_OP(_CFFI_OP_NOOP, 35) },

@@ -99,7 +99,7 @@ struct sd_input_record {
     unsigned int path_len;
     int follow;                /* 1: stat (follow links), 0: lstat */
     int err;                   /* 0: the path existed; else the errno its stat gave */
-    int pad;
+    int weak;                  /* 1: compare dev, ino and mode only (a directory not listed) */
     unsigned long long dev, ino, mode;
     long long size, mtime_ns, ctime_ns;
 };

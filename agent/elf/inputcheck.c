@@ -38,9 +38,12 @@ static int check_one(const unsigned char *blob, size_t len, size_t at, size_t *n
         return -1;
     if (rec.follow ? stat(path, &st) : lstat(path, &st))
         return rec.err == (errno ? errno : -1);
-    return rec.err == 0 && (unsigned long long)st.st_dev == rec.dev &&
-           (unsigned long long)st.st_ino == rec.ino && (unsigned long long)st.st_mode == rec.mode &&
-           (long long)st.st_size == rec.size &&
+    if (rec.err != 0 || (unsigned long long)st.st_dev != rec.dev || (unsigned long long)st.st_ino != rec.ino ||
+        (unsigned long long)st.st_mode != rec.mode)
+        return 0;
+    if (rec.weak)  /* a directory stat'ed, not listed: what it is, not what it holds */
+        return 1;
+    return (long long)st.st_size == rec.size &&
            (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec == rec.mtime_ns &&
            (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec == rec.ctime_ns;
 }

@@ -329,3 +329,47 @@ def test_the_agents_periodic_check_of_paths_is_answered_from_the_cache(tmp_path)
         reports.append(json.loads(proc.stdout))
     assert [r["stats"]["cache"]["state"] for r in reports] == ["stored", "hit"]
     assert reports[0]["findings"] == reports[1]["findings"]
+
+
+def _validators() -> tuple:
+    from seedance.elf import fastread
+
+    return (True, False) if fastread.available() else (False,)
+
+
+VALIDATORS = _validators()
+
+
+def test_a_directory_only_stat_ed_is_what_it_is_a_listed_one_is_what_it_holds(tmp_path):
+    """os.path.realpath lstats every directory on the way (/tmp among them, whose times move
+    with every file made in it): such a directory counts by dev, inode and mode; one the
+    check listed counts whole (inputs.weak_identity)."""
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    inputs.start()
+    try:
+        os.path.realpath(busy / "x")
+        os.path.isdir(busy)
+    finally:
+        records = inputs.stop()
+    assert inputs.is_weak(records[(str(busy), True)]) and inputs.is_weak(records[(str(busy), False)])
+    blob = inputs.encode(records)
+    assert inputs.newest_change(records) == 0
+    (busy / "new-file").write_text("made after the check")
+    for use_c in VALIDATORS:
+        assert inputs.changed(blob, len(records), use_c=use_c) is None
+    os.rename(busy, tmp_path / "gone")
+    (tmp_path / "busy").symlink_to("gone")  # now a link where a directory was: it is not what it was
+    for use_c in VALIDATORS:
+        assert inputs.changed(blob, len(records), use_c=use_c) is not None
+    inputs.start()
+    try:
+        os.path.isdir(tmp_path / "gone")
+        os.listdir(tmp_path / "gone")
+    finally:
+        records = inputs.stop()
+    assert not inputs.is_weak(records[(str(tmp_path / "gone"), True)])
+    blob = inputs.encode(records)
+    (tmp_path / "gone" / "another").write_text("a new entry")
+    for use_c in VALIDATORS:
+        assert inputs.changed(blob, len(records), use_c=use_c) == f"{tmp_path / 'gone'}: changed"
