@@ -162,7 +162,7 @@ def check_command(paths, rounds: int) -> None:
     from pathlib import Path
 
     seedance = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "seedance"
-    command = [str(seedance), "check", "--no-progress", "--json", *paths]
+    command = [str(seedance), "check", "--no-cache", "--no-progress", "--json", *paths]  # (both readers really read)
     base = {k: v for k, v in os.environ.items() if k != "SEEDANCE_ELF_READER"}
     envs = {"C reader": base, "Python reader": {**base, "SEEDANCE_ELF_READER": "python"}}
     times = {name: [] for name in envs}

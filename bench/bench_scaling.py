@@ -79,7 +79,7 @@ def main() -> int:
         chosen = files[:size]
         ours, peer = [], []
         for round_ in range(args.rounds):
-            pair = [("ours", [str(SEEDANCE), "check", "--no-progress", "--json", *chosen]),
+            pair = [("ours", [str(SEEDANCE), "check", "--no-cache", "--no-progress", "--json", *chosen]),
                     ("peer", ["libtree", *chosen])]
             for name, cmd in (pair if round_ % 2 == 0 else pair[::-1]):
                 (ours if name == "ours" else peer).append(timed(cmd))
