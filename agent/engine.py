@@ -411,13 +411,6 @@ def _read_cache(cache: str, directory: str, stamp: list):
 
 def _write_cache(cache: str, directory: str, stamp: list, docs: list) -> None:
     """Best effort: a cache that cannot be written is read from YAML next time."""
-    from .collect import inputs
-
-    with inputs.paused():  # (not an input of a check being recorded for the check cache)
-        _write_cache_file(cache, directory, stamp, docs)
-
-
-def _write_cache_file(cache: str, directory: str, stamp: list, docs: list) -> None:
     import json
 
     from .private_file import write_private

@@ -51,7 +51,16 @@ def read_private(path: str, max_bytes: int) -> bytes | None:
 def write_private(path: str, data: bytes) -> None:
     """``data`` at ``path``, 0600, its directory made 0700: a temp file beside it (O_EXCL,
     never through a link), then a rename.  OSError when it cannot be written; no temp file
-    is left behind."""
+    is left behind.  Not an input of a check being recorded for the check cache
+    (collect/inputs.py): making ~/.cache/seedance would record ~/.cache as one, which the
+    next run finds changed."""
+    from .collect import inputs
+
+    with inputs.paused():
+        _write(path, data)
+
+
+def _write(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     temp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -133,9 +133,9 @@ def _read_entry(path: str):
     return header, blob
 
 
-def lookup(options, gpu):
-    """(Report or None, entry path or None, key): the cached report when every input is as it was."""
-    directory = cache_dir()
+def lookup(options, gpu, directory: str | None):
+    """(Report or None, entry path or None, key): the cached report in ``directory`` (the
+    check cache's, cache_dir()) when every input is as it was."""
     key = key_of(options, gpu)
     if directory is None:
         return None, None, key
@@ -180,10 +180,10 @@ def store(path: str, key: dict, report: Report, records: dict, started_ns: int) 
     text = json.dumps({"key": key, "report": plain, "inputs": len(records), "blob": [len(blob), zlib.crc32(blob)]},
                       separators=(",", ":"))
     # the entry must give back this very report: what does not survive JSON (a value that
-    # is not plain data) is not cached
-    again = _report_from(json.loads(text)["report"])
-    again.host = report.host  # (not stored: a hit reads the host facts afresh)
-    if again.to_dict() != json.loads(json.dumps(report.to_dict())) or _plain_report(again) != plain:
+    # is not plain data) is not cached.  The report a hit rebuilds (_report_from) holds these
+    # fields and no others, and to_dict() and the table are made from them (the host facts
+    # are read afresh on a hit)
+    if _plain_report(_report_from(json.loads(text)["report"])) != plain:
         return "not stored: the report does not round-trip through JSON"
     from ..private_file import write_private
 
@@ -222,14 +222,15 @@ def run_cached(options, progress=None, disabled: bool = False) -> Report:
 
         options.nvml = cuda.probe_nvml()  # once: the key's GPU context, then the scan's
     gpu = gpu_context(options)  # (a bad --arch or --driver-version fails here, as in the scan)
-    report, path, key = lookup(options, gpu)
+    directory = cache_dir()
+    report, path, key = lookup(options, gpu, directory)
     if report is not None:
         report.host = host.host_facts(gpu)
         report.stats["duration_s"] = round(time.monotonic() - started, 3)
         return report
     # seedance's own cache files (this one, the rules' parse cache) are not inputs: each
     # checks itself against what it was made from, and the rules' files are recorded
-    skip = (os.path.dirname(cache_dir()),) if cache_dir() else ()
+    skip = (os.path.dirname(directory),) if directory else ()
     started_ns = time.time_ns()
     from .scan import Scanner
 

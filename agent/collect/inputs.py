@@ -31,7 +31,7 @@ _IGNORED = ("/proc/", "/sys/", "/dev/")
 _state = {"on": False, "hooked": False, "opaque": None}
 _OPAQUE = ("subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.exec", "ctypes.dlopen")
 _records: dict = {}  # (path, follow) -> identity tuple | errno int
-_skip_prefixes: list = list(_IGNORED)
+_skip = {"prefixes": _IGNORED}  # paths under these are not recorded (a tuple, for str.startswith)
 _real = {"stat": os.stat, "lstat": os.lstat}
 
 
@@ -72,14 +72,14 @@ def _note(path: str, follow: bool, result) -> None:
     key = (path, follow)
     if key in _records:
         return
-    if path.startswith(tuple(_skip_prefixes)):
+    if path.startswith(_skip["prefixes"]):
         return
     _records[key] = result
 
 
 def _stat_now(path: str, follow: bool) -> None:
     known = _records.get((path, follow))
-    if (known is not None and not is_weak(known)) or path.startswith(tuple(_skip_prefixes)):
+    if (known is not None and not is_weak(known)) or path.startswith(_skip["prefixes"]):
         return  # (a directory only stat'ed before is listed now: its whole identity counts)
     try:
         st = (_real["stat"] if follow else _real["lstat"])(path)
@@ -141,7 +141,7 @@ def start(skip: tuple = ()) -> None:
     """Record from now on (a fresh record), until stop()."""
     _records.clear()
     _state["opaque"] = None
-    _skip_prefixes[:] = list(_IGNORED) + [p.rstrip("/") + "/" for p in skip if p]
+    _skip["prefixes"] = _IGNORED + tuple(p.rstrip("/") + "/" for p in skip if p)
     if not _state["hooked"]:
         sys.addaudithook(_audit)  # (a hook cannot be removed: it does nothing while off)
         _state["hooked"] = True
@@ -168,9 +168,8 @@ def opaque():
 
 
 class paused:
-    """``with inputs.paused():`` seedance's own cache I/O (the rules' parse cache written
-    during a check): creating ~/.cache/seedance would otherwise record ~/.cache as an input
-    that the next run finds changed."""
+    """``with inputs.paused():`` what is not an input: seedance's own cache files, written
+    during a check (private_file.write_private)."""
 
     def __enter__(self):
         self._was = _state["on"]
@@ -252,11 +251,11 @@ def changed_python(blob: bytes, count: int) -> str | None:
     while at < len(blob):
         if len(blob) - at < header.size:
             return _verdict(blob, -2, 0, count)
-        path_len, follow, err, _pad, *was = header.unpack_from(blob, at)
+        path_len, follow, err, weak, *was = header.unpack_from(blob, at)
         at += header.size
         if path_len == 0 or path_len > 4096 or len(blob) - at < path_len:
             return _verdict(blob, -2, 0, count)
-        parsed.append((blob[at:at + path_len], follow, err, _pad, tuple(was)))
+        parsed.append((blob[at:at + path_len], follow, err, weak, tuple(was)))
         at += path_len
     for index, (raw, follow, err, weak, was) in enumerate(parsed):
         if b"\0" in raw:

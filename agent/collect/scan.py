@@ -20,6 +20,7 @@ from ..model import Fact, Report
 from . import closure as closure_facts
 from . import config as config_collect
 from . import cuda, cxxabi, fatbin, helper, host, practice
+from . import options as _options
 from .options import CheckOptions, gpu_context  # noqa: F401 (their home before the check cache)
 # process (pids, the host scope) and torch_ext (--python, directories, torch extensions) are
 # imported where used: with their dataclasses ~10M instructions of a `seedance fix` of one
@@ -81,8 +82,6 @@ class Scanner:
         # site-packages + CUDA): the cyclic collector's passes over them were ~10% of a
         # check's CPU (issue 13).  It is paused for the scan and restored after; the few
         # cycles are collected then, as before, by the next pass.
-        from . import options as _options
-
         keep = _options.KEEP_UNTIL_EXIT
         if keep is not None:
             keep.append(self)
