@@ -30,6 +30,9 @@ SOURCES = sorted(s for s in (str(p.relative_to(HERE.parent)) for p in (HERE / "s
                  if s != LAUNCHER_SOURCE)
 LIBRARY = "libseedance_shim.so"
 LAUNCHER = "seedance-run"
+# what the launcher passes the interpreter it execs: -P (3.11+) keeps the working directory
+# off sys.path (launcher.c)
+SAFE_PATH_FLAG = "-P" if sys.version_info >= (3, 11) else ""
 CFLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-std=gnu11", "-pthread"]
 LDFLAGS = ["-pthread", "-Wl,-z,now", "-Wl,--no-undefined", "-ldl"]
 
@@ -155,7 +158,8 @@ def make_build_ext(base):
         def build_launcher(self, ext):
             """seedance-run, next to the library (issue 13): same compiler, same version."""
             out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
-            macros = [*ext.define_macros, ("SD_PYTHON", f'"{sys.executable}"')]
+            macros = [*ext.define_macros, ("SD_PYTHON", f'"{sys.executable}"'),
+                      ("SD_PYTHON_SAFE_PATH", f'"{SAFE_PATH_FLAG}"')]
             objects = self.compiler.compile([LAUNCHER_SOURCE], output_dir=self.build_temp, macros=macros,
                                             extra_postargs=CFLAGS)
             self.compiler.link_executable(objects, LAUNCHER, output_dir=out_dir, extra_postargs=["-ldl"])
@@ -186,7 +190,7 @@ def build_launcher_standalone(out: str, cc: str | None = None) -> str:
     cc = cc or os.environ.get("CC", "cc")
     root = HERE.parent
     subprocess.run([cc, *CFLAGS, f'-DSD_VERSION_STRING="{package_version()}"', f'-DSD_PYTHON="{sys.executable}"',
-                    str(root / LAUNCHER_SOURCE), "-o", out, "-ldl"], check=True)
+                    f'-DSD_PYTHON_SAFE_PATH="{SAFE_PATH_FLAG}"', str(root / LAUNCHER_SOURCE), "-o", out, "-ldl"], check=True)
     return out
 
 

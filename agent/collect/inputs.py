@@ -299,3 +299,21 @@ def newest_change(records: dict) -> int:
         if not isinstance(value, int) and not is_weak(value):
             newest = max(newest, value[4], value[5])
     return newest
+
+
+def note_walk(items) -> None:
+    """What the C walk (elf/treewalk.c) stat'ed, listed and opened: (path, identity or errno,
+    weak) each, as the wrapped os.stat and the audit hook would have noted them (a whole
+    identity replaces a weak one, as a listing after a stat does)."""
+    if not _state["on"]:
+        return
+    prefixes = _skip["prefixes"]
+    for path, value, weak in items:
+        if not path.startswith("/"):
+            path = os.path.join(os.getcwd(), path)
+        if path.startswith(prefixes):
+            continue
+        key = (path, True)
+        known = _records.get(key)
+        if known is None or (not weak and is_weak(known)):
+            _records[key] = value

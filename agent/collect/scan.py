@@ -19,7 +19,7 @@ from ..errors import BadInput, ELFError, describe_os_error
 from ..model import Fact, Report
 from . import closure as closure_facts
 from . import config as config_collect
-from . import cuda, cxxabi, fatbin, helper, host, practice
+from . import cuda, cxxabi, fatbin, helper, host, practice, treewalk
 from . import options as _options
 from .options import CheckOptions, gpu_context  # noqa: F401 (their home before the check cache)
 # process (pids, the host scope) and torch_ext (--python, directories, torch extensions) are
@@ -214,6 +214,10 @@ class Scanner:
     def _walk(self, directory: str) -> list:
         """ELF files under a directory; symlinked directories are not followed (no loops).
 
+        In C where it is built (elf/treewalk.c through collect/treewalk.py: the same walk,
+        on two threads where a second core is free); what follows is the Python walk, the
+        reference the tests compare it with (SEEDANCE_WALK=python).
+
         os.walk's order and choices (top-down, sorted, a symlink to a directory neither
         entered nor counted as a file), over scandir's entries: the entry type saves a stat
         for directories, and a file reached again through a link (libfoo.so.1 ->
@@ -224,8 +228,14 @@ class Scanner:
         files, the subtrees two levels down) are taken by whichever process is free; each
         piece's findings are put back in the walk's order, so the result, the counts and
         the errors are the one-process walk's."""
-        pieces = self._walk_pieces(directory) if helper.available() else None
-        if pieces is None:
+        walked = treewalk.walk(directory, NEVER_ELF_SUFFIXES, config_collect.CONFIG_SUFFIXES,
+                               WALK_THREADS if helper.available() else 1)
+        pieces = None
+        if walked is None and helper.available():
+            pieces = self._walk_pieces(directory)
+        if walked is not None:
+            parts = [self._walked(*walked)]
+        elif pieces is None:
             top = _WalkAcc({})
             self._walk_tree(directory, top)
             parts = [top]
@@ -253,6 +263,34 @@ class Scanner:
             for path, st in found:
                 note(path, st)
         return found
+
+    def _walked(self, counts: dict, records: list) -> "_WalkAcc":
+        """The C walk's records (collect/treewalk.py) as the Python walk's _WalkAcc."""
+        acc = _WalkAcc(None)
+        acc.stats.update({key: value for key, value in counts.items() if value})  # (a Counter's, as += makes)
+        found, plain, errors = acc.found, acc.plain, acc.errors
+        for kind, path, err, st, is_plain, elf in records:
+            if kind == "E":
+                found.append((path, st))
+                if is_plain:
+                    plain.append(path)
+            elif kind == "C":  # named like a config: ours, or looked at as any file
+                if _is_seedance_config(path):
+                    acc.configs.append(path)
+                elif err:
+                    acc.stats["unreadable"] += 1
+                    errors.append({"path": path, "error": describe_os_error(OSError(err, os.strerror(err), path))})
+                elif elf:
+                    found.append((path, st))
+                    if is_plain:
+                        plain.append(path)
+                else:
+                    acc.stats["skipped"] += 1
+            elif kind == "L":
+                errors.append({"path": path, "error": "symbolic link loop"})
+            else:  # 'U' a file, 'X' a directory that could not be read
+                errors.append({"path": path, "error": describe_os_error(OSError(err, os.strerror(err), path))})
+        return acc
 
     def _walk_pieces(self, directory: str) -> list:
         """The walk of ``directory`` cut in pieces, in walk order: ("done", acc) for what is
@@ -776,6 +814,9 @@ class Scanner:
 # A walk is shared with a helper (helper.share) when it has this many subtrees two levels
 # down and cuts into this many pieces; a piece of files holds up to WALK_CHUNK of them.
 WALK_SPLIT_MIN_SUBTREES = 128
+# The C walk's threads (elf/treewalk.c) where a second core is free: the walk is system
+# calls, and two threads halve it; more were not measured (2-core machines)
+WALK_THREADS = 2
 WALK_SPLIT_MIN_PIECES = 8
 WALK_CHUNK = 256
 

@@ -583,43 +583,56 @@ static void (*_cffi_call_python_org)(struct _cffi_externpy_s *, char *);
 /************************************************************/
 
 static void *_cffi_types[] = {
-/*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *, unsigned char *, size_t)
-/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 25), // char const *
-/*  2 */ _CFFI_OP(_CFFI_OP_POINTER, 30), // struct sd_fastelf_result *
-/*  3 */ _CFFI_OP(_CFFI_OP_POINTER, 25), // char *
-/*  4 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28), // size_t
-/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 34), // unsigned int *
-/*  6 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/*  7 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7), // int
-/*  8 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/*  9 */ _CFFI_OP(_CFFI_OP_POINTER, 4), // size_t const *
-/* 10 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 11 */ _CFFI_OP(_CFFI_OP_POINTER, 31), // struct sd_fastelf_symbols *
-/* 12 */ _CFFI_OP(_CFFI_OP_POINTER, 33), // unsigned char *
-/* 13 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 14 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 15 */ _CFFI_OP(_CFFI_OP_FUNCTION, 7), // int()(void)
-/* 16 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 17 */ _CFFI_OP(_CFFI_OP_FUNCTION, 29), // long()(unsigned char const *, size_t, size_t *)
-/* 18 */ _CFFI_OP(_CFFI_OP_POINTER, 33), // unsigned char const *
-/* 19 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 20 */ _CFFI_OP(_CFFI_OP_POINTER, 4), // size_t *
-/* 21 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 22 */ _CFFI_OP(_CFFI_OP_FUNCTION, 36), // void()(struct sd_fastelf_symbols *)
-/* 23 */ _CFFI_OP(_CFFI_OP_NOOP, 11),
+/*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(char const *, int, char const *, char const *, int, struct sd_walk_result *)
+/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 36), // char const *
+/*  2 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7), // int
+/*  3 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/*  4 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/*  5 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
+/*  6 */ _CFFI_OP(_CFFI_OP_POINTER, 45), // struct sd_walk_result *
+/*  7 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/*  8 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *, unsigned char *, size_t)
+/*  9 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/* 10 */ _CFFI_OP(_CFFI_OP_POINTER, 41), // struct sd_fastelf_result *
+/* 11 */ _CFFI_OP(_CFFI_OP_POINTER, 36), // char *
+/* 12 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28), // size_t
+/* 13 */ _CFFI_OP(_CFFI_OP_POINTER, 47), // unsigned int *
+/* 14 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 15 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
+/* 16 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/* 17 */ _CFFI_OP(_CFFI_OP_POINTER, 12), // size_t const *
+/* 18 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 19 */ _CFFI_OP(_CFFI_OP_POINTER, 42), // struct sd_fastelf_symbols *
+/* 20 */ _CFFI_OP(_CFFI_OP_POINTER, 46), // unsigned char *
+/* 21 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 22 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 23 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(void)
 /* 24 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 25 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
-/* 26 */ _CFFI_OP(_CFFI_OP_ARRAY, 25), // char[512]
-/* 27 */ (_cffi_opcode_t)(512),
-/* 28 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 11), // long long
-/* 29 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 9), // long
-/* 30 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
-/* 31 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_fastelf_symbols
-/* 32 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 2), // struct sd_input_record
-/* 33 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
-/* 34 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
-/* 35 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
-/* 36 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
+/* 25 */ _CFFI_OP(_CFFI_OP_FUNCTION, 40), // long()(unsigned char const *, size_t, size_t *)
+/* 26 */ _CFFI_OP(_CFFI_OP_POINTER, 46), // unsigned char const *
+/* 27 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 28 */ _CFFI_OP(_CFFI_OP_POINTER, 12), // size_t *
+/* 29 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 30 */ _CFFI_OP(_CFFI_OP_FUNCTION, 49), // void()(struct sd_fastelf_symbols *)
+/* 31 */ _CFFI_OP(_CFFI_OP_NOOP, 19),
+/* 32 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 33 */ _CFFI_OP(_CFFI_OP_FUNCTION, 49), // void()(struct sd_walk_result *)
+/* 34 */ _CFFI_OP(_CFFI_OP_NOOP, 6),
+/* 35 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 36 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
+/* 37 */ _CFFI_OP(_CFFI_OP_ARRAY, 36), // char[512]
+/* 38 */ (_cffi_opcode_t)(512),
+/* 39 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 11), // long long
+/* 40 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 9), // long
+/* 41 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
+/* 42 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_fastelf_symbols
+/* 43 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 2), // struct sd_input_record
+/* 44 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 3), // struct sd_walk_record
+/* 45 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 4), // struct sd_walk_result
+/* 46 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
+/* 47 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
+/* 48 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
+/* 49 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
 };
 
 static int _cffi_d_sd_fastelf_abi(void)
@@ -661,10 +674,10 @@ _cffi_f_sd_fastelf_free_symbols(PyObject *self, PyObject *arg0)
   struct _cffi_freeme_s *large_args_free = NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(11), arg0, (char **)&x0);
+      _cffi_type(19), arg0, (char **)&x0);
   if (datasize != 0) {
     x0 = ((size_t)datasize) <= 640 ? (struct sd_fastelf_symbols *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(11), arg0, (char **)&x0,
+    if (_cffi_convert_array_argument(_cffi_type(19), arg0, (char **)&x0,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -736,19 +749,19 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(2), arg1, (char **)&x1);
+      _cffi_type(10), arg1, (char **)&x1);
   if (datasize != 0) {
     x1 = ((size_t)datasize) <= 640 ? (struct sd_fastelf_result *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(2), arg1, (char **)&x1,
+    if (_cffi_convert_array_argument(_cffi_type(10), arg1, (char **)&x1,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(3), arg2, (char **)&x2);
+      _cffi_type(11), arg2, (char **)&x2);
   if (datasize != 0) {
     x2 = ((size_t)datasize) <= 640 ? (char *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(3), arg2, (char **)&x2,
+    if (_cffi_convert_array_argument(_cffi_type(11), arg2, (char **)&x2,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -758,10 +771,10 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(5), arg4, (char **)&x4);
+      _cffi_type(13), arg4, (char **)&x4);
   if (datasize != 0) {
     x4 = ((size_t)datasize) <= 640 ? (unsigned int *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(5), arg4, (char **)&x4,
+    if (_cffi_convert_array_argument(_cffi_type(13), arg4, (char **)&x4,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -784,10 +797,10 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(9), arg8, (char **)&x8);
+      _cffi_type(17), arg8, (char **)&x8);
   if (datasize != 0) {
     x8 = ((size_t)datasize) <= 640 ? (size_t const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(9), arg8, (char **)&x8,
+    if (_cffi_convert_array_argument(_cffi_type(17), arg8, (char **)&x8,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -797,19 +810,19 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(11), arg10, (char **)&x10);
+      _cffi_type(19), arg10, (char **)&x10);
   if (datasize != 0) {
     x10 = ((size_t)datasize) <= 640 ? (struct sd_fastelf_symbols *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(11), arg10, (char **)&x10,
+    if (_cffi_convert_array_argument(_cffi_type(19), arg10, (char **)&x10,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(12), arg11, (char **)&x11);
+      _cffi_type(20), arg11, (char **)&x11);
   if (datasize != 0) {
     x11 = ((size_t)datasize) <= 640 ? (unsigned char *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(12), arg11, (char **)&x11,
+    if (_cffi_convert_array_argument(_cffi_type(20), arg11, (char **)&x11,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -856,10 +869,10 @@ _cffi_f_sd_inputs_changed(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(18), arg0, (char **)&x0);
+      _cffi_type(26), arg0, (char **)&x0);
   if (datasize != 0) {
     x0 = ((size_t)datasize) <= 640 ? (unsigned char const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(18), arg0, (char **)&x0,
+    if (_cffi_convert_array_argument(_cffi_type(26), arg0, (char **)&x0,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -869,10 +882,10 @@ _cffi_f_sd_inputs_changed(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(20), arg2, (char **)&x2);
+      _cffi_type(28), arg2, (char **)&x2);
   if (datasize != 0) {
     x2 = ((size_t)datasize) <= 640 ? (size_t *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(20), arg2, (char **)&x2,
+    if (_cffi_convert_array_argument(_cffi_type(28), arg2, (char **)&x2,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -892,11 +905,160 @@ _cffi_f_sd_inputs_changed(PyObject *self, PyObject *args)
 #  define _cffi_f_sd_inputs_changed _cffi_d_sd_inputs_changed
 #endif
 
+static int _cffi_d_sd_walk(char const * x0, int x1, char const * x2, char const * x3, int x4, struct sd_walk_result * x5)
+{
+  return sd_walk(x0, x1, x2, x3, x4, x5);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_walk(PyObject *self, PyObject *args)
+{
+  char const * x0;
+  int x1;
+  char const * x2;
+  char const * x3;
+  int x4;
+  struct sd_walk_result * x5;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  int result;
+  PyObject *pyresult;
+  PyObject *arg0;
+  PyObject *arg1;
+  PyObject *arg2;
+  PyObject *arg3;
+  PyObject *arg4;
+  PyObject *arg5;
+
+  if (!PyArg_UnpackTuple(args, "sd_walk", 6, 6, &arg0, &arg1, &arg2, &arg3, &arg4, &arg5))
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x1 = _cffi_to_c_int(arg1, int);
+  if (x1 == (int)-1 && PyErr_Occurred())
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg2, (char **)&x2);
+  if (datasize != 0) {
+    x2 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg2, (char **)&x2,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg3, (char **)&x3);
+  if (datasize != 0) {
+    x3 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg3, (char **)&x3,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x4 = _cffi_to_c_int(arg4, int);
+  if (x4 == (int)-1 && PyErr_Occurred())
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(6), arg5, (char **)&x5);
+  if (datasize != 0) {
+    x5 = ((size_t)datasize) <= 640 ? (struct sd_walk_result *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(6), arg5, (char **)&x5,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_walk(x0, x1, x2, x3, x4, x5); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_int(result, int);
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_walk _cffi_d_sd_walk
+#endif
+
+static void _cffi_d_sd_walk_free(struct sd_walk_result * x0)
+{
+  sd_walk_free(x0);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_walk_free(PyObject *self, PyObject *arg0)
+{
+  struct sd_walk_result * x0;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(6), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_walk_result *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(6), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { sd_walk_free(x0); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  Py_INCREF(Py_None);
+  return Py_None;
+}
+#else
+#  define _cffi_f_sd_walk_free _cffi_d_sd_walk_free
+#endif
+
+static int _cffi_d_sd_walk_record_size(void)
+{
+  return sd_walk_record_size();
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_walk_record_size(PyObject *self, PyObject *noarg)
+{
+  int result;
+  PyObject *pyresult;
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_walk_record_size(); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  (void)noarg; /* unused */
+  pyresult = _cffi_from_c_int(result, int);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_walk_record_size _cffi_d_sd_walk_record_size
+#endif
+
 static int _cffi_const_SD_FASTELF_ABI(unsigned long long *o)
 {
   int n = (SD_FASTELF_ABI) <= 0;
   *o = (unsigned long long)((SD_FASTELF_ABI) | 0);  /* check that SD_FASTELF_ABI is an integer */
-  if (!_cffi_check_int(*o, n, 5U))
+  if (!_cffi_check_int(*o, n, 6U))
     n |= 2;
   return n;
 }
@@ -960,6 +1122,24 @@ static int _cffi_const_SD_FASTELF_PREFIXED_SYMBOLS(unsigned long long *o)
   int n = (SD_FASTELF_PREFIXED_SYMBOLS) <= 0;
   *o = (unsigned long long)((SD_FASTELF_PREFIXED_SYMBOLS) | 0);  /* check that SD_FASTELF_PREFIXED_SYMBOLS is an integer */
   if (!_cffi_check_int(*o, n, 2U))
+    n |= 2;
+  return n;
+}
+
+static int _cffi_const_SD_WALK_NOMEM(unsigned long long *o)
+{
+  int n = (SD_WALK_NOMEM) <= 0;
+  *o = (unsigned long long)((SD_WALK_NOMEM) | 0);  /* check that SD_WALK_NOMEM is an integer */
+  if (!_cffi_check_int(*o, n, 1U))
+    n |= 2;
+  return n;
+}
+
+static int _cffi_const_SD_WALK_OK(unsigned long long *o)
+{
+  int n = (SD_WALK_OK) <= 0;
+  *o = (unsigned long long)((SD_WALK_OK) | 0);  /* check that SD_WALK_OK is an integer */
+  if (!_cffi_check_int(*o, n, 0))
     n |= 2;
   return n;
 }
@@ -1029,6 +1209,47 @@ static void _cffi_checkfld_struct_sd_input_record(struct sd_input_record *p)
 }
 struct _cffi_align_struct_sd_input_record { char x; struct sd_input_record y; };
 
+_CFFI_UNUSED_FN
+static void _cffi_checkfld_struct_sd_walk_record(struct sd_walk_record *p)
+{
+  /* only to generate compile-time warnings or errors */
+  (void)p;
+  (void)((p->path_len) | 0);  /* check that 'struct sd_walk_record.path_len' is an integer */
+  (void)((p->kind) | 0);  /* check that 'struct sd_walk_record.kind' is an integer */
+  (void)((p->plain) | 0);  /* check that 'struct sd_walk_record.plain' is an integer */
+  (void)((p->elf) | 0);  /* check that 'struct sd_walk_record.elf' is an integer */
+  (void)((p->has_stat) | 0);  /* check that 'struct sd_walk_record.has_stat' is an integer */
+  (void)((p->err) | 0);  /* check that 'struct sd_walk_record.err' is an integer */
+  (void)((p->reserved) | 0);  /* check that 'struct sd_walk_record.reserved' is an integer */
+  (void)((p->dev) | 0);  /* check that 'struct sd_walk_record.dev' is an integer */
+  (void)((p->ino) | 0);  /* check that 'struct sd_walk_record.ino' is an integer */
+  (void)((p->mode) | 0);  /* check that 'struct sd_walk_record.mode' is an integer */
+  (void)((p->nlink) | 0);  /* check that 'struct sd_walk_record.nlink' is an integer */
+  (void)((p->uid) | 0);  /* check that 'struct sd_walk_record.uid' is an integer */
+  (void)((p->gid) | 0);  /* check that 'struct sd_walk_record.gid' is an integer */
+  (void)((p->rdev) | 0);  /* check that 'struct sd_walk_record.rdev' is an integer */
+  (void)((p->size) | 0);  /* check that 'struct sd_walk_record.size' is an integer */
+  (void)((p->blksize) | 0);  /* check that 'struct sd_walk_record.blksize' is an integer */
+  (void)((p->blocks) | 0);  /* check that 'struct sd_walk_record.blocks' is an integer */
+  (void)((p->atime_ns) | 0);  /* check that 'struct sd_walk_record.atime_ns' is an integer */
+  (void)((p->mtime_ns) | 0);  /* check that 'struct sd_walk_record.mtime_ns' is an integer */
+  (void)((p->ctime_ns) | 0);  /* check that 'struct sd_walk_record.ctime_ns' is an integer */
+}
+struct _cffi_align_struct_sd_walk_record { char x; struct sd_walk_record y; };
+
+_CFFI_UNUSED_FN
+static void _cffi_checkfld_struct_sd_walk_result(struct sd_walk_result *p)
+{
+  /* only to generate compile-time warnings or errors */
+  (void)p;
+  { unsigned char * *tmp = &p->data; (void)tmp; }
+  (void)((p->len) | 0);  /* check that 'struct sd_walk_result.len' is an integer */
+  (void)((p->files) | 0);  /* check that 'struct sd_walk_result.files' is an integer */
+  (void)((p->skipped) | 0);  /* check that 'struct sd_walk_result.skipped' is an integer */
+  (void)((p->unreadable) | 0);  /* check that 'struct sd_walk_result.unreadable' is an integer */
+}
+struct _cffi_align_struct_sd_walk_result { char x; struct sd_walk_result y; };
+
 static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_FASTELF_ABI", (void *)_cffi_const_SD_FASTELF_ABI, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_ALL_SYMBOLS", (void *)_cffi_const_SD_FASTELF_ALL_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
@@ -1038,145 +1259,229 @@ static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_FASTELF_NO_SYMBOLS", (void *)_cffi_const_SD_FASTELF_NO_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_OK", (void *)_cffi_const_SD_FASTELF_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_PREFIXED_SYMBOLS", (void *)_cffi_const_SD_FASTELF_PREFIXED_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
-  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 15), (void *)_cffi_d_sd_fastelf_abi },
-  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 22), (void *)_cffi_d_sd_fastelf_free_symbols },
-  { "sd_fastelf_read", (void *)_cffi_f_sd_fastelf_read, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 0), (void *)_cffi_d_sd_fastelf_read },
-  { "sd_inputs_changed", (void *)_cffi_f_sd_inputs_changed, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 17), (void *)_cffi_d_sd_inputs_changed },
+  { "SD_WALK_NOMEM", (void *)_cffi_const_SD_WALK_NOMEM, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
+  { "SD_WALK_OK", (void *)_cffi_const_SD_WALK_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
+  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 23), (void *)_cffi_d_sd_fastelf_abi },
+  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 30), (void *)_cffi_d_sd_fastelf_free_symbols },
+  { "sd_fastelf_read", (void *)_cffi_f_sd_fastelf_read, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 8), (void *)_cffi_d_sd_fastelf_read },
+  { "sd_inputs_changed", (void *)_cffi_f_sd_inputs_changed, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 25), (void *)_cffi_d_sd_inputs_changed },
+  { "sd_walk", (void *)_cffi_f_sd_walk, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 0), (void *)_cffi_d_sd_walk },
+  { "sd_walk_free", (void *)_cffi_f_sd_walk_free, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 33), (void *)_cffi_d_sd_walk_free },
+  { "sd_walk_record_size", (void *)_cffi_f_sd_walk_record_size, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 23), (void *)_cffi_d_sd_walk_record_size },
 };
 
 static const struct _cffi_field_s _cffi_fields[] = {
   { "elf_class", offsetof(struct sd_fastelf_result, elf_class),
                  sizeof(((struct sd_fastelf_result *)0)->elf_class),
-                 _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "little_endian", offsetof(struct sd_fastelf_result, little_endian),
                      sizeof(((struct sd_fastelf_result *)0)->little_endian),
-                     _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                     _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "machine", offsetof(struct sd_fastelf_result, machine),
                sizeof(((struct sd_fastelf_result *)0)->machine),
-               _CFFI_OP(_CFFI_OP_NOOP, 7) },
+               _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "osabi", offsetof(struct sd_fastelf_result, osabi),
              sizeof(((struct sd_fastelf_result *)0)->osabi),
-             _CFFI_OP(_CFFI_OP_NOOP, 7) },
+             _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "e_type", offsetof(struct sd_fastelf_result, e_type),
               sizeof(((struct sd_fastelf_result *)0)->e_type),
-              _CFFI_OP(_CFFI_OP_NOOP, 7) },
+              _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "has_sections", offsetof(struct sd_fastelf_result, has_sections),
                     sizeof(((struct sd_fastelf_result *)0)->has_sections),
-                    _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                    _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "has_dynamic", offsetof(struct sd_fastelf_result, has_dynamic),
                    sizeof(((struct sd_fastelf_result *)0)->has_dynamic),
-                   _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                   _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "has_interp", offsetof(struct sd_fastelf_result, has_interp),
                   sizeof(((struct sd_fastelf_result *)0)->has_interp),
-                  _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "has_soname", offsetof(struct sd_fastelf_result, has_soname),
                   sizeof(((struct sd_fastelf_result *)0)->has_soname),
-                  _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "has_rpath", offsetof(struct sd_fastelf_result, has_rpath),
                  sizeof(((struct sd_fastelf_result *)0)->has_rpath),
-                 _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "has_runpath", offsetof(struct sd_fastelf_result, has_runpath),
                    sizeof(((struct sd_fastelf_result *)0)->has_runpath),
-                   _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                   _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "has_build_id", offsetof(struct sd_fastelf_result, has_build_id),
                     sizeof(((struct sd_fastelf_result *)0)->has_build_id),
-                    _CFFI_OP(_CFFI_OP_NOOP, 7) },
+                    _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "flags", offsetof(struct sd_fastelf_result, flags),
              sizeof(((struct sd_fastelf_result *)0)->flags),
-             _CFFI_OP(_CFFI_OP_NOOP, 35) },
+             _CFFI_OP(_CFFI_OP_NOOP, 48) },
   { "flags_1", offsetof(struct sd_fastelf_result, flags_1),
                sizeof(((struct sd_fastelf_result *)0)->flags_1),
-               _CFFI_OP(_CFFI_OP_NOOP, 35) },
+               _CFFI_OP(_CFFI_OP_NOOP, 48) },
   { "n_sections", offsetof(struct sd_fastelf_result, n_sections),
                   sizeof(((struct sd_fastelf_result *)0)->n_sections),
-                  _CFFI_OP(_CFFI_OP_NOOP, 34) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 47) },
   { "n_needed", offsetof(struct sd_fastelf_result, n_needed),
                 sizeof(((struct sd_fastelf_result *)0)->n_needed),
-                _CFFI_OP(_CFFI_OP_NOOP, 34) },
+                _CFFI_OP(_CFFI_OP_NOOP, 47) },
   { "n_verneed", offsetof(struct sd_fastelf_result, n_verneed),
                  sizeof(((struct sd_fastelf_result *)0)->n_verneed),
-                 _CFFI_OP(_CFFI_OP_NOOP, 34) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 47) },
   { "n_verdef", offsetof(struct sd_fastelf_result, n_verdef),
                 sizeof(((struct sd_fastelf_result *)0)->n_verdef),
-                _CFFI_OP(_CFFI_OP_NOOP, 34) },
+                _CFFI_OP(_CFFI_OP_NOOP, 47) },
   { "strings_len", offsetof(struct sd_fastelf_result, strings_len),
                    sizeof(((struct sd_fastelf_result *)0)->strings_len),
-                   _CFFI_OP(_CFFI_OP_NOOP, 4) },
+                   _CFFI_OP(_CFFI_OP_NOOP, 12) },
   { "x86_isa_needed", offsetof(struct sd_fastelf_result, x86_isa_needed),
                       sizeof(((struct sd_fastelf_result *)0)->x86_isa_needed),
-                      _CFFI_OP(_CFFI_OP_NOOP, 34) },
+                      _CFFI_OP(_CFFI_OP_NOOP, 47) },
   { "error", offsetof(struct sd_fastelf_result, error),
              sizeof(((struct sd_fastelf_result *)0)->error),
-             _CFFI_OP(_CFFI_OP_NOOP, 26) },
+             _CFFI_OP(_CFFI_OP_NOOP, 37) },
   { "count", offsetof(struct sd_fastelf_symbols, count),
              sizeof(((struct sd_fastelf_symbols *)0)->count),
-             _CFFI_OP(_CFFI_OP_NOOP, 4) },
+             _CFFI_OP(_CFFI_OP_NOOP, 12) },
   { "names", offsetof(struct sd_fastelf_symbols, names),
              sizeof(((struct sd_fastelf_symbols *)0)->names),
-             _CFFI_OP(_CFFI_OP_NOOP, 3) },
+             _CFFI_OP(_CFFI_OP_NOOP, 11) },
   { "names_len", offsetof(struct sd_fastelf_symbols, names_len),
                  sizeof(((struct sd_fastelf_symbols *)0)->names_len),
-                 _CFFI_OP(_CFFI_OP_NOOP, 4) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 12) },
   { "names_cap", offsetof(struct sd_fastelf_symbols, names_cap),
                  sizeof(((struct sd_fastelf_symbols *)0)->names_cap),
-                 _CFFI_OP(_CFFI_OP_NOOP, 4) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 12) },
   { "records", offsetof(struct sd_fastelf_symbols, records),
                sizeof(((struct sd_fastelf_symbols *)0)->records),
-               _CFFI_OP(_CFFI_OP_NOOP, 12) },
+               _CFFI_OP(_CFFI_OP_NOOP, 20) },
   { "records_cap", offsetof(struct sd_fastelf_symbols, records_cap),
                    sizeof(((struct sd_fastelf_symbols *)0)->records_cap),
-                   _CFFI_OP(_CFFI_OP_NOOP, 4) },
+                   _CFFI_OP(_CFFI_OP_NOOP, 12) },
   { "versions", offsetof(struct sd_fastelf_symbols, versions),
                 sizeof(((struct sd_fastelf_symbols *)0)->versions),
-                _CFFI_OP(_CFFI_OP_NOOP, 3) },
+                _CFFI_OP(_CFFI_OP_NOOP, 11) },
   { "versions_len", offsetof(struct sd_fastelf_symbols, versions_len),
                     sizeof(((struct sd_fastelf_symbols *)0)->versions_len),
-                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
+                    _CFFI_OP(_CFFI_OP_NOOP, 12) },
   { "versions_cap", offsetof(struct sd_fastelf_symbols, versions_cap),
                     sizeof(((struct sd_fastelf_symbols *)0)->versions_cap),
-                    _CFFI_OP(_CFFI_OP_NOOP, 4) },
+                    _CFFI_OP(_CFFI_OP_NOOP, 12) },
   { "n_versions", offsetof(struct sd_fastelf_symbols, n_versions),
                   sizeof(((struct sd_fastelf_symbols *)0)->n_versions),
-                  _CFFI_OP(_CFFI_OP_NOOP, 34) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 47) },
   { "path_len", offsetof(struct sd_input_record, path_len),
                 sizeof(((struct sd_input_record *)0)->path_len),
-                _CFFI_OP(_CFFI_OP_NOOP, 34) },
+                _CFFI_OP(_CFFI_OP_NOOP, 47) },
   { "follow", offsetof(struct sd_input_record, follow),
               sizeof(((struct sd_input_record *)0)->follow),
-              _CFFI_OP(_CFFI_OP_NOOP, 7) },
+              _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "err", offsetof(struct sd_input_record, err),
            sizeof(((struct sd_input_record *)0)->err),
-           _CFFI_OP(_CFFI_OP_NOOP, 7) },
+           _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "weak", offsetof(struct sd_input_record, weak),
             sizeof(((struct sd_input_record *)0)->weak),
-            _CFFI_OP(_CFFI_OP_NOOP, 7) },
+            _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "dev", offsetof(struct sd_input_record, dev),
            sizeof(((struct sd_input_record *)0)->dev),
-           _CFFI_OP(_CFFI_OP_NOOP, 35) },
+           _CFFI_OP(_CFFI_OP_NOOP, 48) },
   { "ino", offsetof(struct sd_input_record, ino),
            sizeof(((struct sd_input_record *)0)->ino),
-           _CFFI_OP(_CFFI_OP_NOOP, 35) },
+           _CFFI_OP(_CFFI_OP_NOOP, 48) },
   { "mode", offsetof(struct sd_input_record, mode),
             sizeof(((struct sd_input_record *)0)->mode),
-            _CFFI_OP(_CFFI_OP_NOOP, 35) },
+            _CFFI_OP(_CFFI_OP_NOOP, 48) },
   { "size", offsetof(struct sd_input_record, size),
             sizeof(((struct sd_input_record *)0)->size),
-            _CFFI_OP(_CFFI_OP_NOOP, 28) },
+            _CFFI_OP(_CFFI_OP_NOOP, 39) },
   { "mtime_ns", offsetof(struct sd_input_record, mtime_ns),
                 sizeof(((struct sd_input_record *)0)->mtime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 28) },
+                _CFFI_OP(_CFFI_OP_NOOP, 39) },
   { "ctime_ns", offsetof(struct sd_input_record, ctime_ns),
                 sizeof(((struct sd_input_record *)0)->ctime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 28) },
+                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "path_len", offsetof(struct sd_walk_record, path_len),
+                sizeof(((struct sd_walk_record *)0)->path_len),
+                _CFFI_OP(_CFFI_OP_NOOP, 47) },
+  { "kind", offsetof(struct sd_walk_record, kind),
+            sizeof(((struct sd_walk_record *)0)->kind),
+            _CFFI_OP(_CFFI_OP_NOOP, 46) },
+  { "plain", offsetof(struct sd_walk_record, plain),
+             sizeof(((struct sd_walk_record *)0)->plain),
+             _CFFI_OP(_CFFI_OP_NOOP, 46) },
+  { "elf", offsetof(struct sd_walk_record, elf),
+           sizeof(((struct sd_walk_record *)0)->elf),
+           _CFFI_OP(_CFFI_OP_NOOP, 46) },
+  { "has_stat", offsetof(struct sd_walk_record, has_stat),
+                sizeof(((struct sd_walk_record *)0)->has_stat),
+                _CFFI_OP(_CFFI_OP_NOOP, 46) },
+  { "err", offsetof(struct sd_walk_record, err),
+           sizeof(((struct sd_walk_record *)0)->err),
+           _CFFI_OP(_CFFI_OP_NOOP, 2) },
+  { "reserved", offsetof(struct sd_walk_record, reserved),
+                sizeof(((struct sd_walk_record *)0)->reserved),
+                _CFFI_OP(_CFFI_OP_NOOP, 2) },
+  { "dev", offsetof(struct sd_walk_record, dev),
+           sizeof(((struct sd_walk_record *)0)->dev),
+           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+  { "ino", offsetof(struct sd_walk_record, ino),
+           sizeof(((struct sd_walk_record *)0)->ino),
+           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+  { "mode", offsetof(struct sd_walk_record, mode),
+            sizeof(((struct sd_walk_record *)0)->mode),
+            _CFFI_OP(_CFFI_OP_NOOP, 48) },
+  { "nlink", offsetof(struct sd_walk_record, nlink),
+             sizeof(((struct sd_walk_record *)0)->nlink),
+             _CFFI_OP(_CFFI_OP_NOOP, 48) },
+  { "uid", offsetof(struct sd_walk_record, uid),
+           sizeof(((struct sd_walk_record *)0)->uid),
+           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+  { "gid", offsetof(struct sd_walk_record, gid),
+           sizeof(((struct sd_walk_record *)0)->gid),
+           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+  { "rdev", offsetof(struct sd_walk_record, rdev),
+            sizeof(((struct sd_walk_record *)0)->rdev),
+            _CFFI_OP(_CFFI_OP_NOOP, 48) },
+  { "size", offsetof(struct sd_walk_record, size),
+            sizeof(((struct sd_walk_record *)0)->size),
+            _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "blksize", offsetof(struct sd_walk_record, blksize),
+               sizeof(((struct sd_walk_record *)0)->blksize),
+               _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "blocks", offsetof(struct sd_walk_record, blocks),
+              sizeof(((struct sd_walk_record *)0)->blocks),
+              _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "atime_ns", offsetof(struct sd_walk_record, atime_ns),
+                sizeof(((struct sd_walk_record *)0)->atime_ns),
+                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "mtime_ns", offsetof(struct sd_walk_record, mtime_ns),
+                sizeof(((struct sd_walk_record *)0)->mtime_ns),
+                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "ctime_ns", offsetof(struct sd_walk_record, ctime_ns),
+                sizeof(((struct sd_walk_record *)0)->ctime_ns),
+                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "data", offsetof(struct sd_walk_result, data),
+            sizeof(((struct sd_walk_result *)0)->data),
+            _CFFI_OP(_CFFI_OP_NOOP, 20) },
+  { "len", offsetof(struct sd_walk_result, len),
+           sizeof(((struct sd_walk_result *)0)->len),
+           _CFFI_OP(_CFFI_OP_NOOP, 12) },
+  { "files", offsetof(struct sd_walk_result, files),
+             sizeof(((struct sd_walk_result *)0)->files),
+             _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "skipped", offsetof(struct sd_walk_result, skipped),
+               sizeof(((struct sd_walk_result *)0)->skipped),
+               _CFFI_OP(_CFFI_OP_NOOP, 39) },
+  { "unreadable", offsetof(struct sd_walk_result, unreadable),
+                  sizeof(((struct sd_walk_result *)0)->unreadable),
+                  _CFFI_OP(_CFFI_OP_NOOP, 39) },
 };
 
 static const struct _cffi_struct_union_s _cffi_struct_unions[] = {
-  { "sd_fastelf_result", 30, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_result", 41, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 0, 21 },
-  { "sd_fastelf_symbols", 31, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_symbols", 42, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 21, 10 },
-  { "sd_input_record", 32, _CFFI_F_CHECK_FIELDS,
+  { "sd_input_record", 43, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_input_record), offsetof(struct _cffi_align_struct_sd_input_record, y), 31, 10 },
+  { "sd_walk_record", 44, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_walk_record), offsetof(struct _cffi_align_struct_sd_walk_record, y), 41, 20 },
+  { "sd_walk_result", 45, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_walk_result), offsetof(struct _cffi_align_struct_sd_walk_result, y), 61, 5 },
 };
 
 static const struct _cffi_type_context_s _cffi_type_context = {
@@ -1186,12 +1491,12 @@ static const struct _cffi_type_context_s _cffi_type_context = {
   _cffi_struct_unions,
   NULL,  /* no enums */
   NULL,  /* no typenames */
-  12,  /* num_globals */
-  3,  /* num_struct_unions */
+  17,  /* num_globals */
+  5,  /* num_struct_unions */
   0,  /* num_enums */
   0,  /* num_typenames */
   NULL,  /* no includes */
-  37,  /* num_types */
+  50,  /* num_types */
   0,  /* flags */
 };
 

@@ -25,8 +25,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 HEADER = HERE / "fastelf.h"
 SOURCE = HERE / "fastelf.c"
-# the check cache's input validation (inputcheck.c) rides in the same extension: one build
-EXTRA_SOURCES = (HERE / "inputcheck.c",)
+# the check cache's input validation (inputcheck.c) and the check's tree walk (treewalk.c)
+# ride in the same extension: one build
+EXTRA_SOURCES = (HERE / "inputcheck.c", HERE / "treewalk.c")
 WRAPPER = HERE / "_fastelf_cffi.c"
 MODULE = "seedance.elf._fastelf"
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-std=gnu11", "-fvisibility=hidden"]

@@ -16,7 +16,7 @@
 /* cdef-begin */
 /* Bumped whenever the result layout or the meaning of a field changes: the Python side
  * refuses a module built from another layout (reader.py, _c_reader). */
-#define SD_FASTELF_ABI 5
+#define SD_FASTELF_ABI 6
 
 /* sd_fastelf_read's return codes */
 #define SD_FASTELF_OK 0
@@ -104,6 +104,35 @@ struct sd_input_record {
     long long size, mtime_ns, ctime_ns;
 };
 long sd_inputs_changed(const unsigned char *blob, size_t len, size_t *validated);
+
+/* treewalk.c: the ELF files under a directory, in collect/scan.py's walk order.  Records
+ * (this header, then path_len bytes of path, no NUL), kind:
+ *   'E' an ELF file (stat: its fstat; plain: a regular file, not reached through a link)
+ *   'C' a file named like a config (elf: it is ELF, with its stat; err: it could not be read)
+ *   'U' a file that could not be read (err), 'L' a link in a loop (err ELOOP)
+ *   'X' a directory that could not be listed (err)
+ *   'D' a directory listed, 'S' a path stat'ed or opened (stat, or err), 'W' a link's target
+ *   found to be a directory (only what it is counts): with ``record`` only */
+struct sd_walk_record {
+    unsigned int path_len;
+    unsigned char kind, plain, elf, has_stat;
+    int err;
+    int reserved;
+    unsigned long long dev, ino, mode, nlink, uid, gid, rdev;
+    long long size, blksize, blocks, atime_ns, mtime_ns, ctime_ns;
+};
+struct sd_walk_result {
+    unsigned char *data;
+    size_t len;
+    long long files, skipped, unreadable;
+};
+#define SD_WALK_OK 0
+#define SD_WALK_NOMEM 1
+int sd_walk_record_size(void);
+/* suffix lists: NUL-separated, ended by an empty one ("a\0b\0\0") */
+int sd_walk(const char *root, int record, const char *never_suffixes, const char *config_suffixes, int threads,
+            struct sd_walk_result *result);
+void sd_walk_free(struct sd_walk_result *result);
 /* cdef-end */
 
 #endif

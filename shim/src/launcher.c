@@ -52,6 +52,12 @@
 #ifndef SD_PYTHON
 #define SD_PYTHON "python3"
 #endif
+/* -P (Python 3.11+): `python -m` would put the working directory first on sys.path, and a
+ * seedance.py there would run instead of seedance (-E would drop PYTHONPATH too).  The
+ * build defines it empty for an older Python, which has no such flag. */
+#ifndef SD_PYTHON_SAFE_PATH
+#define SD_PYTHON_SAFE_PATH "-P"
+#endif
 #define STR2(x) #x
 #define STR(x) STR2(x)
 
@@ -65,6 +71,9 @@ static char **orig_argv;
  * then whatever python3 is on PATH (it must import seedance too). */
 static void exec_python(char **argv)
 {
+    if (!argv[1][0]) /* no -P (a Python before 3.11): the empty flag goes */
+        for (int i = 1; argv[i]; i++)
+            argv[i] = argv[i + 1];
     execv(SD_PYTHON, argv);
     argv[0] = (char *)"python3";
     execvp("python3", argv);
@@ -75,15 +84,16 @@ static void to_python(void)
     int n = 0;
     while (orig_argv[n])
         n++;
-    char **argv = calloc((size_t)n + 4, sizeof *argv);
+    char **argv = calloc((size_t)n + 5, sizeof *argv);
     if (!argv)
         _exit(2);
     argv[0] = (char *)SD_PYTHON;
-    argv[1] = (char *)"-m";
-    argv[2] = (char *)"seedance";
-    argv[3] = (char *)"run";
+    argv[1] = (char *)SD_PYTHON_SAFE_PATH;
+    argv[2] = (char *)"-m";
+    argv[3] = (char *)"seedance";
+    argv[4] = (char *)"run";
     for (int i = 1; i < n; i++)
-        argv[3 + i] = orig_argv[i];
+        argv[4 + i] = orig_argv[i];
     exec_python(argv);
     fprintf(stderr, "seedance: error: run: cannot start %s: %s\n", SD_PYTHON, strerror(errno));
     exit(2);
@@ -580,8 +590,43 @@ static void env_set_list_front(const char *var, const char *value)
     env_set(var, joined);
 }
 
+/* Installed as `seedance` itself (the venv's bin/seedance links here, Makefile): a Python
+ * console script pays a Python start-up (~20 ms) before it can exec this launcher, ten
+ * times the run it wraps (issue 13).  As `seedance`, this program takes `seedance run ...`
+ * itself and hands every other command to the Python CLI unchanged, which is what the
+ * console script ran (`python -m seedance` is cli.console). */
+static int front_end(int *argc, char ***argv)
+{
+    if (*argc < 1)
+        return 0;
+    const char *name = strrchr((*argv)[0], '/');
+    name = name ? name + 1 : (*argv)[0];
+    if (strcmp(name, "seedance") != 0)
+        return 0; /* seedance-run */
+    if (*argc >= 2 && strcmp((*argv)[1], "run") == 0) {
+        (*argv)[1] = (*argv)[0]; /* `seedance run ARGS` is `seedance-run ARGS` */
+        (*argc)--;
+        (*argv)++;
+        return 1;
+    }
+    char **py = calloc((size_t)*argc + 4, sizeof *py);
+    if (!py)
+        _exit(2);
+    int n = 0;
+    py[n++] = (char *)SD_PYTHON;
+    py[n++] = (char *)SD_PYTHON_SAFE_PATH;
+    py[n++] = (char *)"-m";
+    py[n++] = (char *)"seedance";
+    for (int i = 1; i < *argc; i++)
+        py[n++] = (*argv)[i];
+    exec_python(py);
+    fprintf(stderr, "seedance: error: cannot start %s: %s\n", SD_PYTHON, strerror(errno));
+    exit(2);
+}
+
 int main(int argc, char **argv)
 {
+    front_end(&argc, &argv);
     orig_argv = argv;
     const char *affinity = NULL, *mem_limit = NULL, *handles = NULL;
     int follow = 0, audit = 0, i = 1;
@@ -735,11 +780,11 @@ int main(int argc, char **argv)
         char key_text[32], code_text[16];
         snprintf(key_text, sizeof key_text, "%llx", (unsigned long long)key);
         snprintf(code_text, sizeof code_text, "%d", code);
-        char *py[] = {(char *)SD_PYTHON, (char *)"-m", (char *)"seedance", (char *)"run", (char *)"--finish-group",
-                      key_text, (char *)"--exit-code", code_text, NULL, NULL, NULL};
+        char *py[] = {(char *)SD_PYTHON, (char *)SD_PYTHON_SAFE_PATH, (char *)"-m", (char *)"seedance", (char *)"run",
+                      (char *)"--finish-group", key_text, (char *)"--exit-code", code_text, NULL, NULL, NULL};
         if (affinity) { /* for its note on an affinity that named no device */
-            py[8] = (char *)"--affinity";
-            py[9] = (char *)affinity;
+            py[9] = (char *)"--affinity";
+            py[10] = (char *)affinity;
         }
         fflush(stderr);
         exec_python(py);

@@ -648,27 +648,69 @@ def test_many_processes_with_their_own_quota_at_once(built, env):
 
 
 def test_console_script_hands_run_to_the_c_launcher_and_python_m_does_not(built, env):
-    """`seedance run` (the console script) execs seedance-run before importing the CLI
-    (cli._launch, issue 13); `python -m seedance run` is the Python command itself, which
-    the launcher execs for what it leaves to Python.  The wrapped program's parent says
-    which process ran it."""
+    """`seedance run` runs in seedance-run, the C launcher: the venv's `seedance` is the
+    launcher itself (Makefile), or pip's console script, which execs it before importing
+    the CLI (cli._launch, issue 13); `python -m seedance run` is the Python command itself,
+    which the launcher execs for what it leaves to Python.  The wrapped program's parent's
+    executable says which process ran it."""
     from seedance import shim
 
     try:
         launcher = shim.launcher_path()
     except shim.NotAvailable as exc:
         pytest.skip(str(exc))
-    parent = 'tr "\\0" " " < /proc/$PPID/cmdline'
+    parent = "readlink /proc/$PPID/exe"
     console = Path(sys.executable).parent / "seedance"
     p = subprocess.run([str(console), "run", "--", "sh", "-c", parent], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split()[0] == str(launcher)
+    assert p.stdout.strip() == str(launcher.resolve())
     p = subprocess.run([sys.executable, "-m", "seedance", "run", "--", "sh", "-c", parent], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "seedance-run" not in p.stdout and "python" in p.stdout.split()[0]
+    assert p.stdout.strip() == os.path.realpath(sys.executable)
     # what the launcher leaves to Python still works through the console script
     p = subprocess.run([str(console), "run", "--bogus", "--", "true"], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_launcher_named_seedance_is_the_whole_cli_and_keeps_the_cwd_off_sys_path(built, env, tmp_path):
+    """The launcher under the name `seedance` (as the Makefile installs it) runs `seedance
+    run` itself and hands every other command to `python -P -m seedance`: the same CLI,
+    with the working directory kept off sys.path, so a seedance package planted there is
+    never imported (launcher.c, front_end)."""
+    from seedance import shim
+
+    try:
+        launcher = shim.launcher_path()
+    except shim.NotAvailable as exc:
+        pytest.skip(str(exc))
+    front = tmp_path / "bin" / "seedance"
+    front.parent.mkdir()
+    front.symlink_to(launcher)
+    planted = tmp_path / "cwd" / "seedance"
+    planted.mkdir(parents=True)
+    (planted / "__init__.py").write_text("")
+    (planted / "__main__.py").write_text("print('PLANTED')\n")
+    cwd = str(planted.parent)
+    p = subprocess.run([str(front), "--version"], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    q = subprocess.run([sys.executable, "-m", "seedance", "--version"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and "PLANTED" not in p.stdout, (p.stdout, p.stderr)
+    assert p.stdout == q.stdout and p.stdout.startswith("seedance ")
+    # a bad command: the Python CLI's one-line error and exit 2
+    p = subprocess.run([str(front), "chekc"], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "PLANTED" not in p.stdout, p.stderr
+    # `run`: the launcher itself is the wrapped program's parent, which set up its group
+    p = subprocess.run([str(front), "run", "--", "sh", "-c", 'readlink /proc/$PPID/exe; echo "$SEEDANCE_GROUP"'],
+                       env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    exe, group = p.stdout.splitlines()
+    assert exe == str(launcher.resolve()) and int(group, 16) > 0
+    # what the launcher leaves to Python (-o needs the report) goes to `python -P -m seedance run`
+    out = tmp_path / "report.json"
+    p = subprocess.run([str(front), "run", "-o", str(out), "--", "true"], env=env, cwd=cwd, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and "PLANTED" not in p.stdout, p.stderr
+    assert json.loads(out.read_text())["command"] == "run"

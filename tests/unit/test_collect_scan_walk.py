@@ -62,7 +62,21 @@ def build_tree(root) -> None:
     os.symlink("../a", root / "b" / "linked.h")
 
 
-def test_walk_matches_os_walk(tmp_path):
+@pytest.fixture(params=["c", "python"])
+def walker(request, monkeypatch):
+    """The C walk (elf/treewalk.c) where it is built, and the Python one."""
+    if request.param == "python":
+        monkeypatch.setenv("SEEDANCE_WALK", "python")
+    else:
+        from seedance.collect import treewalk
+
+        monkeypatch.delenv("SEEDANCE_WALK", raising=False)
+        if treewalk._lib() is None:
+            pytest.skip("the C walk is not built")
+    return request.param
+
+
+def test_walk_matches_os_walk(tmp_path, walker):
     build_tree(tmp_path)
     scanner = Scanner(CheckOptions(targets=[str(tmp_path)]))
     found = scanner._walk(str(tmp_path))
@@ -76,7 +90,7 @@ def test_walk_matches_os_walk(tmp_path):
     assert str(tmp_path / "b" / "pkg.py" / "inner.so") in [p for p, _ in found]
 
 
-def test_walk_reports_an_unlistable_directory(tmp_path):
+def test_walk_reports_an_unlistable_directory(tmp_path, walker):
     if os.geteuid() == 0:
         pytest.skip("root lists every directory")
     build_tree(tmp_path)
@@ -128,6 +142,7 @@ def _walked(root, monkeypatch, jobs):
     from seedance.collect import scan
 
     seedance_jobs(monkeypatch, jobs)
+    monkeypatch.setenv("SEEDANCE_WALK", "python")  # (the C walk shares with threads, not a helper)
     pids = []  # the process that took each piece: here, or (from its answer) the helper
     share, piece, parent = _SHARE, scan.Scanner._walk_piece, os.getpid()
 
