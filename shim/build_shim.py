@@ -190,7 +190,8 @@ def build_launcher_standalone(out: str, cc: str | None = None) -> str:
     cc = cc or os.environ.get("CC", "cc")
     root = HERE.parent
     subprocess.run([cc, *CFLAGS, f'-DSD_VERSION_STRING="{package_version()}"', f'-DSD_PYTHON="{sys.executable}"',
-                    f'-DSD_PYTHON_SAFE_PATH="{SAFE_PATH_FLAG}"', str(root / LAUNCHER_SOURCE), "-o", out, "-ldl"], check=True)
+                    f'-DSD_PYTHON_SAFE_PATH="{SAFE_PATH_FLAG}"', str(root / LAUNCHER_SOURCE), "-o", out, "-ldl"],
+                   check=True)
     return out
 
 
