@@ -70,7 +70,7 @@ $(STAMP): setup.py requirements-test.txt $(wildcard shim/src/*.c shim/src/*.h sh
 	@# seedance-run, the C front end of `seedance run` built with the shim (issue 13), on the venv's PATH
 	ln -sfn $(CURDIR)/shim/seedance-run $(BIN)/seedance-run
 	@# ... and `seedance` itself: as that name the launcher takes `seedance run` and execs
-	@# `python -m seedance` for every other command (pip's script would start Python first)
+	@# the Python CLI for every other command (pip's script would start Python first)
 	if [ -x shim/seedance-run ]; then ln -sfn $(CURDIR)/shim/seedance-run $(BIN)/seedance; fi
 	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	if [ -d /usr/lib/python3/dist-packages/bcc ] && [ -d "$$site" ]; then ln -sfn /usr/lib/python3/dist-packages/bcc "$$site/bcc"; fi

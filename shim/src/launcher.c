@@ -58,6 +58,9 @@
 #ifndef SD_PYTHON_SAFE_PATH
 #define SD_PYTHON_SAFE_PATH "-P"
 #endif
+/* what `python -m seedance` runs (agent/__main__.py), given to -c: -m would import runpy
+ * and search sys.path for the package first (~5 ms a command) */
+#define SD_PYTHON_ENTRY "from seedance.cli import console; console(front_end=False)"
 #define STR2(x) #x
 #define STR(x) STR2(x)
 
@@ -89,8 +92,8 @@ static void to_python(void)
         _exit(2);
     argv[0] = (char *)SD_PYTHON;
     argv[1] = (char *)SD_PYTHON_SAFE_PATH;
-    argv[2] = (char *)"-m";
-    argv[3] = (char *)"seedance";
+    argv[2] = (char *)"-c";
+    argv[3] = (char *)SD_PYTHON_ENTRY;
     argv[4] = (char *)"run";
     for (int i = 1; i < n; i++)
         argv[4 + i] = orig_argv[i];
@@ -594,7 +597,7 @@ static void env_set_list_front(const char *var, const char *value)
  * console script pays a Python start-up (~20 ms) before it can exec this launcher, ten
  * times the run it wraps (issue 13).  As `seedance`, this program takes `seedance run ...`
  * itself and hands every other command to the Python CLI unchanged, which is what the
- * console script ran (`python -m seedance` is cli.console). */
+ * console script ran (cli.console, as `python -m seedance` runs it). */
 static int front_end(int *argc, char ***argv)
 {
     if (*argc < 1)
@@ -615,8 +618,8 @@ static int front_end(int *argc, char ***argv)
     int n = 0;
     py[n++] = (char *)SD_PYTHON;
     py[n++] = (char *)SD_PYTHON_SAFE_PATH;
-    py[n++] = (char *)"-m";
-    py[n++] = (char *)"seedance";
+    py[n++] = (char *)"-c";
+    py[n++] = (char *)SD_PYTHON_ENTRY;
     for (int i = 1; i < *argc; i++)
         py[n++] = (*argv)[i];
     exec_python(py);
@@ -780,7 +783,7 @@ int main(int argc, char **argv)
         char key_text[32], code_text[16];
         snprintf(key_text, sizeof key_text, "%llx", (unsigned long long)key);
         snprintf(code_text, sizeof code_text, "%d", code);
-        char *py[] = {(char *)SD_PYTHON, (char *)SD_PYTHON_SAFE_PATH, (char *)"-m", (char *)"seedance", (char *)"run",
+        char *py[] = {(char *)SD_PYTHON, (char *)SD_PYTHON_SAFE_PATH, (char *)"-c", (char *)SD_PYTHON_ENTRY, (char *)"run",
                       (char *)"--finish-group", key_text, (char *)"--exit-code", code_text, NULL, NULL, NULL};
         if (affinity) { /* for its note on an affinity that named no device */
             py[9] = (char *)"--affinity";

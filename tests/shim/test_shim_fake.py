@@ -677,9 +677,9 @@ def test_console_script_hands_run_to_the_c_launcher_and_python_m_does_not(built,
 
 def test_launcher_named_seedance_is_the_whole_cli_and_keeps_the_cwd_off_sys_path(built, env, tmp_path):
     """The launcher under the name `seedance` (as the Makefile installs it) runs `seedance
-    run` itself and hands every other command to `python -P -m seedance`: the same CLI,
-    with the working directory kept off sys.path, so a seedance package planted there is
-    never imported (launcher.c, front_end)."""
+    run` itself and hands every other command to the Python CLI (`python -P -c ...`, what
+    `python -m seedance` runs), with the working directory kept off sys.path, so a seedance
+    package planted there is never imported (launcher.c, front_end)."""
     from seedance import shim
 
     try:
@@ -708,7 +708,7 @@ def test_launcher_named_seedance_is_the_whole_cli_and_keeps_the_cwd_off_sys_path
     assert p.returncode == 0, p.stderr
     exe, group = p.stdout.splitlines()
     assert exe == str(launcher.resolve()) and int(group, 16) > 0
-    # what the launcher leaves to Python (-o needs the report) goes to `python -P -m seedance run`
+    # what the launcher leaves to Python (-o needs the report) goes to the Python `seedance run`
     out = tmp_path / "report.json"
     p = subprocess.run([str(front), "run", "-o", str(out), "--", "true"], env=env, cwd=cwd, capture_output=True,
                        text=True, timeout=120)
