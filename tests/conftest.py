@@ -222,3 +222,23 @@ def seedance_jobs(monkeypatch, value: str | None) -> None:
         monkeypatch.setenv("SEEDANCE_JOBS", value)
     else:
         monkeypatch.delenv("SEEDANCE_JOBS", raising=False)
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+_NOBODY_CLI: list = []
+
+
+def seedance_as_nobody() -> list:
+    """The seedance command for a test that runs it as nobody through setpriv (NOBODY +
+    this + arguments): the venv's `seedance` where nobody can start this interpreter, else
+    the Python CLI by one exec.  setpriv execs its program while it still holds root's
+    capabilities, and on these machines the interpreter lies under /root (mode 0700):
+    nobody cannot start it a second time, which the venv's `seedance` (the C launcher, as
+    `make install` links it) does for every command but `run`.  A user who can run the
+    interpreter at all runs the launcher the same way."""
+    if not _NOBODY_CLI:
+        probe = subprocess.run([*NOBODY, "sh", "-c", 'exec "$0" -c 0', sys.executable], capture_output=True,
+                               timeout=60)
+        _NOBODY_CLI.extend([str(BIN / "seedance")] if probe.returncode == 0 else [sys.executable, "-P", "-m",
+                                                                                     "seedance"])
+    return list(_NOBODY_CLI)

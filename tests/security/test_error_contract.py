@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN
+from tests.conftest import BIN, seedance_as_nobody
 
 SEEDANCE = str(BIN / "seedance")
 FORGED = "seedance: error: forged"
@@ -144,7 +144,7 @@ def test_unreadable_directory_on_the_command_line_exits_2(public_dir):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o000)
     os.chmod(locked, 0o000)
-    proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", SEEDANCE,
+    proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *seedance_as_nobody(),
                            "check", "--no-progress", str(locked)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HOME": str(tmp_path)})
     if "permission denied" not in proc.stderr.lower() and proc.returncode == 127:
@@ -154,7 +154,7 @@ def test_unreadable_directory_on_the_command_line_exits_2(public_dir):
     assert len(errors) == 1 and str(locked) in errors[0]
     # a readable directory with the same contents is clean
     os.chmod(locked, 0o755)
-    proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", SEEDANCE,
+    proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *seedance_as_nobody(),
                            "check", "--no-progress", str(locked)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr

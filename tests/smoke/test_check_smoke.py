@@ -12,7 +12,7 @@ import sys
 import jsonschema
 import pytest
 
-from tests.conftest import BIN, ROOT, run_cli
+from tests.conftest import BIN, NOBODY, ROOT, run_cli, seedance_as_nobody
 
 SCHEMA = json.loads((ROOT / "agent" / "schemas" / "report.schema.json").read_text())
 LIBZ = "/usr/lib/x86_64-linux-gnu/libz.so.1"
@@ -242,8 +242,7 @@ def _unreadable_as_nobody(tmp_path):
     os.chmod(tree / "closed", 0)
     for path in (tmp_path, tree, tree / "ok.so"):
         os.chmod(path, 0o755)
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(BIN / "seedance"), "check",
-              "--no-progress"]
+    nobody = [*NOBODY, *seedance_as_nobody(), "check", "--no-progress"]
     proc = subprocess.run(nobody + ["--json", str(tree)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)

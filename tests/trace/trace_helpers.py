@@ -35,8 +35,12 @@ def trace(*args, env=None, timeout=120, prefix=()):
     report = Path(tempfile.mkdtemp(prefix="seedance-trace-report-"))
     os.chmod(report, 0o777)
     target = report / "report.json"
-    exe = BIN / "seedance"
-    cmd = [*prefix, str(exe), "trace", "--report-json", str(target), *map(str, args)]
+    exe = [str(BIN / "seedance")]
+    if prefix and prefix[0] == "setpriv":
+        from tests.conftest import seedance_as_nobody
+
+        exe = seedance_as_nobody()
+    cmd = [*prefix, *exe, "trace", "--report-json", str(target), *map(str, args)]
     full_env = dict(os.environ)
     full_env.update(env or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
