@@ -238,7 +238,7 @@ def _records(site: str) -> dict:
 def _read_bytes(path: str) -> bytes:
     """A whole file, through os.open/os.read: ~740 dpkg lists opened as text files (a file
     object, a decoder, 8.5 MB decoded) were ~45 ms of a check of /usr/lib (issue 13)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (a FIFO reads as empty, never blocks)
     try:
         # the first read asks for the size it has (and one byte, to see the end): a 1 MB
         # request per file made a 1 MB buffer each time, ~2 ms of the ~10 ms these reads take
@@ -247,7 +247,10 @@ def _read_bytes(path: str) -> bytes:
         want = os.fstat(fd).st_size + 1
         chunks = []
         while True:
-            chunk = os.read(fd, want)
+            try:
+                chunk = os.read(fd, want)
+            except BlockingIOError:  # a FIFO with nothing in it
+                chunk = b""
             if chunk:
                 chunks.append(chunk)
             if len(chunk) < want:

@@ -1068,15 +1068,25 @@ class Resolver:
         - Both files in the system directories: the distribution built them together and
           its package dependencies are per symbol (dpkg-shlibdeps reads the symbols files).
         """
-        from .names import unhashed  # here: names.py imports re, which a `seedance ldd` does without
+        # what depends on the provider alone is found once per provider, not once per pair
+        # (~2,000 pairs over a few hundred providers in a check of /usr/lib, issue 13):
+        # True, or the system directories both files must be in
+        key = ("release", provider)
+        known = self._elf.get(key)
+        if known is None:
+            from .names import unhashed  # here: names.py imports re, which a `seedance ldd` does without
 
-        if _major_name(unhashed(info.soname or os.path.basename(provider))) in RUNTIME_SONAMES:
-            return True
-        abi = ABIS.get((info.elf_class, info.machine))
-        if abi is None:
-            return True
-        return (any(requester.startswith(d) for d in abi.system_dirs)
-                and any(provider.startswith(d) for d in abi.system_dirs))
+            abi = ABIS.get((info.elf_class, info.machine))
+            if _major_name(unhashed(info.soname or os.path.basename(provider))) in RUNTIME_SONAMES or abi is None:
+                known = True
+            elif any(provider.startswith(d) for d in abi.system_dirs):
+                known = abi.system_dirs
+            else:
+                known = False
+            self._elf[key] = known
+        if known is True or known is False:
+            return known
+        return any(requester.startswith(d) for d in known)
 
 
 # glibc's and GCC's runtime libraries: one version node per release (see _per_release_nodes)

@@ -16,7 +16,7 @@ import importlib.metadata
 import os
 import re
 import shutil
-import signal
+import signal  # noqa: F811 (also at the top; here for the reader)
 import subprocess
 import sys
 import sysconfig
@@ -860,3 +860,26 @@ def test_driver_installed_in_each_directory_the_driver_uses(tmp_path, where):
     if "mount" in proc.stderr and proc.returncode != 0:
         pytest.skip(f"cannot mount an overlay here: {proc.stderr.strip()}")
     assert proc.stdout.split() == [os.path.join(where, "libcuda.so.1"), "True", "None"], proc.stderr
+
+
+def test_a_fifo_among_the_dpkg_lists_reads_as_empty_and_never_blocks(tmp_path, monkeypatch):
+
+    info = tmp_path / "info"
+    info.mkdir()
+    (info / "foo.list").write_bytes(b"/.\n/usr/lib/libfoo.so.1\n")
+    os.mkfifo(info / "stuck.list")  # no writer: a blocking open would wait for ever
+    monkeypatch.setattr(practice, "DPKG_INFO", str(info))
+    monkeypatch.setattr(practice, "_DPKG", {})
+
+    def hung(*_):
+        raise AssertionError("reading the dpkg lists blocked on a FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        lists = practice._dpkg_lists()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert lists == [("foo", b"/.\n/usr/lib/libfoo.so.1\n"), ("stuck", b"")]
+    assert practice._dpkg_by_name("libfoo.so.1") == [("foo", "/usr/lib/libfoo.so.1")]
