@@ -181,3 +181,33 @@ def test_unreadable_files_and_directories_alike(monkeypatch):
                 except (OSError, NotImplementedError):
                     pass
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_tree_deeper_than_path_max_is_one_error_in_both_walks(tmp_path, monkeypatch):
+    """Paths past PATH_MAX (25 levels of 200-byte names): the directory that cannot be
+    opened any more is one 'file name too long' error, the same in both walks."""
+    data = open(os.path.realpath(LIBZ), "rb").read()
+    here = os.open(str(tmp_path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.dup(here)
+        for level in range(25):
+            name = f"{level:02d}" + "d" * 198
+            os.mkdir(name, dir_fd=fd)
+            deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            if level == 3:
+                with open(os.open("lib.so", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=deeper), "wb") as handle:
+                    handle.write(data)
+            os.close(fd)
+            fd = deeper
+        os.close(fd)
+    finally:
+        os.close(here)
+    results = {}
+    for mode, jobs in (("python", "1"), ("c", "1"), ("c", None)):
+        found, stats, errors, configs, plain = walk(tmp_path, mode, monkeypatch, jobs)
+        results[(mode, jobs)] = (found, {k: stats.get(k, 0) for k in ("files", "skipped", "unreadable")}, errors)
+    python = results[("python", "1")]
+    assert results[("c", "1")] == python and results[("c", None)] == python
+    found, stats, errors = python
+    assert len(found) == 1 and stats["unreadable"] == 1
+    assert len(errors) == 1 and errors[0]["error"].endswith(": file name too long")
