@@ -69,6 +69,12 @@ def main(argv=None) -> int:
     with open(tmp, "w") as handle:
         handle.write(TEMPLATE.format(mapping=mapping))
     os.replace(tmp, target)
+    # its bytecode written now: this module is imported by every interpreter start of the
+    # venv, and with PYTHONDONTWRITEBYTECODE set (as on these machines) a stale .pyc is
+    # never replaced, so each start compiled it again (~2 ms of every seedance command)
+    import py_compile
+
+    py_compile.compile(target, doraise=True)
     tmp = pths[0] + ".tmp"
     with open(tmp, "w") as handle:
         handle.write("import __seedance_editable; __seedance_editable.install()\n")

@@ -71,3 +71,29 @@ def test_namespace_installs_are_left_to_setuptools(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (site / "__editable__.seedance-9.9.9.pth").read_text() == pth
     assert not (site / "__seedance_editable.py").exists()
+
+
+def test_the_hook_is_written_with_its_bytecode_even_when_python_writes_none(tmp_path):
+    """Every interpreter start of the venv imports the hook: run again (make install does, on
+    every change), the tool rewrites it, and with PYTHONDONTWRITEBYTECODE=1 (as on these
+    machines) a stale .pyc would have it compiled at every start.  The .pyc the import
+    system finds must match the new source."""
+    import importlib.util
+
+    site = str(tmp_path / "site")
+    _setuptools_like_install(site, {"fakeseed": str(tmp_path)})
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    for _ in range(2):
+        done = subprocess.run([sys.executable, TOOL, "--site", site], capture_output=True, text=True,
+                              errors="replace", timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+    source = os.path.join(site, "__seedance_editable.py")
+    cached = importlib.util.cache_from_source(source)
+    assert os.path.exists(cached)
+    with open(cached, "rb") as handle:
+        header = handle.read(16)
+    st = os.stat(source)
+    # the pyc's header: flags 0 (timestamp-based), then the source's mtime and size
+    assert int.from_bytes(header[4:8], "little") == 0
+    assert int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+    assert int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF
