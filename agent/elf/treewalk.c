@@ -171,7 +171,7 @@ struct task {
     size_t n_files;
     struct buf out;
     long long files_n, skipped, unreadable;
-    /* (dev, inode) of link targets sniffed in this task -> 1 elf, 2 other */
+    /* (dev, inode) of link targets sniffed in this task -> 1 elf, 2 other (seen_put) */
     unsigned long long *seen_keys;
     unsigned char *seen_kinds;
     size_t seen_cap, seen_len;
@@ -378,31 +378,58 @@ static int list_dir(struct walk *w, struct task *t, const char *path, struct lis
     return 1;
 }
 
+/* (dev, inode) -> kind of the link targets sniffed in a task: open addressing, grown at
+ * half full (a tree of many links must not cost a scan of every earlier one per link) */
+static size_t seen_slot(const struct task *t, unsigned long long dev, unsigned long long ino)
+{
+    unsigned long long h = (dev * 0x9E3779B97F4A7C15ULL) ^ (ino * 0xC2B2AE3D27D4EB4FULL);
+    size_t mask = t->seen_cap - 1, i = (size_t)(h ^ (h >> 29)) & mask;
+    while (t->seen_kinds[i] && (t->seen_keys[2 * i] != dev || t->seen_keys[2 * i + 1] != ino))
+        i = (i + 1) & mask;
+    return i;
+}
+
 static int seen_get(struct task *t, const struct stat *st)
 {
-    for (size_t i = 0; i < t->seen_len; i++)
-        if (t->seen_keys[2 * i] == (unsigned long long)st->st_dev && t->seen_keys[2 * i + 1] == (unsigned long long)st->st_ino)
-            return t->seen_kinds[i];
-    return 0;
+    if (!t->seen_cap)
+        return 0;
+    return t->seen_kinds[seen_slot(t, (unsigned long long)st->st_dev, (unsigned long long)st->st_ino)];
 }
 
 static void seen_put(struct task *t, const struct stat *st, int kind)
 {
-    if (t->seen_len == t->seen_cap) {
+    if (2 * (t->seen_len + 1) > t->seen_cap) {
         size_t cap = t->seen_cap ? t->seen_cap * 2 : 64;
-        unsigned long long *keys = realloc(t->seen_keys, 2 * cap * sizeof *keys);
-        if (!keys)
-            return; /* (a cache: without it the file is only read again) */
-        t->seen_keys = keys;
-        unsigned char *kinds = realloc(t->seen_kinds, cap);
-        if (!kinds)
+        unsigned long long *keys = calloc(2 * cap, sizeof *keys);
+        unsigned char *kinds = calloc(cap, 1);
+        if (!keys || !kinds) { /* (a cache: without it the file is only read again) */
+            free(keys);
+            free(kinds);
             return;
+        }
+        struct task grown = *t;
+        grown.seen_keys = keys;
+        grown.seen_kinds = kinds;
+        grown.seen_cap = cap;
+        for (size_t i = 0; i < t->seen_cap; i++)
+            if (t->seen_kinds[i]) {
+                size_t at = seen_slot(&grown, t->seen_keys[2 * i], t->seen_keys[2 * i + 1]);
+                keys[2 * at] = t->seen_keys[2 * i];
+                keys[2 * at + 1] = t->seen_keys[2 * i + 1];
+                kinds[at] = t->seen_kinds[i];
+            }
+        free(t->seen_keys);
+        free(t->seen_kinds);
+        t->seen_keys = keys;
         t->seen_kinds = kinds;
         t->seen_cap = cap;
     }
-    t->seen_keys[2 * t->seen_len] = (unsigned long long)st->st_dev;
-    t->seen_keys[2 * t->seen_len + 1] = (unsigned long long)st->st_ino;
-    t->seen_kinds[t->seen_len++] = (unsigned char)kind;
+    size_t at = seen_slot(t, (unsigned long long)st->st_dev, (unsigned long long)st->st_ino);
+    if (!t->seen_kinds[at])
+        t->seen_len++;
+    t->seen_keys[2 * at] = (unsigned long long)st->st_dev;
+    t->seen_keys[2 * at + 1] = (unsigned long long)st->st_ino;
+    t->seen_kinds[at] = (unsigned char)kind;
 }
 
 /* _sniff: 1 ELF, 2 other, or -errno.  *st is filled (fstat) when ``record`` (before the

@@ -211,3 +211,23 @@ def test_a_tree_deeper_than_path_max_is_one_error_in_both_walks(tmp_path, monkey
     found, stats, errors = python
     assert len(found) == 1 and stats["unreadable"] == 1
     assert len(errors) == 1 and errors[0]["error"].endswith(": file name too long")
+
+
+@pytest.mark.parametrize("jobs", ["1", None], ids=["one-thread", "two-threads"])
+def test_many_links_to_few_files_are_each_judged_by_their_target(tmp_path, monkeypatch, jobs):
+    """3,000 links to 40 files, ELF and not, in one directory and below it: each target is
+    sniffed once per piece of the walk (a table of the targets seen, grown as it fills), and
+    every link is what its target is."""
+    data = open(os.path.realpath(LIBZ), "rb").read()
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    for index in range(40):
+        (targets / f"t{index:02d}").write_bytes(data if index % 3 == 0 else b"not an ELF file, long enough\n")
+    for where in (tmp_path / "links", tmp_path / "links" / "deeper"):
+        where.mkdir(parents=True, exist_ok=True)
+        for index in range(1500):
+            os.symlink(f"{targets}/t{index % 40:02d}", where / f"l{index:04d}")
+    python = walk(tmp_path, "python", monkeypatch, "1")
+    assert walk(tmp_path, "c", monkeypatch, jobs) == python
+    found = python[0]
+    assert len(found) == 14 + 2 * sum(1 for index in range(1500) if index % 40 % 3 == 0)
