@@ -270,22 +270,22 @@ class Scanner:
         acc.stats.update({key: value for key, value in counts.items() if value})  # (a Counter's, as += makes)
         found, plain, errors = acc.found, acc.plain, acc.errors
         for kind, path, err, st, is_plain, elf in records:
+            if kind == "C":  # named like a config: ours, or looked at as any file
+                if _is_seedance_config(path):
+                    acc.configs.append(path)
+                    continue
+                if err:
+                    acc.stats["unreadable"] += 1
+                    kind = "U"
+                elif elf:
+                    kind = "E"
+                else:
+                    acc.stats["skipped"] += 1
+                    continue
             if kind == "E":
                 found.append((path, st))
                 if is_plain:
                     plain.append(path)
-            elif kind == "C":  # named like a config: ours, or looked at as any file
-                if _is_seedance_config(path):
-                    acc.configs.append(path)
-                elif err:
-                    acc.stats["unreadable"] += 1
-                    errors.append({"path": path, "error": describe_os_error(OSError(err, os.strerror(err), path))})
-                elif elf:
-                    found.append((path, st))
-                    if is_plain:
-                        plain.append(path)
-                else:
-                    acc.stats["skipped"] += 1
             elif kind == "L":
                 errors.append({"path": path, "error": "symbolic link loop"})
             else:  # 'U' a file, 'X' a directory that could not be read
