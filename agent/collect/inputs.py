@@ -309,9 +309,8 @@ def note_walk(items) -> None:
         return
     prefixes = _skip["prefixes"]
     for path, value, weak in items:
-        if not path.startswith("/"):
-            path = os.path.join(os.getcwd(), path)
-        if path.startswith(prefixes):
+        path = _path_of(path)
+        if path is None or path.startswith(prefixes):
             continue
         key = (path, True)
         known = _records.get(key)

@@ -240,10 +240,10 @@ def _read_bytes(path: str) -> bytes:
     object, a decoder, 8.5 MB decoded) were ~45 ms of a check of /usr/lib (issue 13)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (a FIFO reads as empty, never blocks)
     try:
-        # the first read asks for the size it has (and one byte, to see the end): a 1 MB
-        # request per file made a 1 MB buffer each time, ~2 ms of the ~10 ms these reads take
-        # read of a regular file is short only at its end: a short read is the whole file,
-        # without the read that returns nothing (~740 system calls of a check of /usr/lib)
+        # the first read asks for the size it has and one byte more (a 1 MB request per file
+        # made a 1 MB buffer each time, ~2 ms of the ~10 ms these reads take); a read of a
+        # regular file is short only at its end, so a short read is the whole file, without
+        # the read that returns nothing (~740 system calls of a check of /usr/lib)
         want = os.fstat(fd).st_size + 1
         chunks = []
         while True:

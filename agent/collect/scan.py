@@ -228,18 +228,17 @@ class Scanner:
         files, the subtrees two levels down) are taken by whichever process is free; each
         piece's findings are put back in the walk's order, so the result, the counts and
         the errors are the one-process walk's."""
+        shared = helper.available()
         walked = treewalk.walk(directory, NEVER_ELF_SUFFIXES, config_collect.CONFIG_SUFFIXES,
-                               WALK_THREADS if helper.available() else 1)
-        pieces = None
-        if walked is None and helper.available():
-            pieces = self._walk_pieces(directory)
+                               WALK_THREADS if shared else 1)
         if walked is not None:
             parts = [self._walked(*walked)]
-        elif pieces is None:
+        elif not shared:
             top = _WalkAcc({})
             self._walk_tree(directory, top)
             parts = [top]
         else:
+            pieces = self._walk_pieces(directory)
             work = [piece for piece in pieces if piece[0] != "done"]
             # A tree with few subtrees two levels down is walked here, piece after piece: the
             # helper's fork, its copy-on-write faults and its answer cost ~10 ms, more than

@@ -91,6 +91,7 @@ def walk(directory: str, never_suffixes: tuple, config_suffixes: tuple, threads:
         at += path_len
         kind = chr(kind)
         if kind in "DSW":
+            # (inputs.identity and weak_identity, from the fields: no stat_result is built)
             if has_stat:
                 value = (dev, ino, mode, -1, -1, -1) if kind == "W" else (dev, ino, mode, st_size, mtime_ns, ctime_ns)
             else:
@@ -100,7 +101,7 @@ def walk(directory: str, never_suffixes: tuple, config_suffixes: tuple, threads:
         st = _stat(dev, ino, mode, nlink, uid, gid, rdev, st_size, blksize, blocks, atime_ns, mtime_ns,
                    ctime_ns) if has_stat else None
         if record and st is not None:
-            seen.append((path, (dev, ino, mode, st_size, mtime_ns, ctime_ns), False))
+            seen.append((path, inputs.identity(st), False))
         records.append((kind, path, err, st, plain == 1, elf == 1))
     if seen:
         inputs.note_walk(seen)

@@ -66,7 +66,7 @@ def enabled() -> bool:
             return False
     elif os.environ.get("SEEDANCE_ELF_READER") == "python":
         return False
-    return bool(_lib) if _lib is not None else available()
+    return available()
 
 
 def _buffers(ffi):

@@ -81,16 +81,16 @@ static uint32_t next_cp(const unsigned char *s, size_t n, size_t *at)
         return c;
     }
     size_t len = 0;
-    uint32_t cp = 0, min = 0;
-    unsigned lo = 0x80, hi = 0xBF; /* the second byte's range */
+    uint32_t cp = 0;
+    /* the second byte's range: the lead bytes and these ranges leave out overlong forms,
+     * encoded surrogates and anything above U+10FFFF */
+    unsigned lo = 0x80, hi = 0xBF;
     if (c >= 0xC2 && c <= 0xDF) {
         len = 2;
         cp = c & 0x1F;
-        min = 0x80;
     } else if (c >= 0xE0 && c <= 0xEF) {
         len = 3;
         cp = c & 0x0F;
-        min = 0x800;
         if (c == 0xE0)
             lo = 0xA0;
         if (c == 0xED)
@@ -98,7 +98,6 @@ static uint32_t next_cp(const unsigned char *s, size_t n, size_t *at)
     } else if (c >= 0xF0 && c <= 0xF4) {
         len = 4;
         cp = c & 0x07;
-        min = 0x10000;
         if (c == 0xF0)
             lo = 0x90;
         if (c == 0xF4)
@@ -111,10 +110,8 @@ static uint32_t next_cp(const unsigned char *s, size_t n, size_t *at)
         if (ok) {
             for (size_t k = 1; k < len; k++)
                 cp = (cp << 6) | (s[i + k] & 0x3F);
-            if (cp >= min) {
-                *at = i + len;
-                return cp;
-            }
+            *at = i + len;
+            return cp;
         }
     }
     *at = i + 1;
@@ -222,6 +219,17 @@ static void put_record(struct buf *out, int kind, const char *path, int err, con
     buf_put(out, path, len);
 }
 
+/* An 'S' record of what stat says of ``path`` now: a path that could not be opened, as the
+ * recorder's stat before an open would note it (collect/inputs.py, _stat_now) */
+static void record_stat(struct task *t, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0)
+        put_record(&t->out, 'S', path, 0, &st, 0, 0);
+    else
+        put_record(&t->out, 'S', path, errno ? errno : -1, NULL, 0, 0);
+}
+
 /* os.path.join(base, name) */
 static char *join(const char *base, const char *name)
 {
@@ -269,12 +277,8 @@ static int list_dir(struct walk *w, struct task *t, const char *path, struct lis
     struct stat st;
     if (fd < 0) {
         int err = errno;
-        if (w->record) {
-            if (stat(path, &st) == 0)
-                put_record(&t->out, 'S', path, 0, &st, 0, 0);
-            else
-                put_record(&t->out, 'S', path, errno ? errno : -1, NULL, 0, 0);
-        }
+        if (w->record)
+            record_stat(t, path);
         t->unreadable++;
         put_record(&t->out, 'X', path, err, NULL, 0, 0);
         return 0;
@@ -500,13 +504,8 @@ static void walk_files(struct walk *w, struct task *t, const char *dir, struct e
             if (w->record) {
                 if (sniffed_stat)
                     put_record(&t->out, 'S', path, 0, &sniffed, 0, 0);
-                else if (kind < 0) {
-                    struct stat now;
-                    if (stat(path, &now) == 0)
-                        put_record(&t->out, 'S', path, 0, &now, 0, 0);
-                    else
-                        put_record(&t->out, 'S', path, errno ? errno : -1, NULL, 0, 0);
-                }
+                else if (kind < 0)
+                    record_stat(t, path);
             }
             if (kind > 0 && have)
                 seen_put(t, &st, kind);

@@ -74,12 +74,27 @@ static char **orig_argv;
  * then whatever python3 is on PATH (it must import seedance too). */
 static void exec_python(char **argv)
 {
-    if (!argv[1][0]) /* no -P (a Python before 3.11): the empty flag goes */
-        for (int i = 1; argv[i]; i++)
-            argv[i] = argv[i + 1];
     execv(SD_PYTHON, argv);
     argv[0] = (char *)"python3";
     execvp("python3", argv);
+}
+
+/* Exec the Python CLI with ``args`` (n of them; "run" first for `seedance run`): returns
+ * only when no interpreter could be started */
+static void exec_cli(char *const *args, int n)
+{
+    char **argv = calloc((size_t)n + 5, sizeof *argv);
+    if (!argv)
+        _exit(2);
+    int at = 0;
+    argv[at++] = (char *)SD_PYTHON;
+    if (SD_PYTHON_SAFE_PATH[0]) /* (empty for a Python before 3.11, which has no -P) */
+        argv[at++] = (char *)SD_PYTHON_SAFE_PATH;
+    argv[at++] = (char *)"-c";
+    argv[at++] = (char *)SD_PYTHON_ENTRY;
+    for (int i = 0; i < n; i++)
+        argv[at++] = args[i];
+    exec_python(argv);
 }
 
 static void to_python(void)
@@ -87,17 +102,8 @@ static void to_python(void)
     int n = 0;
     while (orig_argv[n])
         n++;
-    char **argv = calloc((size_t)n + 5, sizeof *argv);
-    if (!argv)
-        _exit(2);
-    argv[0] = (char *)SD_PYTHON;
-    argv[1] = (char *)SD_PYTHON_SAFE_PATH;
-    argv[2] = (char *)"-c";
-    argv[3] = (char *)SD_PYTHON_ENTRY;
-    argv[4] = (char *)"run";
-    for (int i = 1; i < n; i++)
-        argv[4 + i] = orig_argv[i];
-    exec_python(argv);
+    orig_argv[0] = (char *)"run"; /* `seedance-run ARGS` is `seedance run ARGS` */
+    exec_cli(orig_argv, n);
     fprintf(stderr, "seedance: error: run: cannot start %s: %s\n", SD_PYTHON, strerror(errno));
     exit(2);
 }
@@ -612,17 +618,7 @@ static int front_end(int *argc, char ***argv)
         (*argv)++;
         return 1;
     }
-    char **py = calloc((size_t)*argc + 4, sizeof *py);
-    if (!py)
-        _exit(2);
-    int n = 0;
-    py[n++] = (char *)SD_PYTHON;
-    py[n++] = (char *)SD_PYTHON_SAFE_PATH;
-    py[n++] = (char *)"-c";
-    py[n++] = (char *)SD_PYTHON_ENTRY;
-    for (int i = 1; i < *argc; i++)
-        py[n++] = (*argv)[i];
-    exec_python(py);
+    exec_cli(*argv + 1, *argc - 1);
     fprintf(stderr, "seedance: error: cannot start %s: %s\n", SD_PYTHON, strerror(errno));
     exit(2);
 }
@@ -783,14 +779,10 @@ int main(int argc, char **argv)
         char key_text[32], code_text[16];
         snprintf(key_text, sizeof key_text, "%llx", (unsigned long long)key);
         snprintf(code_text, sizeof code_text, "%d", code);
-        char *py[] = {(char *)SD_PYTHON, (char *)SD_PYTHON_SAFE_PATH, (char *)"-c", (char *)SD_PYTHON_ENTRY, (char *)"run",
-                      (char *)"--finish-group", key_text, (char *)"--exit-code", code_text, NULL, NULL, NULL};
-        if (affinity) { /* for its note on an affinity that named no device */
-            py[9] = (char *)"--affinity";
-            py[10] = (char *)affinity;
-        }
+        char *args[] = {(char *)"run", (char *)"--finish-group", key_text, (char *)"--exit-code", code_text,
+                        (char *)"--affinity", (char *)affinity};
         fflush(stderr);
-        exec_python(py);
+        exec_cli(args, affinity ? 7 : 5); /* --affinity: for its note on an affinity that named no device */
         fprintf(stderr, "seedance: error: run: cannot start %s for the report: %s\n", SD_PYTHON, strerror(errno));
     }
     return code;

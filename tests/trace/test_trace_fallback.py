@@ -10,6 +10,8 @@ import pytest
 
 from trace_helpers import findings, trace, validate
 
+from tests.conftest import NOBODY, seedance_as_nobody
+
 HIDDEN = {"SEEDANCE_KERNEL_HEADERS": "/nonexistent"}
 
 
@@ -47,8 +49,7 @@ def test_non_root_falls_back_and_still_reports_the_leak(built, shim_library):
         pytest.skip("needs root and setpriv to run the tracer as nobody")
     if not (built / "leaky").exists():
         pytest.skip("needs cuda.h to build the leak program")
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    proc, report = trace("--", built / "leaky", "0", "8192", "-4096", prefix=nobody,
+    proc, report = trace("--", built / "leaky", "0", "8192", "-4096", prefix=NOBODY, cli=seedance_as_nobody(),
                          env={"HOME": "/tmp"})
     assert proc.returncode == 0, proc.stderr
     assert "eBPF unavailable (not root (uid 65534)" in proc.stderr.splitlines()[0]

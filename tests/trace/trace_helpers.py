@@ -30,17 +30,13 @@ def wheel_runtime(major: str) -> Path | None:
     return None
 
 
-def trace(*args, env=None, timeout=120, prefix=()):
-    """Run `seedance trace` for real; returns (CompletedProcess, report dict or None)."""
+def trace(*args, env=None, timeout=120, prefix=(), cli=None):
+    """Run `seedance trace` for real; returns (CompletedProcess, report dict or None).
+    ``cli``: the seedance command (the venv's `seedance` unless given)."""
     report = Path(tempfile.mkdtemp(prefix="seedance-trace-report-"))
     os.chmod(report, 0o777)
     target = report / "report.json"
-    exe = [str(BIN / "seedance")]
-    if prefix and prefix[0] == "setpriv":
-        from tests.conftest import seedance_as_nobody
-
-        exe = seedance_as_nobody()
-    cmd = [*prefix, *exe, "trace", "--report-json", str(target), *map(str, args)]
+    cmd = [*prefix, *(cli or [str(BIN / "seedance")]), "trace", "--report-json", str(target), *map(str, args)]
     full_env = dict(os.environ)
     full_env.update(env or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout)
