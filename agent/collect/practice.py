@@ -291,6 +291,77 @@ def _dpkg_lists() -> list:
     return lists
 
 
+def prefetch_dpkg() -> None:
+    """Have the dpkg lists read and indexed on a thread now (elf/dpkgindex.c), for the
+    lookups a check makes after its root loop: a scan of many roots calls this as the loop
+    starts, so the ~8.5 MB are read on a core the loop leaves idle."""
+    _dpkg_index()
+
+
+def _dpkg_index():
+    """(ffi, lib, handle) of the C index of DPKG_INFO's lists, started on first use and
+    kept for the process (as _dpkg_lists reads the lists once); None where the C extension
+    is not built, SEEDANCE_DPKG=python, or in a forked child (the thread that builds it is
+    not there: the child reads the lists in Python)."""
+    pid = os.getpid()
+    known = _DPKG.get("c")
+    if known is not None and known[0] == pid:
+        return known[1]  # (read once per process, as _dpkg_lists)
+    index = None
+    if os.environ.get("SEEDANCE_DPKG") != "python" and known is None:
+        from ..elf import fastread
+
+        loaded = fastread._lib if fastread._lib is not None else fastread._load()
+        if loaded and hasattr(loaded[1], "sd_dpkg_start"):
+            ffi, lib = loaded
+            try:
+                where = os.fsencode(DPKG_INFO)
+            except UnicodeError:
+                where = None
+            if where is not None and b"\0" not in where:
+                handle = lib.sd_dpkg_start(where)
+                if handle != ffi.NULL:
+                    index = (ffi, lib, ffi.gc(handle, lib.sd_dpkg_free))
+    _DPKG["c"] = (pid, index)
+    return index
+
+
+def _dpkg_by_name_c(name: str):
+    """_dpkg_by_name from the C index, or None: ask the lists in Python.  The first answer
+    notes what the index read (the directory, each list's stat) for the check cache, as
+    reading the lists in Python would have."""
+    index = _dpkg_index()
+    if index is None or "/" in name or "\n" in name:
+        return None
+    ffi, lib, handle = index
+    if lib.sd_dpkg_wait(handle) != lib.SD_DPKG_OK:
+        return None
+    count = lib.sd_dpkg_count(handle)
+    packages = _DPKG.get("c_packages")
+    if packages is None or packages[0] is not handle:
+        names = [ffi.string(lib.sd_dpkg_name(handle, i)).decode("ascii") for i in range(count)]
+        packages = _DPKG["c_packages"] = (handle, [n[: -len(".list")].split(":", 1)[0] for n in names])
+        from . import inputs
+
+        if inputs.recording():
+            seen = []
+            for i, path in enumerate([DPKG_INFO] + [os.path.join(DPKG_INFO, n) for n in names]):
+                rec = lib.sd_dpkg_input(handle, i)
+                seen.append((path, (rec.err or -1) if rec.err else
+                             (rec.dev, rec.ino, rec.mode, rec.size, rec.mtime_ns, rec.ctime_ns), False))
+            inputs.note_walk(seen)
+    encoded = name.encode("utf-8")
+    cap = 64
+    while True:
+        lists, lines, lens = ffi.new("int[]", cap), ffi.new("const char *[]", cap), ffi.new("size_t[]", cap)
+        found = lib.sd_dpkg_find(handle, encoded, len(encoded), lists, lines, lens, cap)
+        if found <= cap:
+            break
+        cap = found
+    names = packages[1]
+    return [(names[lists[i]], ffi.buffer(lines[i], lens[i])[:].decode("utf-8", "replace")) for i in range(found)]
+
+
 def _dpkg_by_name(name: str) -> list:
     """[(package, listed path)] for every Debian file whose name is ``name``.
 
@@ -307,6 +378,12 @@ def _dpkg_by_name(name: str) -> list:
             needle = ("/" + name + "\n").encode("utf-8")
         except UnicodeEncodeError:
             needle = None  # a lone surrogate: no decoded line holds one
+        if needle is not None and "\ufffd" not in name:
+            found = _dpkg_by_name_c(name)
+            if found is not None:
+                memo[name] = found
+                return found
+            found = []
         if needle is not None:
             in_text = "\ufffd" in name
             if in_text:

@@ -137,6 +137,8 @@ class Scanner:
                 self._abi_jobs = helper.Helper(self._cxx_abi_job, warm=lambda: self.torch_abi.warm(
                     torch_roots, self._torch_exports))
                 self._abi_jobs.start()
+        if len(roots) >= HELPER_MIN_ROOTS:
+            practice.prefetch_dpkg()  # which package ships a file: read on a thread now
         self.progress.start(len(roots), "checking")
         try:
             for path in roots:

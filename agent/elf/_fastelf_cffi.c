@@ -583,57 +583,481 @@ static void (*_cffi_call_python_org)(struct _cffi_externpy_s *, char *);
 /************************************************************/
 
 static void *_cffi_types[] = {
-/*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(char const *, int, char const *, char const *, int, struct sd_walk_result *)
-/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 36), // char const *
+/*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 5), // char const *()(struct sd_dpkg *, int)
+/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 70), // struct sd_dpkg *
 /*  2 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7), // int
-/*  3 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/*  4 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/*  5 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
-/*  6 */ _CFFI_OP(_CFFI_OP_POINTER, 45), // struct sd_walk_result *
-/*  7 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/*  8 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *, unsigned char *, size_t)
-/*  9 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/* 10 */ _CFFI_OP(_CFFI_OP_POINTER, 41), // struct sd_fastelf_result *
-/* 11 */ _CFFI_OP(_CFFI_OP_POINTER, 36), // char *
-/* 12 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28), // size_t
-/* 13 */ _CFFI_OP(_CFFI_OP_POINTER, 47), // unsigned int *
-/* 14 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 15 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
-/* 16 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/* 17 */ _CFFI_OP(_CFFI_OP_POINTER, 12), // size_t const *
+/*  3 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/*  4 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(char const *, int, char const *, char const *, int, struct sd_walk_result *)
+/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 66), // char const *
+/*  6 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
+/*  7 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/*  8 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/*  9 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
+/* 10 */ _CFFI_OP(_CFFI_OP_POINTER, 77), // struct sd_walk_result *
+/* 11 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 12 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *, unsigned char *, size_t)
+/* 13 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/* 14 */ _CFFI_OP(_CFFI_OP_POINTER, 73), // struct sd_fastelf_result *
+/* 15 */ _CFFI_OP(_CFFI_OP_POINTER, 66), // char *
+/* 16 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28), // size_t
+/* 17 */ _CFFI_OP(_CFFI_OP_POINTER, 79), // unsigned int *
 /* 18 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 19 */ _CFFI_OP(_CFFI_OP_POINTER, 42), // struct sd_fastelf_symbols *
-/* 20 */ _CFFI_OP(_CFFI_OP_POINTER, 46), // unsigned char *
-/* 21 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 22 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 23 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(void)
-/* 24 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 25 */ _CFFI_OP(_CFFI_OP_FUNCTION, 40), // long()(unsigned char const *, size_t, size_t *)
-/* 26 */ _CFFI_OP(_CFFI_OP_POINTER, 46), // unsigned char const *
-/* 27 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 28 */ _CFFI_OP(_CFFI_OP_POINTER, 12), // size_t *
+/* 19 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
+/* 20 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/* 21 */ _CFFI_OP(_CFFI_OP_POINTER, 16), // size_t const *
+/* 22 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 23 */ _CFFI_OP(_CFFI_OP_POINTER, 74), // struct sd_fastelf_symbols *
+/* 24 */ _CFFI_OP(_CFFI_OP_POINTER, 78), // unsigned char *
+/* 25 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 26 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 27 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(struct sd_dpkg *)
+/* 28 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
 /* 29 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 30 */ _CFFI_OP(_CFFI_OP_FUNCTION, 49), // void()(struct sd_fastelf_symbols *)
-/* 31 */ _CFFI_OP(_CFFI_OP_NOOP, 19),
-/* 32 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 33 */ _CFFI_OP(_CFFI_OP_FUNCTION, 49), // void()(struct sd_walk_result *)
-/* 34 */ _CFFI_OP(_CFFI_OP_NOOP, 6),
+/* 30 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(struct sd_dpkg *, int)
+/* 31 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/* 32 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
+/* 33 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 34 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(void)
 /* 35 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 36 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
-/* 37 */ _CFFI_OP(_CFFI_OP_ARRAY, 36), // char[512]
-/* 38 */ (_cffi_opcode_t)(512),
-/* 39 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 11), // long long
-/* 40 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 9), // long
-/* 41 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_fastelf_result
-/* 42 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_fastelf_symbols
-/* 43 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 2), // struct sd_input_record
-/* 44 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 3), // struct sd_walk_record
-/* 45 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 4), // struct sd_walk_result
-/* 46 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
-/* 47 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
-/* 48 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
-/* 49 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
+/* 36 */ _CFFI_OP(_CFFI_OP_FUNCTION, 43), // long()(struct sd_dpkg *, char const *, size_t, int *, char const * *, size_t *, long)
+/* 37 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/* 38 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/* 39 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 40 */ _CFFI_OP(_CFFI_OP_POINTER, 2), // int *
+/* 41 */ _CFFI_OP(_CFFI_OP_POINTER, 5), // char const * *
+/* 42 */ _CFFI_OP(_CFFI_OP_POINTER, 16), // size_t *
+/* 43 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 9), // long
+/* 44 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 45 */ _CFFI_OP(_CFFI_OP_FUNCTION, 43), // long()(unsigned char const *, size_t, size_t *)
+/* 46 */ _CFFI_OP(_CFFI_OP_POINTER, 78), // unsigned char const *
+/* 47 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 48 */ _CFFI_OP(_CFFI_OP_NOOP, 42),
+/* 49 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 50 */ _CFFI_OP(_CFFI_OP_FUNCTION, 1), // struct sd_dpkg *()(char const *)
+/* 51 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/* 52 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 53 */ _CFFI_OP(_CFFI_OP_FUNCTION, 71), // struct sd_dpkg_input *()(struct sd_dpkg *, int)
+/* 54 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/* 55 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
+/* 56 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 57 */ _CFFI_OP(_CFFI_OP_FUNCTION, 81), // void()(struct sd_dpkg *)
+/* 58 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/* 59 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 60 */ _CFFI_OP(_CFFI_OP_FUNCTION, 81), // void()(struct sd_fastelf_symbols *)
+/* 61 */ _CFFI_OP(_CFFI_OP_NOOP, 23),
+/* 62 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 63 */ _CFFI_OP(_CFFI_OP_FUNCTION, 81), // void()(struct sd_walk_result *)
+/* 64 */ _CFFI_OP(_CFFI_OP_NOOP, 10),
+/* 65 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 66 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
+/* 67 */ _CFFI_OP(_CFFI_OP_ARRAY, 66), // char[512]
+/* 68 */ (_cffi_opcode_t)(512),
+/* 69 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 11), // long long
+/* 70 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_dpkg
+/* 71 */ _CFFI_OP(_CFFI_OP_POINTER, 72), // struct sd_dpkg_input *
+/* 72 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_dpkg_input
+/* 73 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 2), // struct sd_fastelf_result
+/* 74 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 3), // struct sd_fastelf_symbols
+/* 75 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 4), // struct sd_input_record
+/* 76 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 5), // struct sd_walk_record
+/* 77 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 6), // struct sd_walk_result
+/* 78 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
+/* 79 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
+/* 80 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
+/* 81 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
 };
+
+static int _cffi_d_sd_dpkg_count(struct sd_dpkg * x0)
+{
+  return sd_dpkg_count(x0);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_dpkg_count(PyObject *self, PyObject *arg0)
+{
+  struct sd_dpkg * x0;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  int result;
+  PyObject *pyresult;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_dpkg *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_dpkg_count(x0); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_int(result, int);
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_dpkg_count _cffi_d_sd_dpkg_count
+#endif
+
+static long _cffi_d_sd_dpkg_find(struct sd_dpkg * x0, char const * x1, size_t x2, int * x3, char const * * x4, size_t * x5, long x6)
+{
+  return sd_dpkg_find(x0, x1, x2, x3, x4, x5, x6);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_dpkg_find(PyObject *self, PyObject *args)
+{
+  struct sd_dpkg * x0;
+  char const * x1;
+  size_t x2;
+  int * x3;
+  char const * * x4;
+  size_t * x5;
+  long x6;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  long result;
+  PyObject *pyresult;
+  PyObject *arg0;
+  PyObject *arg1;
+  PyObject *arg2;
+  PyObject *arg3;
+  PyObject *arg4;
+  PyObject *arg5;
+  PyObject *arg6;
+
+  if (!PyArg_UnpackTuple(args, "sd_dpkg_find", 7, 7, &arg0, &arg1, &arg2, &arg3, &arg4, &arg5, &arg6))
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_dpkg *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(5), arg1, (char **)&x1);
+  if (datasize != 0) {
+    x1 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(5), arg1, (char **)&x1,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x2 = _cffi_to_c_int(arg2, size_t);
+  if (x2 == (size_t)-1 && PyErr_Occurred())
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(40), arg3, (char **)&x3);
+  if (datasize != 0) {
+    x3 = ((size_t)datasize) <= 640 ? (int *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(40), arg3, (char **)&x3,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(41), arg4, (char **)&x4);
+  if (datasize != 0) {
+    x4 = ((size_t)datasize) <= 640 ? (char const * *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(41), arg4, (char **)&x4,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(42), arg5, (char **)&x5);
+  if (datasize != 0) {
+    x5 = ((size_t)datasize) <= 640 ? (size_t *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(42), arg5, (char **)&x5,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x6 = _cffi_to_c_int(arg6, long);
+  if (x6 == (long)-1 && PyErr_Occurred())
+    return NULL;
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_dpkg_find(x0, x1, x2, x3, x4, x5, x6); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_int(result, long);
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_dpkg_find _cffi_d_sd_dpkg_find
+#endif
+
+static void _cffi_d_sd_dpkg_free(struct sd_dpkg * x0)
+{
+  sd_dpkg_free(x0);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_dpkg_free(PyObject *self, PyObject *arg0)
+{
+  struct sd_dpkg * x0;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_dpkg *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { sd_dpkg_free(x0); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  Py_INCREF(Py_None);
+  return Py_None;
+}
+#else
+#  define _cffi_f_sd_dpkg_free _cffi_d_sd_dpkg_free
+#endif
+
+static struct sd_dpkg_input * _cffi_d_sd_dpkg_input(struct sd_dpkg * x0, int x1)
+{
+  return sd_dpkg_input(x0, x1);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_dpkg_input(PyObject *self, PyObject *args)
+{
+  struct sd_dpkg * x0;
+  int x1;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  struct sd_dpkg_input * result;
+  PyObject *pyresult;
+  PyObject *arg0;
+  PyObject *arg1;
+
+  if (!PyArg_UnpackTuple(args, "sd_dpkg_input", 2, 2, &arg0, &arg1))
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_dpkg *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x1 = _cffi_to_c_int(arg1, int);
+  if (x1 == (int)-1 && PyErr_Occurred())
+    return NULL;
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_dpkg_input(x0, x1); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_pointer((char *)result, _cffi_type(71));
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_dpkg_input _cffi_d_sd_dpkg_input
+#endif
+
+static char const * _cffi_d_sd_dpkg_name(struct sd_dpkg * x0, int x1)
+{
+  return sd_dpkg_name(x0, x1);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_dpkg_name(PyObject *self, PyObject *args)
+{
+  struct sd_dpkg * x0;
+  int x1;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  char const * result;
+  PyObject *pyresult;
+  PyObject *arg0;
+  PyObject *arg1;
+
+  if (!PyArg_UnpackTuple(args, "sd_dpkg_name", 2, 2, &arg0, &arg1))
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_dpkg *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x1 = _cffi_to_c_int(arg1, int);
+  if (x1 == (int)-1 && PyErr_Occurred())
+    return NULL;
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_dpkg_name(x0, x1); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_pointer((char *)result, _cffi_type(5));
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_dpkg_name _cffi_d_sd_dpkg_name
+#endif
+
+static int _cffi_d_sd_dpkg_readable(struct sd_dpkg * x0, int x1)
+{
+  return sd_dpkg_readable(x0, x1);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_dpkg_readable(PyObject *self, PyObject *args)
+{
+  struct sd_dpkg * x0;
+  int x1;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  int result;
+  PyObject *pyresult;
+  PyObject *arg0;
+  PyObject *arg1;
+
+  if (!PyArg_UnpackTuple(args, "sd_dpkg_readable", 2, 2, &arg0, &arg1))
+    return NULL;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_dpkg *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  x1 = _cffi_to_c_int(arg1, int);
+  if (x1 == (int)-1 && PyErr_Occurred())
+    return NULL;
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_dpkg_readable(x0, x1); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_int(result, int);
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_dpkg_readable _cffi_d_sd_dpkg_readable
+#endif
+
+static struct sd_dpkg * _cffi_d_sd_dpkg_start(char const * x0)
+{
+  return sd_dpkg_start(x0);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_dpkg_start(PyObject *self, PyObject *arg0)
+{
+  char const * x0;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  struct sd_dpkg * result;
+  PyObject *pyresult;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(5), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(5), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_dpkg_start(x0); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_pointer((char *)result, _cffi_type(1));
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_dpkg_start _cffi_d_sd_dpkg_start
+#endif
+
+static int _cffi_d_sd_dpkg_wait(struct sd_dpkg * x0)
+{
+  return sd_dpkg_wait(x0);
+}
+#ifndef PYPY_VERSION
+static PyObject *
+_cffi_f_sd_dpkg_wait(PyObject *self, PyObject *arg0)
+{
+  struct sd_dpkg * x0;
+  Py_ssize_t datasize;
+  struct _cffi_freeme_s *large_args_free = NULL;
+  int result;
+  PyObject *pyresult;
+
+  datasize = _cffi_prepare_pointer_call_argument(
+      _cffi_type(1), arg0, (char **)&x0);
+  if (datasize != 0) {
+    x0 = ((size_t)datasize) <= 640 ? (struct sd_dpkg *)alloca((size_t)datasize) : NULL;
+    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+            datasize, &large_args_free) < 0)
+      return NULL;
+  }
+
+  Py_BEGIN_ALLOW_THREADS
+  _cffi_restore_errno();
+  { result = sd_dpkg_wait(x0); }
+  _cffi_save_errno();
+  Py_END_ALLOW_THREADS
+
+  (void)self; /* unused */
+  pyresult = _cffi_from_c_int(result, int);
+  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
+  return pyresult;
+}
+#else
+#  define _cffi_f_sd_dpkg_wait _cffi_d_sd_dpkg_wait
+#endif
 
 static int _cffi_d_sd_fastelf_abi(void)
 {
@@ -674,10 +1098,10 @@ _cffi_f_sd_fastelf_free_symbols(PyObject *self, PyObject *arg0)
   struct _cffi_freeme_s *large_args_free = NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(19), arg0, (char **)&x0);
+      _cffi_type(23), arg0, (char **)&x0);
   if (datasize != 0) {
     x0 = ((size_t)datasize) <= 640 ? (struct sd_fastelf_symbols *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(19), arg0, (char **)&x0,
+    if (_cffi_convert_array_argument(_cffi_type(23), arg0, (char **)&x0,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -740,28 +1164,28 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(1), arg0, (char **)&x0);
+      _cffi_type(5), arg0, (char **)&x0);
   if (datasize != 0) {
     x0 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+    if (_cffi_convert_array_argument(_cffi_type(5), arg0, (char **)&x0,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(10), arg1, (char **)&x1);
+      _cffi_type(14), arg1, (char **)&x1);
   if (datasize != 0) {
     x1 = ((size_t)datasize) <= 640 ? (struct sd_fastelf_result *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(10), arg1, (char **)&x1,
+    if (_cffi_convert_array_argument(_cffi_type(14), arg1, (char **)&x1,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(11), arg2, (char **)&x2);
+      _cffi_type(15), arg2, (char **)&x2);
   if (datasize != 0) {
     x2 = ((size_t)datasize) <= 640 ? (char *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(11), arg2, (char **)&x2,
+    if (_cffi_convert_array_argument(_cffi_type(15), arg2, (char **)&x2,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -771,10 +1195,10 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(13), arg4, (char **)&x4);
+      _cffi_type(17), arg4, (char **)&x4);
   if (datasize != 0) {
     x4 = ((size_t)datasize) <= 640 ? (unsigned int *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(13), arg4, (char **)&x4,
+    if (_cffi_convert_array_argument(_cffi_type(17), arg4, (char **)&x4,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -788,19 +1212,19 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(1), arg7, (char **)&x7);
+      _cffi_type(5), arg7, (char **)&x7);
   if (datasize != 0) {
     x7 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(1), arg7, (char **)&x7,
+    if (_cffi_convert_array_argument(_cffi_type(5), arg7, (char **)&x7,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(17), arg8, (char **)&x8);
+      _cffi_type(21), arg8, (char **)&x8);
   if (datasize != 0) {
     x8 = ((size_t)datasize) <= 640 ? (size_t const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(17), arg8, (char **)&x8,
+    if (_cffi_convert_array_argument(_cffi_type(21), arg8, (char **)&x8,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -810,19 +1234,19 @@ _cffi_f_sd_fastelf_read(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(19), arg10, (char **)&x10);
+      _cffi_type(23), arg10, (char **)&x10);
   if (datasize != 0) {
     x10 = ((size_t)datasize) <= 640 ? (struct sd_fastelf_symbols *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(19), arg10, (char **)&x10,
+    if (_cffi_convert_array_argument(_cffi_type(23), arg10, (char **)&x10,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(20), arg11, (char **)&x11);
+      _cffi_type(24), arg11, (char **)&x11);
   if (datasize != 0) {
     x11 = ((size_t)datasize) <= 640 ? (unsigned char *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(20), arg11, (char **)&x11,
+    if (_cffi_convert_array_argument(_cffi_type(24), arg11, (char **)&x11,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -869,10 +1293,10 @@ _cffi_f_sd_inputs_changed(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(26), arg0, (char **)&x0);
+      _cffi_type(46), arg0, (char **)&x0);
   if (datasize != 0) {
     x0 = ((size_t)datasize) <= 640 ? (unsigned char const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(26), arg0, (char **)&x0,
+    if (_cffi_convert_array_argument(_cffi_type(46), arg0, (char **)&x0,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -882,10 +1306,10 @@ _cffi_f_sd_inputs_changed(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(28), arg2, (char **)&x2);
+      _cffi_type(42), arg2, (char **)&x2);
   if (datasize != 0) {
     x2 = ((size_t)datasize) <= 640 ? (size_t *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(28), arg2, (char **)&x2,
+    if (_cffi_convert_array_argument(_cffi_type(42), arg2, (char **)&x2,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -934,10 +1358,10 @@ _cffi_f_sd_walk(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(1), arg0, (char **)&x0);
+      _cffi_type(5), arg0, (char **)&x0);
   if (datasize != 0) {
     x0 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
+    if (_cffi_convert_array_argument(_cffi_type(5), arg0, (char **)&x0,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -947,19 +1371,19 @@ _cffi_f_sd_walk(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(1), arg2, (char **)&x2);
+      _cffi_type(5), arg2, (char **)&x2);
   if (datasize != 0) {
     x2 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(1), arg2, (char **)&x2,
+    if (_cffi_convert_array_argument(_cffi_type(5), arg2, (char **)&x2,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(1), arg3, (char **)&x3);
+      _cffi_type(5), arg3, (char **)&x3);
   if (datasize != 0) {
     x3 = ((size_t)datasize) <= 640 ? (char const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(1), arg3, (char **)&x3,
+    if (_cffi_convert_array_argument(_cffi_type(5), arg3, (char **)&x3,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -969,10 +1393,10 @@ _cffi_f_sd_walk(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(6), arg5, (char **)&x5);
+      _cffi_type(10), arg5, (char **)&x5);
   if (datasize != 0) {
     x5 = ((size_t)datasize) <= 640 ? (struct sd_walk_result *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(6), arg5, (char **)&x5,
+    if (_cffi_convert_array_argument(_cffi_type(10), arg5, (char **)&x5,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -1005,10 +1429,10 @@ _cffi_f_sd_walk_free(PyObject *self, PyObject *arg0)
   struct _cffi_freeme_s *large_args_free = NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(6), arg0, (char **)&x0);
+      _cffi_type(10), arg0, (char **)&x0);
   if (datasize != 0) {
     x0 = ((size_t)datasize) <= 640 ? (struct sd_walk_result *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(6), arg0, (char **)&x0,
+    if (_cffi_convert_array_argument(_cffi_type(10), arg0, (char **)&x0,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -1054,11 +1478,29 @@ _cffi_f_sd_walk_record_size(PyObject *self, PyObject *noarg)
 #  define _cffi_f_sd_walk_record_size _cffi_d_sd_walk_record_size
 #endif
 
+static int _cffi_const_SD_DPKG_FALLBACK(unsigned long long *o)
+{
+  int n = (SD_DPKG_FALLBACK) <= 0;
+  *o = (unsigned long long)((SD_DPKG_FALLBACK) | 0);  /* check that SD_DPKG_FALLBACK is an integer */
+  if (!_cffi_check_int(*o, n, 1U))
+    n |= 2;
+  return n;
+}
+
+static int _cffi_const_SD_DPKG_OK(unsigned long long *o)
+{
+  int n = (SD_DPKG_OK) <= 0;
+  *o = (unsigned long long)((SD_DPKG_OK) | 0);  /* check that SD_DPKG_OK is an integer */
+  if (!_cffi_check_int(*o, n, 0))
+    n |= 2;
+  return n;
+}
+
 static int _cffi_const_SD_FASTELF_ABI(unsigned long long *o)
 {
   int n = (SD_FASTELF_ABI) <= 0;
   *o = (unsigned long long)((SD_FASTELF_ABI) | 0);  /* check that SD_FASTELF_ABI is an integer */
-  if (!_cffi_check_int(*o, n, 6U))
+  if (!_cffi_check_int(*o, n, 7U))
     n |= 2;
   return n;
 }
@@ -1143,6 +1585,21 @@ static int _cffi_const_SD_WALK_OK(unsigned long long *o)
     n |= 2;
   return n;
 }
+
+_CFFI_UNUSED_FN
+static void _cffi_checkfld_struct_sd_dpkg_input(struct sd_dpkg_input *p)
+{
+  /* only to generate compile-time warnings or errors */
+  (void)p;
+  (void)((p->err) | 0);  /* check that 'struct sd_dpkg_input.err' is an integer */
+  (void)((p->dev) | 0);  /* check that 'struct sd_dpkg_input.dev' is an integer */
+  (void)((p->ino) | 0);  /* check that 'struct sd_dpkg_input.ino' is an integer */
+  (void)((p->mode) | 0);  /* check that 'struct sd_dpkg_input.mode' is an integer */
+  (void)((p->size) | 0);  /* check that 'struct sd_dpkg_input.size' is an integer */
+  (void)((p->mtime_ns) | 0);  /* check that 'struct sd_dpkg_input.mtime_ns' is an integer */
+  (void)((p->ctime_ns) | 0);  /* check that 'struct sd_dpkg_input.ctime_ns' is an integer */
+}
+struct _cffi_align_struct_sd_dpkg_input { char x; struct sd_dpkg_input y; };
 
 _CFFI_UNUSED_FN
 static void _cffi_checkfld_struct_sd_fastelf_result(struct sd_fastelf_result *p)
@@ -1251,6 +1708,8 @@ static void _cffi_checkfld_struct_sd_walk_result(struct sd_walk_result *p)
 struct _cffi_align_struct_sd_walk_result { char x; struct sd_walk_result y; };
 
 static const struct _cffi_global_s _cffi_globals[] = {
+  { "SD_DPKG_FALLBACK", (void *)_cffi_const_SD_DPKG_FALLBACK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
+  { "SD_DPKG_OK", (void *)_cffi_const_SD_DPKG_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_ABI", (void *)_cffi_const_SD_FASTELF_ABI, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_ALL_SYMBOLS", (void *)_cffi_const_SD_FASTELF_ALL_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_FASTELF_ERROR", (void *)_cffi_const_SD_FASTELF_ERROR, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
@@ -1261,16 +1720,45 @@ static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_FASTELF_PREFIXED_SYMBOLS", (void *)_cffi_const_SD_FASTELF_PREFIXED_SYMBOLS, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_WALK_NOMEM", (void *)_cffi_const_SD_WALK_NOMEM, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_WALK_OK", (void *)_cffi_const_SD_WALK_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
-  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 23), (void *)_cffi_d_sd_fastelf_abi },
-  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 30), (void *)_cffi_d_sd_fastelf_free_symbols },
-  { "sd_fastelf_read", (void *)_cffi_f_sd_fastelf_read, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 8), (void *)_cffi_d_sd_fastelf_read },
-  { "sd_inputs_changed", (void *)_cffi_f_sd_inputs_changed, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 25), (void *)_cffi_d_sd_inputs_changed },
-  { "sd_walk", (void *)_cffi_f_sd_walk, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 0), (void *)_cffi_d_sd_walk },
-  { "sd_walk_free", (void *)_cffi_f_sd_walk_free, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 33), (void *)_cffi_d_sd_walk_free },
-  { "sd_walk_record_size", (void *)_cffi_f_sd_walk_record_size, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 23), (void *)_cffi_d_sd_walk_record_size },
+  { "sd_dpkg_count", (void *)_cffi_f_sd_dpkg_count, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 27), (void *)_cffi_d_sd_dpkg_count },
+  { "sd_dpkg_find", (void *)_cffi_f_sd_dpkg_find, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 36), (void *)_cffi_d_sd_dpkg_find },
+  { "sd_dpkg_free", (void *)_cffi_f_sd_dpkg_free, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 57), (void *)_cffi_d_sd_dpkg_free },
+  { "sd_dpkg_input", (void *)_cffi_f_sd_dpkg_input, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 53), (void *)_cffi_d_sd_dpkg_input },
+  { "sd_dpkg_name", (void *)_cffi_f_sd_dpkg_name, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 0), (void *)_cffi_d_sd_dpkg_name },
+  { "sd_dpkg_readable", (void *)_cffi_f_sd_dpkg_readable, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 30), (void *)_cffi_d_sd_dpkg_readable },
+  { "sd_dpkg_start", (void *)_cffi_f_sd_dpkg_start, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 50), (void *)_cffi_d_sd_dpkg_start },
+  { "sd_dpkg_wait", (void *)_cffi_f_sd_dpkg_wait, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 27), (void *)_cffi_d_sd_dpkg_wait },
+  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 34), (void *)_cffi_d_sd_fastelf_abi },
+  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 60), (void *)_cffi_d_sd_fastelf_free_symbols },
+  { "sd_fastelf_read", (void *)_cffi_f_sd_fastelf_read, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 12), (void *)_cffi_d_sd_fastelf_read },
+  { "sd_inputs_changed", (void *)_cffi_f_sd_inputs_changed, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 45), (void *)_cffi_d_sd_inputs_changed },
+  { "sd_walk", (void *)_cffi_f_sd_walk, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 4), (void *)_cffi_d_sd_walk },
+  { "sd_walk_free", (void *)_cffi_f_sd_walk_free, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 63), (void *)_cffi_d_sd_walk_free },
+  { "sd_walk_record_size", (void *)_cffi_f_sd_walk_record_size, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 34), (void *)_cffi_d_sd_walk_record_size },
 };
 
 static const struct _cffi_field_s _cffi_fields[] = {
+  { "err", offsetof(struct sd_dpkg_input, err),
+           sizeof(((struct sd_dpkg_input *)0)->err),
+           _CFFI_OP(_CFFI_OP_NOOP, 2) },
+  { "dev", offsetof(struct sd_dpkg_input, dev),
+           sizeof(((struct sd_dpkg_input *)0)->dev),
+           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+  { "ino", offsetof(struct sd_dpkg_input, ino),
+           sizeof(((struct sd_dpkg_input *)0)->ino),
+           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+  { "mode", offsetof(struct sd_dpkg_input, mode),
+            sizeof(((struct sd_dpkg_input *)0)->mode),
+            _CFFI_OP(_CFFI_OP_NOOP, 80) },
+  { "size", offsetof(struct sd_dpkg_input, size),
+            sizeof(((struct sd_dpkg_input *)0)->size),
+            _CFFI_OP(_CFFI_OP_NOOP, 69) },
+  { "mtime_ns", offsetof(struct sd_dpkg_input, mtime_ns),
+                sizeof(((struct sd_dpkg_input *)0)->mtime_ns),
+                _CFFI_OP(_CFFI_OP_NOOP, 69) },
+  { "ctime_ns", offsetof(struct sd_dpkg_input, ctime_ns),
+                sizeof(((struct sd_dpkg_input *)0)->ctime_ns),
+                _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "elf_class", offsetof(struct sd_fastelf_result, elf_class),
                  sizeof(((struct sd_fastelf_result *)0)->elf_class),
                  _CFFI_OP(_CFFI_OP_NOOP, 2) },
@@ -1309,64 +1797,64 @@ static const struct _cffi_field_s _cffi_fields[] = {
                     _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "flags", offsetof(struct sd_fastelf_result, flags),
              sizeof(((struct sd_fastelf_result *)0)->flags),
-             _CFFI_OP(_CFFI_OP_NOOP, 48) },
+             _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "flags_1", offsetof(struct sd_fastelf_result, flags_1),
                sizeof(((struct sd_fastelf_result *)0)->flags_1),
-               _CFFI_OP(_CFFI_OP_NOOP, 48) },
+               _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "n_sections", offsetof(struct sd_fastelf_result, n_sections),
                   sizeof(((struct sd_fastelf_result *)0)->n_sections),
-                  _CFFI_OP(_CFFI_OP_NOOP, 47) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 79) },
   { "n_needed", offsetof(struct sd_fastelf_result, n_needed),
                 sizeof(((struct sd_fastelf_result *)0)->n_needed),
-                _CFFI_OP(_CFFI_OP_NOOP, 47) },
+                _CFFI_OP(_CFFI_OP_NOOP, 79) },
   { "n_verneed", offsetof(struct sd_fastelf_result, n_verneed),
                  sizeof(((struct sd_fastelf_result *)0)->n_verneed),
-                 _CFFI_OP(_CFFI_OP_NOOP, 47) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 79) },
   { "n_verdef", offsetof(struct sd_fastelf_result, n_verdef),
                 sizeof(((struct sd_fastelf_result *)0)->n_verdef),
-                _CFFI_OP(_CFFI_OP_NOOP, 47) },
+                _CFFI_OP(_CFFI_OP_NOOP, 79) },
   { "strings_len", offsetof(struct sd_fastelf_result, strings_len),
                    sizeof(((struct sd_fastelf_result *)0)->strings_len),
-                   _CFFI_OP(_CFFI_OP_NOOP, 12) },
+                   _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "x86_isa_needed", offsetof(struct sd_fastelf_result, x86_isa_needed),
                       sizeof(((struct sd_fastelf_result *)0)->x86_isa_needed),
-                      _CFFI_OP(_CFFI_OP_NOOP, 47) },
+                      _CFFI_OP(_CFFI_OP_NOOP, 79) },
   { "error", offsetof(struct sd_fastelf_result, error),
              sizeof(((struct sd_fastelf_result *)0)->error),
-             _CFFI_OP(_CFFI_OP_NOOP, 37) },
+             _CFFI_OP(_CFFI_OP_NOOP, 67) },
   { "count", offsetof(struct sd_fastelf_symbols, count),
              sizeof(((struct sd_fastelf_symbols *)0)->count),
-             _CFFI_OP(_CFFI_OP_NOOP, 12) },
+             _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "names", offsetof(struct sd_fastelf_symbols, names),
              sizeof(((struct sd_fastelf_symbols *)0)->names),
-             _CFFI_OP(_CFFI_OP_NOOP, 11) },
+             _CFFI_OP(_CFFI_OP_NOOP, 15) },
   { "names_len", offsetof(struct sd_fastelf_symbols, names_len),
                  sizeof(((struct sd_fastelf_symbols *)0)->names_len),
-                 _CFFI_OP(_CFFI_OP_NOOP, 12) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "names_cap", offsetof(struct sd_fastelf_symbols, names_cap),
                  sizeof(((struct sd_fastelf_symbols *)0)->names_cap),
-                 _CFFI_OP(_CFFI_OP_NOOP, 12) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "records", offsetof(struct sd_fastelf_symbols, records),
                sizeof(((struct sd_fastelf_symbols *)0)->records),
-               _CFFI_OP(_CFFI_OP_NOOP, 20) },
+               _CFFI_OP(_CFFI_OP_NOOP, 24) },
   { "records_cap", offsetof(struct sd_fastelf_symbols, records_cap),
                    sizeof(((struct sd_fastelf_symbols *)0)->records_cap),
-                   _CFFI_OP(_CFFI_OP_NOOP, 12) },
+                   _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "versions", offsetof(struct sd_fastelf_symbols, versions),
                 sizeof(((struct sd_fastelf_symbols *)0)->versions),
-                _CFFI_OP(_CFFI_OP_NOOP, 11) },
+                _CFFI_OP(_CFFI_OP_NOOP, 15) },
   { "versions_len", offsetof(struct sd_fastelf_symbols, versions_len),
                     sizeof(((struct sd_fastelf_symbols *)0)->versions_len),
-                    _CFFI_OP(_CFFI_OP_NOOP, 12) },
+                    _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "versions_cap", offsetof(struct sd_fastelf_symbols, versions_cap),
                     sizeof(((struct sd_fastelf_symbols *)0)->versions_cap),
-                    _CFFI_OP(_CFFI_OP_NOOP, 12) },
+                    _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "n_versions", offsetof(struct sd_fastelf_symbols, n_versions),
                   sizeof(((struct sd_fastelf_symbols *)0)->n_versions),
-                  _CFFI_OP(_CFFI_OP_NOOP, 47) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 79) },
   { "path_len", offsetof(struct sd_input_record, path_len),
                 sizeof(((struct sd_input_record *)0)->path_len),
-                _CFFI_OP(_CFFI_OP_NOOP, 47) },
+                _CFFI_OP(_CFFI_OP_NOOP, 79) },
   { "follow", offsetof(struct sd_input_record, follow),
               sizeof(((struct sd_input_record *)0)->follow),
               _CFFI_OP(_CFFI_OP_NOOP, 2) },
@@ -1378,37 +1866,37 @@ static const struct _cffi_field_s _cffi_fields[] = {
             _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "dev", offsetof(struct sd_input_record, dev),
            sizeof(((struct sd_input_record *)0)->dev),
-           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+           _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "ino", offsetof(struct sd_input_record, ino),
            sizeof(((struct sd_input_record *)0)->ino),
-           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+           _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "mode", offsetof(struct sd_input_record, mode),
             sizeof(((struct sd_input_record *)0)->mode),
-            _CFFI_OP(_CFFI_OP_NOOP, 48) },
+            _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "size", offsetof(struct sd_input_record, size),
             sizeof(((struct sd_input_record *)0)->size),
-            _CFFI_OP(_CFFI_OP_NOOP, 39) },
+            _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "mtime_ns", offsetof(struct sd_input_record, mtime_ns),
                 sizeof(((struct sd_input_record *)0)->mtime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+                _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "ctime_ns", offsetof(struct sd_input_record, ctime_ns),
                 sizeof(((struct sd_input_record *)0)->ctime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+                _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "path_len", offsetof(struct sd_walk_record, path_len),
                 sizeof(((struct sd_walk_record *)0)->path_len),
-                _CFFI_OP(_CFFI_OP_NOOP, 47) },
+                _CFFI_OP(_CFFI_OP_NOOP, 79) },
   { "kind", offsetof(struct sd_walk_record, kind),
             sizeof(((struct sd_walk_record *)0)->kind),
-            _CFFI_OP(_CFFI_OP_NOOP, 46) },
+            _CFFI_OP(_CFFI_OP_NOOP, 78) },
   { "plain", offsetof(struct sd_walk_record, plain),
              sizeof(((struct sd_walk_record *)0)->plain),
-             _CFFI_OP(_CFFI_OP_NOOP, 46) },
+             _CFFI_OP(_CFFI_OP_NOOP, 78) },
   { "elf", offsetof(struct sd_walk_record, elf),
            sizeof(((struct sd_walk_record *)0)->elf),
-           _CFFI_OP(_CFFI_OP_NOOP, 46) },
+           _CFFI_OP(_CFFI_OP_NOOP, 78) },
   { "has_stat", offsetof(struct sd_walk_record, has_stat),
                 sizeof(((struct sd_walk_record *)0)->has_stat),
-                _CFFI_OP(_CFFI_OP_NOOP, 46) },
+                _CFFI_OP(_CFFI_OP_NOOP, 78) },
   { "err", offsetof(struct sd_walk_record, err),
            sizeof(((struct sd_walk_record *)0)->err),
            _CFFI_OP(_CFFI_OP_NOOP, 2) },
@@ -1417,71 +1905,75 @@ static const struct _cffi_field_s _cffi_fields[] = {
                 _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "dev", offsetof(struct sd_walk_record, dev),
            sizeof(((struct sd_walk_record *)0)->dev),
-           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+           _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "ino", offsetof(struct sd_walk_record, ino),
            sizeof(((struct sd_walk_record *)0)->ino),
-           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+           _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "mode", offsetof(struct sd_walk_record, mode),
             sizeof(((struct sd_walk_record *)0)->mode),
-            _CFFI_OP(_CFFI_OP_NOOP, 48) },
+            _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "nlink", offsetof(struct sd_walk_record, nlink),
              sizeof(((struct sd_walk_record *)0)->nlink),
-             _CFFI_OP(_CFFI_OP_NOOP, 48) },
+             _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "uid", offsetof(struct sd_walk_record, uid),
            sizeof(((struct sd_walk_record *)0)->uid),
-           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+           _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "gid", offsetof(struct sd_walk_record, gid),
            sizeof(((struct sd_walk_record *)0)->gid),
-           _CFFI_OP(_CFFI_OP_NOOP, 48) },
+           _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "rdev", offsetof(struct sd_walk_record, rdev),
             sizeof(((struct sd_walk_record *)0)->rdev),
-            _CFFI_OP(_CFFI_OP_NOOP, 48) },
+            _CFFI_OP(_CFFI_OP_NOOP, 80) },
   { "size", offsetof(struct sd_walk_record, size),
             sizeof(((struct sd_walk_record *)0)->size),
-            _CFFI_OP(_CFFI_OP_NOOP, 39) },
+            _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "blksize", offsetof(struct sd_walk_record, blksize),
                sizeof(((struct sd_walk_record *)0)->blksize),
-               _CFFI_OP(_CFFI_OP_NOOP, 39) },
+               _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "blocks", offsetof(struct sd_walk_record, blocks),
               sizeof(((struct sd_walk_record *)0)->blocks),
-              _CFFI_OP(_CFFI_OP_NOOP, 39) },
+              _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "atime_ns", offsetof(struct sd_walk_record, atime_ns),
                 sizeof(((struct sd_walk_record *)0)->atime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+                _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "mtime_ns", offsetof(struct sd_walk_record, mtime_ns),
                 sizeof(((struct sd_walk_record *)0)->mtime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+                _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "ctime_ns", offsetof(struct sd_walk_record, ctime_ns),
                 sizeof(((struct sd_walk_record *)0)->ctime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 39) },
+                _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "data", offsetof(struct sd_walk_result, data),
             sizeof(((struct sd_walk_result *)0)->data),
-            _CFFI_OP(_CFFI_OP_NOOP, 20) },
+            _CFFI_OP(_CFFI_OP_NOOP, 24) },
   { "len", offsetof(struct sd_walk_result, len),
            sizeof(((struct sd_walk_result *)0)->len),
-           _CFFI_OP(_CFFI_OP_NOOP, 12) },
+           _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "files", offsetof(struct sd_walk_result, files),
              sizeof(((struct sd_walk_result *)0)->files),
-             _CFFI_OP(_CFFI_OP_NOOP, 39) },
+             _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "skipped", offsetof(struct sd_walk_result, skipped),
                sizeof(((struct sd_walk_result *)0)->skipped),
-               _CFFI_OP(_CFFI_OP_NOOP, 39) },
+               _CFFI_OP(_CFFI_OP_NOOP, 69) },
   { "unreadable", offsetof(struct sd_walk_result, unreadable),
                   sizeof(((struct sd_walk_result *)0)->unreadable),
-                  _CFFI_OP(_CFFI_OP_NOOP, 39) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 69) },
 };
 
 static const struct _cffi_struct_union_s _cffi_struct_unions[] = {
-  { "sd_fastelf_result", 41, _CFFI_F_CHECK_FIELDS,
-    sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 0, 21 },
-  { "sd_fastelf_symbols", 42, _CFFI_F_CHECK_FIELDS,
-    sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 21, 10 },
-  { "sd_input_record", 43, _CFFI_F_CHECK_FIELDS,
-    sizeof(struct sd_input_record), offsetof(struct _cffi_align_struct_sd_input_record, y), 31, 10 },
-  { "sd_walk_record", 44, _CFFI_F_CHECK_FIELDS,
-    sizeof(struct sd_walk_record), offsetof(struct _cffi_align_struct_sd_walk_record, y), 41, 20 },
-  { "sd_walk_result", 45, _CFFI_F_CHECK_FIELDS,
-    sizeof(struct sd_walk_result), offsetof(struct _cffi_align_struct_sd_walk_result, y), 61, 5 },
+  { "sd_dpkg", 70, _CFFI_F_OPAQUE,
+    (size_t)-1, -1, -1, 0 /* opaque */ },
+  { "sd_dpkg_input", 72, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_dpkg_input), offsetof(struct _cffi_align_struct_sd_dpkg_input, y), 0, 7 },
+  { "sd_fastelf_result", 73, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 7, 21 },
+  { "sd_fastelf_symbols", 74, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 28, 10 },
+  { "sd_input_record", 75, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_input_record), offsetof(struct _cffi_align_struct_sd_input_record, y), 38, 10 },
+  { "sd_walk_record", 76, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_walk_record), offsetof(struct _cffi_align_struct_sd_walk_record, y), 48, 20 },
+  { "sd_walk_result", 77, _CFFI_F_CHECK_FIELDS,
+    sizeof(struct sd_walk_result), offsetof(struct _cffi_align_struct_sd_walk_result, y), 68, 5 },
 };
 
 static const struct _cffi_type_context_s _cffi_type_context = {
@@ -1491,12 +1983,12 @@ static const struct _cffi_type_context_s _cffi_type_context = {
   _cffi_struct_unions,
   NULL,  /* no enums */
   NULL,  /* no typenames */
-  17,  /* num_globals */
-  5,  /* num_struct_unions */
+  27,  /* num_globals */
+  7,  /* num_struct_unions */
   0,  /* num_enums */
   0,  /* num_typenames */
   NULL,  /* no includes */
-  50,  /* num_types */
+  82,  /* num_types */
   0,  /* flags */
 };
 

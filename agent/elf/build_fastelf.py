@@ -27,7 +27,7 @@ HEADER = HERE / "fastelf.h"
 SOURCE = HERE / "fastelf.c"
 # the check cache's input validation (inputcheck.c) and the check's tree walk (treewalk.c)
 # ride in the same extension: one build
-EXTRA_SOURCES = (HERE / "inputcheck.c", HERE / "treewalk.c")
+EXTRA_SOURCES = (HERE / "inputcheck.c", HERE / "treewalk.c", HERE / "dpkgindex.c")
 WRAPPER = HERE / "_fastelf_cffi.c"
 MODULE = "seedance.elf._fastelf"
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-std=gnu11", "-fvisibility=hidden"]

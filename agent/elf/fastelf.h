@@ -16,7 +16,7 @@
 /* cdef-begin */
 /* Bumped whenever the result layout or the meaning of a field changes: the Python side
  * refuses a module built from another layout (reader.py, _c_reader). */
-#define SD_FASTELF_ABI 6
+#define SD_FASTELF_ABI 7
 
 /* sd_fastelf_read's return codes */
 #define SD_FASTELF_OK 0
@@ -133,6 +133,26 @@ int sd_walk_record_size(void);
 int sd_walk(const char *root, int record, const char *never_suffixes, const char *config_suffixes, int threads,
             struct sd_walk_result *result);
 void sd_walk_free(struct sd_walk_result *result);
+
+/* dpkgindex.c: the dpkg file lists read and indexed by file name on a thread
+ * (collect/practice.py's _dpkg_by_name says what a match is) */
+#define SD_DPKG_OK 0
+#define SD_DPKG_FALLBACK 1
+struct sd_dpkg;
+struct sd_dpkg_input {
+    int err; /* 0, or the errno of its stat */
+    unsigned long long dev, ino, mode;
+    long long size, mtime_ns, ctime_ns;
+};
+struct sd_dpkg *sd_dpkg_start(const char *dir);
+int sd_dpkg_wait(struct sd_dpkg *d);
+int sd_dpkg_count(struct sd_dpkg *d);
+const char *sd_dpkg_name(struct sd_dpkg *d, int i);
+struct sd_dpkg_input *sd_dpkg_input(struct sd_dpkg *d, int i);
+int sd_dpkg_readable(struct sd_dpkg *d, int i);
+long sd_dpkg_find(struct sd_dpkg *d, const char *name, size_t len, int *lists, const char **lines, size_t *lens,
+                  long cap);
+void sd_dpkg_free(struct sd_dpkg *d);
 /* cdef-end */
 
 #endif

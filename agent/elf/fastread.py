@@ -24,7 +24,7 @@ STRINGS_CAPACITY = 1 << 20
 VERNEED_CAPACITY = 1 << 16  # reader.py's MAX_VER_ENTRIES: never exceeded by a real file
 SCRATCH_CAPACITY = 1 << 16  # files up to this size are read, not mapped (fastelf.c says why)
 
-ABI = 6  # must equal SD_FASTELF_ABI in fastelf.h
+ABI = 7  # must equal SD_FASTELF_ABI in fastelf.h
 
 _lock = _thread.allocate_lock()  # threading.Lock
 _lib = None  # the loaded module's (ffi, lib), False when unavailable
