@@ -96,6 +96,9 @@ class Resolution(FrozenRecord):
             "soname": soname})  # DT_SONAME of the resolved file
 
 
+_new_object, _set_dict = object.__new__, object.__setattr__
+
+
 class VersionCheck(FrozenRecord):
     _fields = ("requester", "file", "version", "weak", "provider", "defined", "provider_versions")
 
@@ -341,6 +344,20 @@ class Resolver:
             return "fatal", "not a regular file"
         # open_verify() looks at e_ident and e_machine before anything else: a file of the
         # other class or machine is skipped even when the rest of it would not parse.
+        known = self._elf.get((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, False)) \
+            if st.st_size >= 64 else None
+        if known is not None:
+            # this file was parsed already (a scan reads its roots before their dependents
+            # search for them): its e_ident and e_machine are the header's, read again for
+            # each of ~300 candidates of a check of /usr/lib before (issue 13).  A parsed
+            # file has the ELF magic, and 64 bytes or more leave no "file too short".
+            if known.elf_class != abi.elf_class:
+                return "skip", f"wrong ELF class: ELFCLASS{known.elf_class}"
+            if not known.little_endian:
+                return "fatal", "ELF file data encoding not little-endian"
+            if known.machine != abi.machine:
+                return "skip", f"wrong machine: e_machine {known.machine}"
+            return self._loadable(path)
         header = self._header(path)
         if header is None:
             return "skip", "not readable"
@@ -358,6 +375,10 @@ class Resolver:
         machine = int.from_bytes(header[18:20], "little")
         if machine != abi.machine:
             return "skip", f"wrong machine: e_machine {machine}"
+        return self._loadable(path)
+
+    def _loadable(self, path: str):
+        """The rest of open_verify for a file of the right class and machine."""
         try:
             info = self.read(path)
         except ELFError as exc:
@@ -844,19 +865,31 @@ class Resolver:
                         groups.append(known)
                     continue
                 start = len(checks)
+                # each VersionCheck made as its __init__ makes it, without the call (~7,500
+                # checks in a check of /usr/lib, issue 13)
+                requester, file = obj.path, need.file
                 if provider is None or provider.info is None:
                     for version, weak in need.versions:
-                        checks.append(VersionCheck(obj.path, need.file, version, weak, None, False, ()))
+                        check = _new_object(VersionCheck)
+                        _set_dict(check, "__dict__", {
+                            "requester": requester, "file": file, "version": version, "weak": weak,
+                            "provider": None, "defined": False, "provider_versions": ()})
+                        checks.append(check)
                 else:
                     # what does not change from one version to the next, looked up once
                     # (~10% of a `seedance ldd`'s closure went to this loop, issue 13)
                     defs = provider.info.version_defs
                     any_version = not _has_verdef(provider.info)
                     soname, provider_versions = provider.info.soname, tuple(defs)
+                    provider_path = provider.path
                     for version, weak in need.versions:
-                        defined = version in defs or any_version or version == soname
-                        checks.append(VersionCheck(obj.path, need.file, version, weak, provider.path,
-                                                   defined, provider_versions))
+                        check = _new_object(VersionCheck)
+                        _set_dict(check, "__dict__", {
+                            "requester": requester, "file": file, "version": version, "weak": weak,
+                            "provider": provider_path,
+                            "defined": version in defs or any_version or version == soname,
+                            "provider_versions": provider_versions})
+                        checks.append(check)
                 made = self._checked[key] = tuple(checks[start:])
                 if groups is not None:
                     groups.append(made)
