@@ -650,7 +650,12 @@ def _context_and_key(fact: Fact, names: tuple, defaults) -> tuple:
     return context, (tuple(key) if key is not None else None)
 
 
+_PLAIN_CLASSES = frozenset((bool, int, float, str, type(None)))
+
+
 def _cel_value(value: Any) -> Any:
+    if value.__class__ in _PLAIN_CLASSES:
+        return value  # (the usual case, answered before the ABC check below: ~0.3 us each)
     if isinstance(value, (tuple, set, frozenset)):
         return [_cel_value(v) for v in value]
     if isinstance(value, list):
