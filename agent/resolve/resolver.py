@@ -214,6 +214,7 @@ class Resolver:
         self._searched: dict = {}  # (name, abi, nodeflib, plan) -> (found, tried)
         self._path_lists: dict = {}  # (entries, origin, is_main, abi, separators) -> dirs
         self._checked: dict = {}  # (requester, file, provider) -> (VersionCheck, ...)
+        self._version_sets: dict = {}  # id(tuple of version names) -> (the tuple, its frozenset)
         self._group_candidates: dict = {}  # id(version check tuple) -> (tuple, gap candidates)
         self._plain_searches: dict = {}  # (name, ABI, nodeflib) -> (found, tried, order, file id)
         self._plain: dict = {}  # (name, requester, is main) -> (path, ElfInfo, Resolution, file id): see _map
@@ -882,18 +883,28 @@ class Resolver:
                     any_version = not _has_verdef(provider.info)
                     soname, provider_versions = provider.info.soname, tuple(defs)
                     provider_path = provider.path
+                    defined_set = self._version_set(provider_versions)
                     for version, weak in need.versions:
                         check = _new_object(VersionCheck)
                         _set_dict(check, "__dict__", {
                             "requester": requester, "file": file, "version": version, "weak": weak,
                             "provider": provider_path,
-                            "defined": version in defs or any_version or version == soname,
+                            "defined": version in defined_set or any_version or version == soname,
                             "provider_versions": provider_versions})
                         checks.append(check)
                 made = self._checked[key] = tuple(checks[start:])
                 if groups is not None:
                     groups.append(made)
         return checks
+
+    def _version_set(self, versions: tuple) -> frozenset:
+        """frozenset(versions), made once per tuple: a provider's verdef names (libc: ~40)
+        were searched one by one for each of ~7,500 checks of /usr/lib, twice (issue 13).
+        Kept with the tuple, so its id is not reused while remembered."""
+        known = self._version_sets.get(id(versions))
+        if known is None:
+            known = self._version_sets[id(versions)] = (versions, frozenset(versions))
+        return known[1]
 
     def _symbol_tables(self, path: str, info: ElfInfo) -> tuple:
         """(definitions: name -> frozenset of tags, strong undefined [(name, version)]), cached.
@@ -1075,7 +1086,7 @@ class Resolver:
         for check in checks:
             # a weak entry (VER_FLG_WEAK) only excuses a node the provider lacks; where the
             # node exists, relocation still looks X@V up and fails without X (ld.so, checked)
-            if check.provider is None or check.version not in check.provider_versions:
+            if check.provider is None or check.version not in self._version_set(check.provider_versions):
                 continue
             if check.provider == check.requester:
                 continue
