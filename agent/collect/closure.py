@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 
 from ..model import Fact
-from ..record import Record
+from ..record import Record, _new_dict
 from ..resolve.names import same_library
 from . import cuda
 
-_new_object, _set_dict = object.__new__, object.__setattr__
+_new_object = object.__new__  # (with record._new_dict: a record made without its __init__)
 
 
 def _stat_or_none(path: str):
@@ -190,7 +190,7 @@ def version_facts(closure, dedup: FactDedup) -> list:
         # the Fact made as its __init__ makes it, without the call (~5,500 of them in a check
         # of /usr/lib, issue 13)
         fact = _new_object(Fact)
-        _set_dict(fact, "__dict__", {
+        _new_dict(fact, "__dict__", {
             "kind": "version_need", "subject": {"path": check.requester},
             "data": {"file": check.file, "version": check.version, "weak": bool(check.weak),
                      "provider": check.provider, "defined": bool(check.defined),

@@ -347,7 +347,7 @@ def _dpkg_by_name_c(name: str):
             seen = []
             for i, path in enumerate([DPKG_INFO] + [os.path.join(DPKG_INFO, n) for n in names]):
                 rec = lib.sd_dpkg_input(handle, i)
-                seen.append((path, (rec.err or -1) if rec.err else
+                seen.append((path, rec.err if rec.err else
                              (rec.dev, rec.ino, rec.mode, rec.size, rec.mtime_ns, rec.ctime_ns), False))
             inputs.note_walk(seen)
     encoded = name.encode("utf-8")
@@ -373,32 +373,33 @@ def _dpkg_by_name(name: str) -> list:
     (os.fsdecode of a non-UTF-8 name) is in no decoded text."""
     memo = _DPKG.setdefault("by_name", {})
     if name not in memo:
-        found = []
         try:
             needle = ("/" + name + "\n").encode("utf-8")
         except UnicodeEncodeError:
             needle = None  # a lone surrogate: no decoded line holds one
-        if needle is not None and "\ufffd" not in name:
-            found = _dpkg_by_name_c(name)
-            if found is not None:
-                memo[name] = found
-                return found
-            found = []
-        if needle is not None:
-            in_text = "\ufffd" in name
-            if in_text:
-                needle = "/" + name + "\n"
-            newline = needle[-1:]
-            for package, data in _dpkg_lists():
-                haystack = data.decode("utf-8", "replace") if in_text else data
-                start = haystack.find(needle)
-                while start >= 0:
-                    line_start = haystack.rfind(newline, 0, start) + 1
-                    line = haystack[line_start:start + len(needle) - 1]
-                    found.append((package, line if in_text else line.decode("utf-8", "replace")))
-                    start = haystack.find(needle, start + 1)
+        found = _dpkg_by_name_c(name) if needle is not None and "\ufffd" not in name else None
+        if found is None:
+            found = _dpkg_search(name, needle) if needle is not None else []
         memo[name] = found
     return memo[name]
+
+
+def _dpkg_search(name: str, needle: bytes) -> list:
+    """_dpkg_by_name's answer from the lists read in Python (``needle``: "/NAME\\n" in UTF-8)."""
+    found = []
+    in_text = "\ufffd" in name
+    if in_text:
+        needle = "/" + name + "\n"
+    newline = needle[-1:]
+    for package, data in _dpkg_lists():
+        haystack = data.decode("utf-8", "replace") if in_text else data
+        start = haystack.find(needle)
+        while start >= 0:
+            line_start = haystack.rfind(newline, 0, start) + 1
+            line = haystack[line_start:start + len(needle) - 1]
+            found.append((package, line if in_text else line.decode("utf-8", "replace")))
+            start = haystack.find(needle, start + 1)
+    return found
 
 
 _REAL_DIRS: dict = {}

@@ -584,87 +584,83 @@ static void (*_cffi_call_python_org)(struct _cffi_externpy_s *, char *);
 
 static void *_cffi_types[] = {
 /*  0 */ _CFFI_OP(_CFFI_OP_FUNCTION, 5), // char const *()(struct sd_dpkg *, int)
-/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 70), // struct sd_dpkg *
+/*  1 */ _CFFI_OP(_CFFI_OP_POINTER, 66), // struct sd_dpkg *
 /*  2 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7), // int
 /*  3 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
 /*  4 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(char const *, int, char const *, char const *, int, struct sd_walk_result *)
-/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 66), // char const *
+/*  5 */ _CFFI_OP(_CFFI_OP_POINTER, 62), // char const *
 /*  6 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
 /*  7 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
 /*  8 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
 /*  9 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
-/* 10 */ _CFFI_OP(_CFFI_OP_POINTER, 77), // struct sd_walk_result *
+/* 10 */ _CFFI_OP(_CFFI_OP_POINTER, 73), // struct sd_walk_result *
 /* 11 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
 /* 12 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(char const *, struct sd_fastelf_result *, char *, size_t, unsigned int *, size_t, int, char const *, size_t const *, size_t, struct sd_fastelf_symbols *, unsigned char *, size_t)
 /* 13 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
-/* 14 */ _CFFI_OP(_CFFI_OP_POINTER, 73), // struct sd_fastelf_result *
-/* 15 */ _CFFI_OP(_CFFI_OP_POINTER, 66), // char *
+/* 14 */ _CFFI_OP(_CFFI_OP_POINTER, 69), // struct sd_fastelf_result *
+/* 15 */ _CFFI_OP(_CFFI_OP_POINTER, 62), // char *
 /* 16 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28), // size_t
-/* 17 */ _CFFI_OP(_CFFI_OP_POINTER, 79), // unsigned int *
+/* 17 */ _CFFI_OP(_CFFI_OP_POINTER, 75), // unsigned int *
 /* 18 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
 /* 19 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
 /* 20 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
 /* 21 */ _CFFI_OP(_CFFI_OP_POINTER, 16), // size_t const *
 /* 22 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 23 */ _CFFI_OP(_CFFI_OP_POINTER, 74), // struct sd_fastelf_symbols *
-/* 24 */ _CFFI_OP(_CFFI_OP_POINTER, 78), // unsigned char *
+/* 23 */ _CFFI_OP(_CFFI_OP_POINTER, 70), // struct sd_fastelf_symbols *
+/* 24 */ _CFFI_OP(_CFFI_OP_POINTER, 74), // unsigned char *
 /* 25 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
 /* 26 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
 /* 27 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(struct sd_dpkg *)
 /* 28 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
 /* 29 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 30 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(struct sd_dpkg *, int)
-/* 31 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/* 32 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
-/* 33 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 34 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(void)
-/* 35 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 36 */ _CFFI_OP(_CFFI_OP_FUNCTION, 43), // long()(struct sd_dpkg *, char const *, size_t, int *, char const * *, size_t *, long)
-/* 37 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/* 38 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
-/* 39 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 40 */ _CFFI_OP(_CFFI_OP_POINTER, 2), // int *
-/* 41 */ _CFFI_OP(_CFFI_OP_POINTER, 5), // char const * *
-/* 42 */ _CFFI_OP(_CFFI_OP_POINTER, 16), // size_t *
-/* 43 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 9), // long
-/* 44 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 45 */ _CFFI_OP(_CFFI_OP_FUNCTION, 43), // long()(unsigned char const *, size_t, size_t *)
-/* 46 */ _CFFI_OP(_CFFI_OP_POINTER, 78), // unsigned char const *
-/* 47 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
-/* 48 */ _CFFI_OP(_CFFI_OP_NOOP, 42),
-/* 49 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 50 */ _CFFI_OP(_CFFI_OP_FUNCTION, 1), // struct sd_dpkg *()(char const *)
-/* 51 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/* 30 */ _CFFI_OP(_CFFI_OP_FUNCTION, 2), // int()(void)
+/* 31 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 32 */ _CFFI_OP(_CFFI_OP_FUNCTION, 39), // long()(struct sd_dpkg *, char const *, size_t, int *, char const * *, size_t *, long)
+/* 33 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/* 34 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/* 35 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 36 */ _CFFI_OP(_CFFI_OP_POINTER, 2), // int *
+/* 37 */ _CFFI_OP(_CFFI_OP_POINTER, 5), // char const * *
+/* 38 */ _CFFI_OP(_CFFI_OP_POINTER, 16), // size_t *
+/* 39 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 9), // long
+/* 40 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 41 */ _CFFI_OP(_CFFI_OP_FUNCTION, 39), // long()(unsigned char const *, size_t, size_t *)
+/* 42 */ _CFFI_OP(_CFFI_OP_POINTER, 74), // unsigned char const *
+/* 43 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 28),
+/* 44 */ _CFFI_OP(_CFFI_OP_NOOP, 38),
+/* 45 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 46 */ _CFFI_OP(_CFFI_OP_FUNCTION, 1), // struct sd_dpkg *()(char const *)
+/* 47 */ _CFFI_OP(_CFFI_OP_NOOP, 5),
+/* 48 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 49 */ _CFFI_OP(_CFFI_OP_FUNCTION, 67), // struct sd_dpkg_input *()(struct sd_dpkg *, int)
+/* 50 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
+/* 51 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
 /* 52 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 53 */ _CFFI_OP(_CFFI_OP_FUNCTION, 71), // struct sd_dpkg_input *()(struct sd_dpkg *, int)
+/* 53 */ _CFFI_OP(_CFFI_OP_FUNCTION, 77), // void()(struct sd_dpkg *)
 /* 54 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/* 55 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 7),
-/* 56 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 57 */ _CFFI_OP(_CFFI_OP_FUNCTION, 81), // void()(struct sd_dpkg *)
-/* 58 */ _CFFI_OP(_CFFI_OP_NOOP, 1),
-/* 59 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 60 */ _CFFI_OP(_CFFI_OP_FUNCTION, 81), // void()(struct sd_fastelf_symbols *)
-/* 61 */ _CFFI_OP(_CFFI_OP_NOOP, 23),
-/* 62 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 63 */ _CFFI_OP(_CFFI_OP_FUNCTION, 81), // void()(struct sd_walk_result *)
-/* 64 */ _CFFI_OP(_CFFI_OP_NOOP, 10),
-/* 65 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
-/* 66 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
-/* 67 */ _CFFI_OP(_CFFI_OP_ARRAY, 66), // char[512]
-/* 68 */ (_cffi_opcode_t)(512),
-/* 69 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 11), // long long
-/* 70 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_dpkg
-/* 71 */ _CFFI_OP(_CFFI_OP_POINTER, 72), // struct sd_dpkg_input *
-/* 72 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_dpkg_input
-/* 73 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 2), // struct sd_fastelf_result
-/* 74 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 3), // struct sd_fastelf_symbols
-/* 75 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 4), // struct sd_input_record
-/* 76 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 5), // struct sd_walk_record
-/* 77 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 6), // struct sd_walk_result
-/* 78 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
-/* 79 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
-/* 80 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
-/* 81 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
+/* 55 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 56 */ _CFFI_OP(_CFFI_OP_FUNCTION, 77), // void()(struct sd_fastelf_symbols *)
+/* 57 */ _CFFI_OP(_CFFI_OP_NOOP, 23),
+/* 58 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 59 */ _CFFI_OP(_CFFI_OP_FUNCTION, 77), // void()(struct sd_walk_result *)
+/* 60 */ _CFFI_OP(_CFFI_OP_NOOP, 10),
+/* 61 */ _CFFI_OP(_CFFI_OP_FUNCTION_END, 0),
+/* 62 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 2), // char
+/* 63 */ _CFFI_OP(_CFFI_OP_ARRAY, 62), // char[512]
+/* 64 */ (_cffi_opcode_t)(512),
+/* 65 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 11), // long long
+/* 66 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 0), // struct sd_dpkg
+/* 67 */ _CFFI_OP(_CFFI_OP_POINTER, 68), // struct sd_dpkg_input *
+/* 68 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 1), // struct sd_dpkg_input
+/* 69 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 2), // struct sd_fastelf_result
+/* 70 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 3), // struct sd_fastelf_symbols
+/* 71 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 4), // struct sd_input_record
+/* 72 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 5), // struct sd_walk_record
+/* 73 */ _CFFI_OP(_CFFI_OP_STRUCT_UNION, 6), // struct sd_walk_result
+/* 74 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 4), // unsigned char
+/* 75 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 8), // unsigned int
+/* 76 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 12), // unsigned long long
+/* 77 */ _CFFI_OP(_CFFI_OP_PRIMITIVE, 0), // void
 };
 
 static int _cffi_d_sd_dpkg_count(struct sd_dpkg * x0)
@@ -758,28 +754,28 @@ _cffi_f_sd_dpkg_find(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(40), arg3, (char **)&x3);
+      _cffi_type(36), arg3, (char **)&x3);
   if (datasize != 0) {
     x3 = ((size_t)datasize) <= 640 ? (int *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(40), arg3, (char **)&x3,
+    if (_cffi_convert_array_argument(_cffi_type(36), arg3, (char **)&x3,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(41), arg4, (char **)&x4);
+      _cffi_type(37), arg4, (char **)&x4);
   if (datasize != 0) {
     x4 = ((size_t)datasize) <= 640 ? (char const * *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(41), arg4, (char **)&x4,
+    if (_cffi_convert_array_argument(_cffi_type(37), arg4, (char **)&x4,
             datasize, &large_args_free) < 0)
       return NULL;
   }
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(42), arg5, (char **)&x5);
+      _cffi_type(38), arg5, (char **)&x5);
   if (datasize != 0) {
     x5 = ((size_t)datasize) <= 640 ? (size_t *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(42), arg5, (char **)&x5,
+    if (_cffi_convert_array_argument(_cffi_type(38), arg5, (char **)&x5,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -879,7 +875,7 @@ _cffi_f_sd_dpkg_input(PyObject *self, PyObject *args)
   Py_END_ALLOW_THREADS
 
   (void)self; /* unused */
-  pyresult = _cffi_from_c_pointer((char *)result, _cffi_type(71));
+  pyresult = _cffi_from_c_pointer((char *)result, _cffi_type(67));
   if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
   return pyresult;
 }
@@ -933,54 +929,6 @@ _cffi_f_sd_dpkg_name(PyObject *self, PyObject *args)
 }
 #else
 #  define _cffi_f_sd_dpkg_name _cffi_d_sd_dpkg_name
-#endif
-
-static int _cffi_d_sd_dpkg_readable(struct sd_dpkg * x0, int x1)
-{
-  return sd_dpkg_readable(x0, x1);
-}
-#ifndef PYPY_VERSION
-static PyObject *
-_cffi_f_sd_dpkg_readable(PyObject *self, PyObject *args)
-{
-  struct sd_dpkg * x0;
-  int x1;
-  Py_ssize_t datasize;
-  struct _cffi_freeme_s *large_args_free = NULL;
-  int result;
-  PyObject *pyresult;
-  PyObject *arg0;
-  PyObject *arg1;
-
-  if (!PyArg_UnpackTuple(args, "sd_dpkg_readable", 2, 2, &arg0, &arg1))
-    return NULL;
-
-  datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(1), arg0, (char **)&x0);
-  if (datasize != 0) {
-    x0 = ((size_t)datasize) <= 640 ? (struct sd_dpkg *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(1), arg0, (char **)&x0,
-            datasize, &large_args_free) < 0)
-      return NULL;
-  }
-
-  x1 = _cffi_to_c_int(arg1, int);
-  if (x1 == (int)-1 && PyErr_Occurred())
-    return NULL;
-
-  Py_BEGIN_ALLOW_THREADS
-  _cffi_restore_errno();
-  { result = sd_dpkg_readable(x0, x1); }
-  _cffi_save_errno();
-  Py_END_ALLOW_THREADS
-
-  (void)self; /* unused */
-  pyresult = _cffi_from_c_int(result, int);
-  if (large_args_free != NULL) _cffi_free_array_arguments(large_args_free);
-  return pyresult;
-}
-#else
-#  define _cffi_f_sd_dpkg_readable _cffi_d_sd_dpkg_readable
 #endif
 
 static struct sd_dpkg * _cffi_d_sd_dpkg_start(char const * x0)
@@ -1293,10 +1241,10 @@ _cffi_f_sd_inputs_changed(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(46), arg0, (char **)&x0);
+      _cffi_type(42), arg0, (char **)&x0);
   if (datasize != 0) {
     x0 = ((size_t)datasize) <= 640 ? (unsigned char const *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(46), arg0, (char **)&x0,
+    if (_cffi_convert_array_argument(_cffi_type(42), arg0, (char **)&x0,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -1306,10 +1254,10 @@ _cffi_f_sd_inputs_changed(PyObject *self, PyObject *args)
     return NULL;
 
   datasize = _cffi_prepare_pointer_call_argument(
-      _cffi_type(42), arg2, (char **)&x2);
+      _cffi_type(38), arg2, (char **)&x2);
   if (datasize != 0) {
     x2 = ((size_t)datasize) <= 640 ? (size_t *)alloca((size_t)datasize) : NULL;
-    if (_cffi_convert_array_argument(_cffi_type(42), arg2, (char **)&x2,
+    if (_cffi_convert_array_argument(_cffi_type(38), arg2, (char **)&x2,
             datasize, &large_args_free) < 0)
       return NULL;
   }
@@ -1721,20 +1669,19 @@ static const struct _cffi_global_s _cffi_globals[] = {
   { "SD_WALK_NOMEM", (void *)_cffi_const_SD_WALK_NOMEM, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "SD_WALK_OK", (void *)_cffi_const_SD_WALK_OK, _CFFI_OP(_CFFI_OP_CONSTANT_INT, -1), (void *)0 },
   { "sd_dpkg_count", (void *)_cffi_f_sd_dpkg_count, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 27), (void *)_cffi_d_sd_dpkg_count },
-  { "sd_dpkg_find", (void *)_cffi_f_sd_dpkg_find, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 36), (void *)_cffi_d_sd_dpkg_find },
-  { "sd_dpkg_free", (void *)_cffi_f_sd_dpkg_free, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 57), (void *)_cffi_d_sd_dpkg_free },
-  { "sd_dpkg_input", (void *)_cffi_f_sd_dpkg_input, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 53), (void *)_cffi_d_sd_dpkg_input },
+  { "sd_dpkg_find", (void *)_cffi_f_sd_dpkg_find, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 32), (void *)_cffi_d_sd_dpkg_find },
+  { "sd_dpkg_free", (void *)_cffi_f_sd_dpkg_free, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 53), (void *)_cffi_d_sd_dpkg_free },
+  { "sd_dpkg_input", (void *)_cffi_f_sd_dpkg_input, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 49), (void *)_cffi_d_sd_dpkg_input },
   { "sd_dpkg_name", (void *)_cffi_f_sd_dpkg_name, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 0), (void *)_cffi_d_sd_dpkg_name },
-  { "sd_dpkg_readable", (void *)_cffi_f_sd_dpkg_readable, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 30), (void *)_cffi_d_sd_dpkg_readable },
-  { "sd_dpkg_start", (void *)_cffi_f_sd_dpkg_start, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 50), (void *)_cffi_d_sd_dpkg_start },
+  { "sd_dpkg_start", (void *)_cffi_f_sd_dpkg_start, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 46), (void *)_cffi_d_sd_dpkg_start },
   { "sd_dpkg_wait", (void *)_cffi_f_sd_dpkg_wait, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 27), (void *)_cffi_d_sd_dpkg_wait },
-  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 34), (void *)_cffi_d_sd_fastelf_abi },
-  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 60), (void *)_cffi_d_sd_fastelf_free_symbols },
+  { "sd_fastelf_abi", (void *)_cffi_f_sd_fastelf_abi, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 30), (void *)_cffi_d_sd_fastelf_abi },
+  { "sd_fastelf_free_symbols", (void *)_cffi_f_sd_fastelf_free_symbols, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 56), (void *)_cffi_d_sd_fastelf_free_symbols },
   { "sd_fastelf_read", (void *)_cffi_f_sd_fastelf_read, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 12), (void *)_cffi_d_sd_fastelf_read },
-  { "sd_inputs_changed", (void *)_cffi_f_sd_inputs_changed, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 45), (void *)_cffi_d_sd_inputs_changed },
+  { "sd_inputs_changed", (void *)_cffi_f_sd_inputs_changed, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 41), (void *)_cffi_d_sd_inputs_changed },
   { "sd_walk", (void *)_cffi_f_sd_walk, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_V, 4), (void *)_cffi_d_sd_walk },
-  { "sd_walk_free", (void *)_cffi_f_sd_walk_free, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 63), (void *)_cffi_d_sd_walk_free },
-  { "sd_walk_record_size", (void *)_cffi_f_sd_walk_record_size, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 34), (void *)_cffi_d_sd_walk_record_size },
+  { "sd_walk_free", (void *)_cffi_f_sd_walk_free, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_O, 59), (void *)_cffi_d_sd_walk_free },
+  { "sd_walk_record_size", (void *)_cffi_f_sd_walk_record_size, _CFFI_OP(_CFFI_OP_CPYTHON_BLTN_N, 30), (void *)_cffi_d_sd_walk_record_size },
 };
 
 static const struct _cffi_field_s _cffi_fields[] = {
@@ -1743,22 +1690,22 @@ static const struct _cffi_field_s _cffi_fields[] = {
            _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "dev", offsetof(struct sd_dpkg_input, dev),
            sizeof(((struct sd_dpkg_input *)0)->dev),
-           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+           _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "ino", offsetof(struct sd_dpkg_input, ino),
            sizeof(((struct sd_dpkg_input *)0)->ino),
-           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+           _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "mode", offsetof(struct sd_dpkg_input, mode),
             sizeof(((struct sd_dpkg_input *)0)->mode),
-            _CFFI_OP(_CFFI_OP_NOOP, 80) },
+            _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "size", offsetof(struct sd_dpkg_input, size),
             sizeof(((struct sd_dpkg_input *)0)->size),
-            _CFFI_OP(_CFFI_OP_NOOP, 69) },
+            _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "mtime_ns", offsetof(struct sd_dpkg_input, mtime_ns),
                 sizeof(((struct sd_dpkg_input *)0)->mtime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 69) },
+                _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "ctime_ns", offsetof(struct sd_dpkg_input, ctime_ns),
                 sizeof(((struct sd_dpkg_input *)0)->ctime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 69) },
+                _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "elf_class", offsetof(struct sd_fastelf_result, elf_class),
                  sizeof(((struct sd_fastelf_result *)0)->elf_class),
                  _CFFI_OP(_CFFI_OP_NOOP, 2) },
@@ -1797,31 +1744,31 @@ static const struct _cffi_field_s _cffi_fields[] = {
                     _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "flags", offsetof(struct sd_fastelf_result, flags),
              sizeof(((struct sd_fastelf_result *)0)->flags),
-             _CFFI_OP(_CFFI_OP_NOOP, 80) },
+             _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "flags_1", offsetof(struct sd_fastelf_result, flags_1),
                sizeof(((struct sd_fastelf_result *)0)->flags_1),
-               _CFFI_OP(_CFFI_OP_NOOP, 80) },
+               _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "n_sections", offsetof(struct sd_fastelf_result, n_sections),
                   sizeof(((struct sd_fastelf_result *)0)->n_sections),
-                  _CFFI_OP(_CFFI_OP_NOOP, 79) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 75) },
   { "n_needed", offsetof(struct sd_fastelf_result, n_needed),
                 sizeof(((struct sd_fastelf_result *)0)->n_needed),
-                _CFFI_OP(_CFFI_OP_NOOP, 79) },
+                _CFFI_OP(_CFFI_OP_NOOP, 75) },
   { "n_verneed", offsetof(struct sd_fastelf_result, n_verneed),
                  sizeof(((struct sd_fastelf_result *)0)->n_verneed),
-                 _CFFI_OP(_CFFI_OP_NOOP, 79) },
+                 _CFFI_OP(_CFFI_OP_NOOP, 75) },
   { "n_verdef", offsetof(struct sd_fastelf_result, n_verdef),
                 sizeof(((struct sd_fastelf_result *)0)->n_verdef),
-                _CFFI_OP(_CFFI_OP_NOOP, 79) },
+                _CFFI_OP(_CFFI_OP_NOOP, 75) },
   { "strings_len", offsetof(struct sd_fastelf_result, strings_len),
                    sizeof(((struct sd_fastelf_result *)0)->strings_len),
                    _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "x86_isa_needed", offsetof(struct sd_fastelf_result, x86_isa_needed),
                       sizeof(((struct sd_fastelf_result *)0)->x86_isa_needed),
-                      _CFFI_OP(_CFFI_OP_NOOP, 79) },
+                      _CFFI_OP(_CFFI_OP_NOOP, 75) },
   { "error", offsetof(struct sd_fastelf_result, error),
              sizeof(((struct sd_fastelf_result *)0)->error),
-             _CFFI_OP(_CFFI_OP_NOOP, 67) },
+             _CFFI_OP(_CFFI_OP_NOOP, 63) },
   { "count", offsetof(struct sd_fastelf_symbols, count),
              sizeof(((struct sd_fastelf_symbols *)0)->count),
              _CFFI_OP(_CFFI_OP_NOOP, 16) },
@@ -1851,10 +1798,10 @@ static const struct _cffi_field_s _cffi_fields[] = {
                     _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "n_versions", offsetof(struct sd_fastelf_symbols, n_versions),
                   sizeof(((struct sd_fastelf_symbols *)0)->n_versions),
-                  _CFFI_OP(_CFFI_OP_NOOP, 79) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 75) },
   { "path_len", offsetof(struct sd_input_record, path_len),
                 sizeof(((struct sd_input_record *)0)->path_len),
-                _CFFI_OP(_CFFI_OP_NOOP, 79) },
+                _CFFI_OP(_CFFI_OP_NOOP, 75) },
   { "follow", offsetof(struct sd_input_record, follow),
               sizeof(((struct sd_input_record *)0)->follow),
               _CFFI_OP(_CFFI_OP_NOOP, 2) },
@@ -1866,37 +1813,37 @@ static const struct _cffi_field_s _cffi_fields[] = {
             _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "dev", offsetof(struct sd_input_record, dev),
            sizeof(((struct sd_input_record *)0)->dev),
-           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+           _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "ino", offsetof(struct sd_input_record, ino),
            sizeof(((struct sd_input_record *)0)->ino),
-           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+           _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "mode", offsetof(struct sd_input_record, mode),
             sizeof(((struct sd_input_record *)0)->mode),
-            _CFFI_OP(_CFFI_OP_NOOP, 80) },
+            _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "size", offsetof(struct sd_input_record, size),
             sizeof(((struct sd_input_record *)0)->size),
-            _CFFI_OP(_CFFI_OP_NOOP, 69) },
+            _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "mtime_ns", offsetof(struct sd_input_record, mtime_ns),
                 sizeof(((struct sd_input_record *)0)->mtime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 69) },
+                _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "ctime_ns", offsetof(struct sd_input_record, ctime_ns),
                 sizeof(((struct sd_input_record *)0)->ctime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 69) },
+                _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "path_len", offsetof(struct sd_walk_record, path_len),
                 sizeof(((struct sd_walk_record *)0)->path_len),
-                _CFFI_OP(_CFFI_OP_NOOP, 79) },
+                _CFFI_OP(_CFFI_OP_NOOP, 75) },
   { "kind", offsetof(struct sd_walk_record, kind),
             sizeof(((struct sd_walk_record *)0)->kind),
-            _CFFI_OP(_CFFI_OP_NOOP, 78) },
+            _CFFI_OP(_CFFI_OP_NOOP, 74) },
   { "plain", offsetof(struct sd_walk_record, plain),
              sizeof(((struct sd_walk_record *)0)->plain),
-             _CFFI_OP(_CFFI_OP_NOOP, 78) },
+             _CFFI_OP(_CFFI_OP_NOOP, 74) },
   { "elf", offsetof(struct sd_walk_record, elf),
            sizeof(((struct sd_walk_record *)0)->elf),
-           _CFFI_OP(_CFFI_OP_NOOP, 78) },
+           _CFFI_OP(_CFFI_OP_NOOP, 74) },
   { "has_stat", offsetof(struct sd_walk_record, has_stat),
                 sizeof(((struct sd_walk_record *)0)->has_stat),
-                _CFFI_OP(_CFFI_OP_NOOP, 78) },
+                _CFFI_OP(_CFFI_OP_NOOP, 74) },
   { "err", offsetof(struct sd_walk_record, err),
            sizeof(((struct sd_walk_record *)0)->err),
            _CFFI_OP(_CFFI_OP_NOOP, 2) },
@@ -1905,43 +1852,43 @@ static const struct _cffi_field_s _cffi_fields[] = {
                 _CFFI_OP(_CFFI_OP_NOOP, 2) },
   { "dev", offsetof(struct sd_walk_record, dev),
            sizeof(((struct sd_walk_record *)0)->dev),
-           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+           _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "ino", offsetof(struct sd_walk_record, ino),
            sizeof(((struct sd_walk_record *)0)->ino),
-           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+           _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "mode", offsetof(struct sd_walk_record, mode),
             sizeof(((struct sd_walk_record *)0)->mode),
-            _CFFI_OP(_CFFI_OP_NOOP, 80) },
+            _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "nlink", offsetof(struct sd_walk_record, nlink),
              sizeof(((struct sd_walk_record *)0)->nlink),
-             _CFFI_OP(_CFFI_OP_NOOP, 80) },
+             _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "uid", offsetof(struct sd_walk_record, uid),
            sizeof(((struct sd_walk_record *)0)->uid),
-           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+           _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "gid", offsetof(struct sd_walk_record, gid),
            sizeof(((struct sd_walk_record *)0)->gid),
-           _CFFI_OP(_CFFI_OP_NOOP, 80) },
+           _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "rdev", offsetof(struct sd_walk_record, rdev),
             sizeof(((struct sd_walk_record *)0)->rdev),
-            _CFFI_OP(_CFFI_OP_NOOP, 80) },
+            _CFFI_OP(_CFFI_OP_NOOP, 76) },
   { "size", offsetof(struct sd_walk_record, size),
             sizeof(((struct sd_walk_record *)0)->size),
-            _CFFI_OP(_CFFI_OP_NOOP, 69) },
+            _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "blksize", offsetof(struct sd_walk_record, blksize),
                sizeof(((struct sd_walk_record *)0)->blksize),
-               _CFFI_OP(_CFFI_OP_NOOP, 69) },
+               _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "blocks", offsetof(struct sd_walk_record, blocks),
               sizeof(((struct sd_walk_record *)0)->blocks),
-              _CFFI_OP(_CFFI_OP_NOOP, 69) },
+              _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "atime_ns", offsetof(struct sd_walk_record, atime_ns),
                 sizeof(((struct sd_walk_record *)0)->atime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 69) },
+                _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "mtime_ns", offsetof(struct sd_walk_record, mtime_ns),
                 sizeof(((struct sd_walk_record *)0)->mtime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 69) },
+                _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "ctime_ns", offsetof(struct sd_walk_record, ctime_ns),
                 sizeof(((struct sd_walk_record *)0)->ctime_ns),
-                _CFFI_OP(_CFFI_OP_NOOP, 69) },
+                _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "data", offsetof(struct sd_walk_result, data),
             sizeof(((struct sd_walk_result *)0)->data),
             _CFFI_OP(_CFFI_OP_NOOP, 24) },
@@ -1950,29 +1897,29 @@ static const struct _cffi_field_s _cffi_fields[] = {
            _CFFI_OP(_CFFI_OP_NOOP, 16) },
   { "files", offsetof(struct sd_walk_result, files),
              sizeof(((struct sd_walk_result *)0)->files),
-             _CFFI_OP(_CFFI_OP_NOOP, 69) },
+             _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "skipped", offsetof(struct sd_walk_result, skipped),
                sizeof(((struct sd_walk_result *)0)->skipped),
-               _CFFI_OP(_CFFI_OP_NOOP, 69) },
+               _CFFI_OP(_CFFI_OP_NOOP, 65) },
   { "unreadable", offsetof(struct sd_walk_result, unreadable),
                   sizeof(((struct sd_walk_result *)0)->unreadable),
-                  _CFFI_OP(_CFFI_OP_NOOP, 69) },
+                  _CFFI_OP(_CFFI_OP_NOOP, 65) },
 };
 
 static const struct _cffi_struct_union_s _cffi_struct_unions[] = {
-  { "sd_dpkg", 70, _CFFI_F_OPAQUE,
+  { "sd_dpkg", 66, _CFFI_F_OPAQUE,
     (size_t)-1, -1, -1, 0 /* opaque */ },
-  { "sd_dpkg_input", 72, _CFFI_F_CHECK_FIELDS,
+  { "sd_dpkg_input", 68, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_dpkg_input), offsetof(struct _cffi_align_struct_sd_dpkg_input, y), 0, 7 },
-  { "sd_fastelf_result", 73, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_result", 69, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_result), offsetof(struct _cffi_align_struct_sd_fastelf_result, y), 7, 21 },
-  { "sd_fastelf_symbols", 74, _CFFI_F_CHECK_FIELDS,
+  { "sd_fastelf_symbols", 70, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_fastelf_symbols), offsetof(struct _cffi_align_struct_sd_fastelf_symbols, y), 28, 10 },
-  { "sd_input_record", 75, _CFFI_F_CHECK_FIELDS,
+  { "sd_input_record", 71, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_input_record), offsetof(struct _cffi_align_struct_sd_input_record, y), 38, 10 },
-  { "sd_walk_record", 76, _CFFI_F_CHECK_FIELDS,
+  { "sd_walk_record", 72, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_walk_record), offsetof(struct _cffi_align_struct_sd_walk_record, y), 48, 20 },
-  { "sd_walk_result", 77, _CFFI_F_CHECK_FIELDS,
+  { "sd_walk_result", 73, _CFFI_F_CHECK_FIELDS,
     sizeof(struct sd_walk_result), offsetof(struct _cffi_align_struct_sd_walk_result, y), 68, 5 },
 };
 
@@ -1983,12 +1930,12 @@ static const struct _cffi_type_context_s _cffi_type_context = {
   _cffi_struct_unions,
   NULL,  /* no enums */
   NULL,  /* no typenames */
-  27,  /* num_globals */
+  26,  /* num_globals */
   7,  /* num_struct_unions */
   0,  /* num_enums */
   0,  /* num_typenames */
   NULL,  /* no includes */
-  82,  /* num_types */
+  78,  /* num_types */
   0,  /* flags */
 };
 

@@ -39,8 +39,7 @@ struct sd_dpkg {
     int started, joined, status;
     size_t n_lists;
     char **names;   /* file names (pkg.list, pkg:arch.list) */
-    char **data;    /* each list's bytes */
-    size_t *lens;
+    char **data;    /* each list's bytes (NULL: it could not be read) */
     struct sd_dpkg_input *inputs; /* per list, and one more for the directory */
     struct dp_entry *entries;
     size_t n_entries, cap_entries;
@@ -192,9 +191,8 @@ static int build(struct sd_dpkg *d)
     if (d->n_lists)
         qsort(d->names, d->n_lists, sizeof *d->names, by_name);
     d->data = calloc(d->n_lists + 1, sizeof *d->data);
-    d->lens = calloc(d->n_lists + 1, sizeof *d->lens);
     struct sd_dpkg_input *inputs = realloc(d->inputs, (d->n_lists + 1) * sizeof *inputs);
-    if (!d->data || !d->lens || !inputs)
+    if (!d->data || !inputs)
         return -1;
     d->inputs = inputs;
     d->n_buckets = 1 << 17;
@@ -222,7 +220,6 @@ static int build(struct sd_dpkg *d)
         if (read_all(path, &buf, &len))
             continue; /* (as _dpkg_lists: a list that cannot be read is left out) */
         d->data[i] = buf;
-        d->lens[i] = len;
         size_t at = 0;
         while (at < len) {
             char *nl = memchr(buf + at, '\n', len - at);
@@ -296,11 +293,6 @@ struct sd_dpkg_input *sd_dpkg_input(struct sd_dpkg *d, int i)
     return &d->inputs[i];
 }
 
-int sd_dpkg_readable(struct sd_dpkg *d, int i)
-{
-    return d->data[i] != NULL;
-}
-
 /* The lines whose text after the last '/' is name[0..len): up to ``cap`` of them as
  * (list, pointer, length); returns how many there are (more than cap: ask again). */
 long sd_dpkg_find(struct sd_dpkg *d, const char *name, size_t len, int *lists, const char **lines, size_t *lens,
@@ -337,7 +329,6 @@ void sd_dpkg_free(struct sd_dpkg *d)
     }
     free(d->names);
     free(d->data);
-    free(d->lens);
     free(d->inputs);
     free(d->entries);
     free(d->heads);

@@ -149,7 +149,6 @@ int sd_dpkg_wait(struct sd_dpkg *d);
 int sd_dpkg_count(struct sd_dpkg *d);
 const char *sd_dpkg_name(struct sd_dpkg *d, int i);
 struct sd_dpkg_input *sd_dpkg_input(struct sd_dpkg *d, int i);
-int sd_dpkg_readable(struct sd_dpkg *d, int i);
 long sd_dpkg_find(struct sd_dpkg *d, const char *name, size_t len, int *lists, const char **lines, size_t *lens,
                   long cap);
 void sd_dpkg_free(struct sd_dpkg *d);

@@ -31,7 +31,7 @@ import stat as _stat
 from ..elf import fastread as _fastread
 from ..elf.info import ElfInfo
 from ..errors import ELFError
-from ..record import FrozenRecord, Record
+from ..record import FrozenRecord, Record, _new_dict
 from . import hwcaps as _hwcaps
 from . import tokens
 from .ldcache import LdCache, cache_stamp
@@ -96,7 +96,7 @@ class Resolution(FrozenRecord):
             "soname": soname})  # DT_SONAME of the resolved file
 
 
-_new_object, _set_dict = object.__new__, object.__setattr__
+_new_object = object.__new__  # (with record._new_dict: a record made without its __init__)
 
 
 class VersionCheck(FrozenRecord):
@@ -352,34 +352,28 @@ class Resolver:
             # search for them): its e_ident and e_machine are the header's, read again for
             # each of ~300 candidates of a check of /usr/lib before (issue 13).  A parsed
             # file has the ELF magic, and 64 bytes or more leave no "file too short".
-            if known.elf_class != abi.elf_class:
-                return "skip", f"wrong ELF class: ELFCLASS{known.elf_class}"
-            if not known.little_endian:
-                return "fatal", "ELF file data encoding not little-endian"
-            if known.machine != abi.machine:
-                return "skip", f"wrong machine: e_machine {known.machine}"
-            return self._loadable(path)
-        header = self._header(path)
-        if header is None:
-            return "skip", "not readable"
-        # dl-load.c open_verify: fewer bytes than the loader's own ElfW(Ehdr) (64 for a
-        # 64-bit ld.so, 52 for a 32-bit one) is "file too short", before e_ident is looked at
-        if len(header) < (64 if abi.elf_class == 64 else 52):
-            return "fatal", "file too short"
-        if header[:4] != b"\x7fELF":
-            return "fatal", "invalid ELF header"
-        elf_class = {1: 32, 2: 64}.get(header[4])
+            elf_class, little_endian, machine = known.elf_class, known.little_endian, known.machine
+            shown_class = elf_class
+        else:
+            header = self._header(path)
+            if header is None:
+                return "skip", "not readable"
+            # dl-load.c open_verify: fewer bytes than the loader's own ElfW(Ehdr) (64 for a
+            # 64-bit ld.so, 52 for a 32-bit one) is "file too short", before e_ident is looked at
+            if len(header) < (64 if abi.elf_class == 64 else 52):
+                return "fatal", "file too short"
+            if header[:4] != b"\x7fELF":
+                return "fatal", "invalid ELF header"
+            elf_class = {1: 32, 2: 64}.get(header[4])
+            shown_class = elf_class or header[4]
+            little_endian = header[5] == 1
+            machine = int.from_bytes(header[18:20], "little")
         if elf_class != abi.elf_class:
-            return "skip", f"wrong ELF class: ELFCLASS{elf_class or header[4]}"
-        if header[5] != 1:
+            return "skip", f"wrong ELF class: ELFCLASS{shown_class}"
+        if not little_endian:
             return "fatal", "ELF file data encoding not little-endian"
-        machine = int.from_bytes(header[18:20], "little")
         if machine != abi.machine:
             return "skip", f"wrong machine: e_machine {machine}"
-        return self._loadable(path)
-
-    def _loadable(self, path: str):
-        """The rest of open_verify for a file of the right class and machine."""
         try:
             info = self.read(path)
         except ELFError as exc:
@@ -872,7 +866,7 @@ class Resolver:
                 if provider is None or provider.info is None:
                     for version, weak in need.versions:
                         check = _new_object(VersionCheck)
-                        _set_dict(check, "__dict__", {
+                        _new_dict(check, "__dict__", {
                             "requester": requester, "file": file, "version": version, "weak": weak,
                             "provider": None, "defined": False, "provider_versions": ()})
                         checks.append(check)
@@ -886,7 +880,7 @@ class Resolver:
                     defined_set = self._version_set(provider_versions)
                     for version, weak in need.versions:
                         check = _new_object(VersionCheck)
-                        _set_dict(check, "__dict__", {
+                        _new_dict(check, "__dict__", {
                             "requester": requester, "file": file, "version": version, "weak": weak,
                             "provider": provider_path,
                             "defined": version in defined_set or any_version or version == soname,
