@@ -11,8 +11,9 @@ from seedance.collect.scan import CheckOptions, Scanner
 from tests.conftest import seedance_jobs
 
 LIBZ = "/usr/lib/x86_64-linux-gnu/libz.so.1"
-# written out here, not imported: sources, bytecode and headers are never opened
-NEVER_ELF = (".py", ".pyc", ".pyi", ".h", ".hpp", ".cuh")
+# written out here, not imported: sources, bytecode, headers and build-system text files
+# are never opened
+NEVER_ELF = (".py", ".pyc", ".pyi", ".h", ".hpp", ".cuh", ".pl", ".pm", ".ph", ".pc", ".cmake", ".la")
 pytestmark = pytest.mark.skipif(not os.path.exists(LIBZ), reason="libz.so.1 not installed")
 
 
@@ -53,6 +54,12 @@ def build_tree(root) -> None:
     (root / "b" / "short").write_bytes(b"\x7fELF")
     (root / "b" / "mod.py").write_text("import os  # a Python source is not opened\n")
     (root / "b" / "libodd.data").write_bytes(open(real, "rb").read())  # any other name is sniffed
+    # an ELF named like a Perl source or a pkg-config file is not opened (nothing loads one
+    # by that name); a name that only contains such a suffix is
+    (root / "b" / "tool.pl").write_bytes(open(real, "rb").read())
+    (root / "b" / "zlib.pc").write_bytes(open(real, "rb").read())
+    (root / "b" / "libpm.so").write_bytes(open(real, "rb").read())
+    (root / "b" / "unicore.pm").write_text("package unicore;  # a Perl module is not opened\n")
     (root / "Z-first.so").write_bytes(open(real, "rb").read())
     (root / "setup.py").write_text("pass  # counted and skipped where it is listed, once\n")
     # a directory whose name ends like a Python source is still walked, and a linked
@@ -88,6 +95,8 @@ def test_walk_matches_os_walk(tmp_path, walker):
     # both names of the linked library are roots here; check keeps one per inode later
     assert str(tmp_path / "a" / "libz.so.1") in [p for p, _ in found]
     assert str(tmp_path / "b" / "pkg.py" / "inner.so") in [p for p, _ in found]
+    assert str(tmp_path / "b" / "libpm.so") in [p for p, _ in found]
+    assert str(tmp_path / "b" / "tool.pl") not in [p for p, _ in found]
 
 
 def test_walk_reports_an_unlistable_directory(tmp_path, walker):
