@@ -845,8 +845,8 @@ HELPER_MIN_ROOTS = 64
 # Python sources and bytecode and C/CUDA headers: files no loader maps, ~28,000 of the 33,500
 # files of a site-packages with torch and /usr/local/cuda.  Opening each to read 4 bytes was
 # most of that walk (issue 13); they are counted as skipped without being opened.  Perl's
-# sources (.pl, .pm, .ph), pkg-config, CMake and libtool files are text too: ~940 of the 2,736
-# files of /usr/lib/x86_64-linux-gnu (perl-base's unicore tables alone are ~700).
+# sources (.pl, .pm, .ph), pkg-config, CMake and libtool files are text too: ~950 of the 2,736
+# files of /usr/lib/x86_64-linux-gnu (perl-base alone holds ~600).
 NEVER_ELF_SUFFIXES = (".py", ".pyc", ".pyi", ".h", ".hpp", ".cuh", ".pl", ".pm", ".ph", ".pc",
                       ".cmake", ".la")
 
