@@ -17,6 +17,10 @@ __dict__, as the dataclasses had.
 from __future__ import annotations
 
 _new_dict = object.__setattr__
+# A record made without its __init__, where one is built per NEEDED or verneed in a hot loop:
+# _new_object(cls), then _new_dict(obj, "__dict__", {...every field...}), which is what the
+# __init__ of FrozenRecord and Record leaves (the resolver's VersionChecks, version facts)
+_new_object = object.__new__
 
 NEW = object()  # a default meaning "a new empty list/dict for this instance" (default_factory)
 

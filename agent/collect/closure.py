@@ -10,11 +10,9 @@ from __future__ import annotations
 import os
 
 from ..model import Fact
-from ..record import Record, _new_dict
+from ..record import Record, _new_dict, _new_object
 from ..resolve.names import same_library
 from . import cuda
-
-_new_object = object.__new__  # (with record._new_dict: a record made without its __init__)
 
 
 def _stat_or_none(path: str):

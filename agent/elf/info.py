@@ -7,10 +7,9 @@ record.py says what these frozen records keep of the dataclasses they were).
 """
 from __future__ import annotations
 
-from ..record import FrozenRecord
+from ..record import FrozenRecord, _new_dict
 
 DF_1_NODEFLIB = 0x800
-_new_dict = object.__setattr__
 
 
 class VersionNeed(FrozenRecord):

@@ -31,7 +31,7 @@ import stat as _stat
 from ..elf import fastread as _fastread
 from ..elf.info import ElfInfo
 from ..errors import ELFError
-from ..record import FrozenRecord, Record, _new_dict
+from ..record import FrozenRecord, Record, _new_dict, _new_object
 from . import hwcaps as _hwcaps
 from . import tokens
 from .ldcache import LdCache, cache_stamp
@@ -94,9 +94,6 @@ class Resolution(FrozenRecord):
             "tried": tried,  # ((candidate_path, 'ok' or why rejected), ...) in search order
             "search_order": search_order,  # ((source, directory), ...) in the order ld.so searches them
             "soname": soname})  # DT_SONAME of the resolved file
-
-
-_new_object = object.__new__  # (with record._new_dict: a record made without its __init__)
 
 
 class VersionCheck(FrozenRecord):
