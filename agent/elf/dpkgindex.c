@@ -76,14 +76,15 @@ static void fill_input(struct sd_dpkg_input *in, const struct stat *st, int err)
     }
 }
 
-/* a whole file as _read_bytes reads it (O_NONBLOCK: a FIFO reads as what it holds now) */
-static int read_all(const char *path, char **out, size_t *len)
+/* a whole file as _read_bytes reads it (O_NONBLOCK: a FIFO reads as what it holds now);
+ * ``size_hint``: its size from the stat the recorder took just before (0: unknown), only
+ * the first buffer's size: the file is read to its end whatever it holds now */
+static int read_all(const char *path, long long size_hint, char **out, size_t *len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return -1;
-    struct stat st;
-    size_t cap = (fstat(fd, &st) == 0 && st.st_size > 0) ? (size_t)st.st_size + 1 : 4096;
+    size_t cap = size_hint > 0 ? (size_t)size_hint + 1 : 4096;
     char *buf = malloc(cap);
     size_t n = 0;
     if (!buf) {
@@ -217,7 +218,7 @@ static int build(struct sd_dpkg *d)
         fill_input(&d->inputs[i + 1], &st, stat(path, &st) == 0 ? 0 : (errno ? errno : -1));
         char *buf;
         size_t len;
-        if (read_all(path, &buf, &len))
+        if (read_all(path, d->inputs[i + 1].err ? 0 : d->inputs[i + 1].size, &buf, &len))
             continue; /* (as _dpkg_lists: a list that cannot be read is left out) */
         d->data[i] = buf;
         size_t at = 0;
