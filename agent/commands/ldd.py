@@ -39,7 +39,8 @@ def configure_parser(sub):
     parser.add_argument("--json", action="store_true", help=f"print a {SCHEMA} JSON object")
     parser.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
                         help="loader environment to assume, e.g. LD_LIBRARY_PATH=/opt/lib "
-                             "(repeatable; default: a clean environment)")
+                             "(repeatable; overrides this environment's LD_LIBRARY_PATH and "
+                             "LD_PRELOAD, which are assumed otherwise, as ldd does)")
     parser.add_argument("--secure", action="store_true",
                         help="resolve as for a set-user-ID program (AT_SECURE)")
     parser.add_argument("--tree", action="store_true",
@@ -49,8 +50,18 @@ def configure_parser(sub):
     return parser
 
 
-def _parse_env(items: list) -> dict:
-    env = {}
+# The loader variables ldd passes on to ld.so (it runs the loader in this environment):
+# rtld.c reads LD_LIBRARY_PATH and LD_PRELOAD in trace mode as in a normal start.
+CALLER_LOADER_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+
+
+def _parse_env(items: list, environ=None) -> dict:
+    """The caller's loader variables, then each --env VAR=VALUE over them.  An empty value
+    stays a value (LD_LIBRARY_PATH= is an empty list for ld.so, not the variable unset)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    env = {k: environ[k] for k in CALLER_LOADER_VARS if k in environ}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:

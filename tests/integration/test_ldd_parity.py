@@ -183,3 +183,81 @@ def test_provider_rebuilt_without_a_version_script_matches_ldd(tmp_path, script)
     assert (ran.returncode == 0) == (expected[3] == set()), ran.stderr  # ldd's verdict is the loader's
     judged = run_cli("check", "--no-progress", app)
     assert judged.returncode == (0 if ran.returncode == 0 else 1), judged.stdout + judged.stderr
+
+
+# --- the caller's environment: ldd runs the loader in it, so `seedance ldd` assumes it ------------
+
+def _two_copies(tmp_path):
+    """libdup.so.1 built twice (one/ and two/), each with a marker symbol, and app needing it."""
+    import subprocess
+    for which in ("one", "two"):
+        (tmp_path / which).mkdir()
+        (tmp_path / f"{which}.c").write_text(f"int dup(void){{return 1;}} int {which}_marker(void){{return 2;}}\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", tmp_path / which / "libdup.so.1",
+                        tmp_path / f"{which}.c", "-Wl,-soname,libdup.so.1"], check=True)
+    (tmp_path / "m.c").write_text("int dup(void); int main(void){return dup();}\n")
+    subprocess.run(["gcc", "-o", tmp_path / "app", tmp_path / "m.c", tmp_path / "one" / "libdup.so.1"], check=True)
+    return str(tmp_path / "app")
+
+
+def _resolved(text: str, name: str) -> list:
+    """The paths NAME resolves to in ldd-style output (both tools' lines read the same way).
+    A file found under a relative path equal to its name (an empty LD_LIBRARY_PATH entry is
+    the current directory) is listed by its path alone, without "=>"."""
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(f"{name} =>"):
+            found.append(line.split("=>", 1)[1].split("(")[0].strip())
+        elif line.split(" (")[0] == name:
+            found.append(name)
+    return found
+
+
+def _ldd_in(env: dict, path: str, cwd) -> str:
+    import subprocess
+    proc = subprocess.run(["ldd", path], capture_output=True, env={**parity.CLEAN_ENV, **env}, cwd=cwd)
+    return (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+
+
+def _seedance_ldd_in(env: dict, path: str, cwd):
+    """`seedance ldd PATH` started as a user would, in this environment plus ``env``."""
+    import subprocess
+    from tests.conftest import BIN
+    exe = BIN / "seedance"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "seedance"]
+    return subprocess.run([*cmd, "ldd", path], capture_output=True, cwd=cwd, env={**os.environ, **env})
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("shape", ["plain", "empty-entries", "origin-token"])
+def test_cli_assumes_the_callers_ld_library_path_as_ldd_does(tmp_path, shape):
+    """Oracle: ldd run with the same LD_LIBRARY_PATH, in the same directory.  Two files answer
+    to libdup.so.1 (app was linked against one/); the one ld.so picks must win in both tools."""
+    app = _two_copies(tmp_path)
+    llp, cwd, winner = {
+        "plain": (str(tmp_path / "two"), tmp_path, "two"),
+        # an empty entry is the current directory for ld.so (fillin_rpath), ahead of two/
+        "empty-entries": (f"::{tmp_path / 'two'}:", tmp_path / "one", "one"),
+        # $ORIGIN in LD_LIBRARY_PATH expands against the main program's directory
+        "origin-token": ("$ORIGIN/two", tmp_path, "two")}[shape]
+    expected = _resolved(_ldd_in({"LD_LIBRARY_PATH": llp}, app, cwd), "libdup.so.1")
+    assert [os.path.realpath(os.path.join(cwd, p)) for p in expected] == [str(tmp_path / winner / "libdup.so.1")]
+    proc = _seedance_ldd_in({"LD_LIBRARY_PATH": llp}, app, cwd)
+    assert proc.returncode == 0, proc.stderr
+    got = _resolved(proc.stdout.decode("utf-8", errors="replace"), "libdup.so.1")
+    assert [os.path.realpath(os.path.join(cwd, p)) for p in got] == \
+        [os.path.realpath(os.path.join(cwd, p)) for p in expected]
+    # --env still overrides what the caller's environment holds
+    first = run_cli("ldd", "--env", f"LD_LIBRARY_PATH={tmp_path / 'one'}", app, env={"LD_LIBRARY_PATH": llp})
+    assert _resolved(first.stdout, "libdup.so.1") == [f"{tmp_path / 'one'}/libdup.so.1"]
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_cli_assumes_the_callers_ld_preload_as_ldd_does(tmp_path):
+    app = _two_copies(tmp_path)
+    preload = str(tmp_path / "two" / "libdup.so.1")
+    expected = parity.parse_ldd(_ldd_in({"LD_PRELOAD": preload}, app, tmp_path))
+    assert os.path.realpath(preload) in expected[1]
+    proc = _seedance_ldd_in({"LD_PRELOAD": preload}, app, tmp_path)
+    assert parity.compare(expected, parity.parse_ldd(proc.stdout.decode("utf-8", errors="replace"))) is None
