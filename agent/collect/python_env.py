@@ -530,7 +530,12 @@ def plan_imports(interp: Interpreter, names) -> ImportPlan:
         planner.importer = name
         plan.per_name.setdefault(name, [])
         if not planner.import_name(name):
-            plan.missing.append((name, name))
+            # Python names the first part of the dotted name it could not find
+            # (importlib._bootstrap._find_and_load_unlocked): `import nosuch.sub` says 'nosuch'
+            parts = name.split(".")
+            prefixes = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+            plan.missing.append((name, next((p for p in prefixes if p in planner.done
+                                             and planner.done[p] is None), name)))
     return plan
 
 
@@ -665,7 +670,7 @@ def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Pr
         if not ok:
             break
         if name in missing:
-            ok, error, failed = False, f"ModuleNotFoundError: No module named '{name}'", name
+            ok, error, failed = False, f"ModuleNotFoundError: No module named '{missing[name]}'", name
             break
     return Prediction(names, sim.model, plan, interp, ok, error, failed)
 
@@ -698,8 +703,73 @@ def _run_dlopens(executable: str, libraries: tuple, flags: int, resolver) -> Pre
                       ok, error, failed)
 
 
+def distributions_providing(interp: Interpreter, module: str) -> list:
+    """(distribution, recorded) for each distribution installed for ``interp`` whose RECORD
+    names the top-level package of ``module``; ``recorded``: its RECORD lists ``module``
+    itself (the file was installed and is gone since).  Read from the *.dist-info
+    directories on the interpreter's sys.path, without running it or any package."""
+    top = module.split(".")[0]
+    stem = module.replace(".", "/")
+    found = []
+    for entry in interp.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(".dist-info"):
+                continue
+            try:
+                with open(os.path.join(entry or ".", name, "RECORD"), encoding="utf-8", errors="replace") as handle:
+                    files = [line.split(",", 1)[0] for line in handle]
+            except OSError:
+                continue
+            if not any(f == f"{top}.py" or f.startswith((f"{top}/", f"{top}.")) for f in files):
+                continue
+            recorded = any(f in (f"{stem}.py", f"{stem}/__init__.py") or
+                           (f.startswith(f"{stem}.") and f.endswith(".so")) for f in files)
+            found.append((_dist_name(os.path.join(entry or ".", name), name), recorded))
+    return found
+
+
+def _dist_name(dist_info: str, dirname: str) -> str:
+    """The distribution's Name: from METADATA, else the directory's name before the version."""
+    try:
+        with open(os.path.join(dist_info, "METADATA"), encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Name:"):
+                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
+    except OSError:
+        pass
+    return dirname[:-len(".dist-info")].split("-")[0]
+
+
+def import_failure_fix(interp: Interpreter, module: str) -> tuple:
+    """(distribution or '', the fix text) for `No module named MODULE` in ``interp``.  A pip
+    command only where the distribution is known: one installed for this interpreter whose
+    RECORD lists the module (installed, then deleted: a reinstall brings it back).  An
+    import name often differs from its PyPI name (cv2 is opencv-python), so nothing is
+    guessed from the name alone."""
+    python = interp.python
+    dists = distributions_providing(interp, module)
+    broken = [d for d, recorded in dists if recorded]
+    if broken:
+        return broken[0], (f"{python} -m pip install --force-reinstall {broken[0]} "
+                           f"(its RECORD lists {module}, which is gone)")
+    if dists:
+        names = ", ".join(d for d, _r in dists)
+        return "", (f"{module.split('.')[0]} comes from {names}, which has no module {module}: check the "
+                    f"name against its version ({python} -m pip show {dists[0][0]})")
+    return "", (f"no distribution installed for {python} provides {module.split('.')[0]}: check the "
+                f"spelling and that this is the interpreter meant, then install the distribution that "
+                f"ships it ({python} -m pip install NAME; the PyPI name may differ from the import name)")
+
+
 def shadowing_facts(prediction: Prediction) -> list:
-    """One `process-load` fact per shadowed NEEDED and per failed load (rules/process.yaml)."""
+    """One `process-load` fact per shadowed NEEDED, per failed load and per import that
+    fails because a module is not found (rules/process.yaml)."""
     from ..model import Fact
     if prediction.ok:
         hint = "this order loads: the copy loaded first serves both here"
@@ -738,4 +808,14 @@ def shadowing_facts(prediction: Prediction) -> list:
                 "event": "failed", "importer": step.load.importer or "", "module": module,
                 "how": how, "why_args": why_args, "then": f"; {hint}" if hint else "",
                 "error": step.error or "", "order_hint": hint}, source="python_env"))
+    if python and not prediction.ok and prediction.failed_module in dict(prediction.plan.missing):
+        # no load fails: Python's own finder does (ModuleNotFoundError, before any dlopen)
+        interp = prediction.interpreter
+        module = dict(prediction.plan.missing)[prediction.failed_module]
+        distribution, fix = import_failure_fix(interp, module)
+        exception, _sep, _text = (prediction.error or "").partition(":")
+        facts.append(Fact("process-load", {"path": interp.executable}, {
+            "event": "import-fails", "importer": prediction.failed_module, "module": module,
+            "python": interp.python, "exception": exception, "error": prediction.error or "",
+            "distribution": distribution, "fix": fix}, source="python_env"))
     return facts
