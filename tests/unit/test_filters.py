@@ -75,10 +75,14 @@ def test_config_in_cwd_then_git_root_of_the_target(tmp_path):
     assert find_config([], cwd=str(elsewhere)) is None
     (elsewhere / ".seedance.yaml").write_text("min-severity: fatal\n")
     assert find_config([str(project / "build")], cwd=str(elsewhere)) == str(elsewhere / ".seedance.yaml")
-    result = build(targets=[str(project / "build")], known=KNOWN, cwd=str(tmp_path))
+    # the target's own config is its author's: named, not applied, unless asked for
+    ignored = build(targets=[str(project / "build")], known=KNOWN, cwd=str(tmp_path))
+    assert ignored.select is None and ignored.ignored_config == str(project / ".seedance.yaml")
+    result = build(targets=[str(project / "build")], known=KNOWN, cwd=str(tmp_path), config_from_target=True)
     assert result.select == {"cuda-arch-missing"} and result.min_severity == "warning"
     # the command line wins over the file
-    assert build(targets=[str(project)], known=KNOWN, cwd=str(tmp_path), min_severity="fatal").min_severity == "fatal"
+    assert build(targets=[str(project)], known=KNOWN, cwd=str(tmp_path), min_severity="fatal",
+                 config_from_target=True).min_severity == "fatal"
 
 
 @pytest.mark.parametrize("text", ["selct: [a]\n", "- a\n- b\n", "select: [no-such-rule]\n", "a: [\n",
@@ -134,7 +138,7 @@ def test_baseline_reports_only_new_findings_and_a_project_config_applies(tmp_pat
     assert now["stats"]["filtered"]["before"] == 2
     # the same settings from the repository's .seedance.yaml (git root of the target)
     (tree / ".seedance.yaml").write_text(f"baseline: ../previous.json\nignore:\n  - needed-unresolved:{tree}/app_t*\n")
-    proc = check(tree)
+    proc = check(tree, "--config-from-target")
     assert proc.returncode == 0 and json.loads(proc.stdout)["findings"] == []
     # a SARIF log of the first run is a baseline too
     sarif = tmp_path / "previous.sarif"
