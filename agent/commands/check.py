@@ -103,6 +103,9 @@ def configure_parser(sub):
     parser.add_argument("--min-severity", metavar="LEVEL", help="drop findings below info|warning|error|fatal")
     parser.add_argument("--baseline", metavar="PREVIOUS.json",
                         help="report only findings whose fingerprint is not in this earlier report (or SARIF)")
+    parser.add_argument("--config-from-target", action="store_true",
+                        help="apply a .seedance.yaml found in the checked tree (its git root); by default only "
+                             "the current directory's applies, as the tree's author wrote the other")
     parser.set_defaults(execute=execute)
     return parser
 
@@ -138,7 +141,7 @@ def execute(args) -> int:
             raise UsageError("seedance check: --explain takes no other targets")
         return _explain(*args.explain, target=args.report_target)
 
-    from .. import render
+    from .. import filters, render
     from ..collect.options import CheckOptions
     from ..progress import Progress, wanted
 
@@ -176,6 +179,7 @@ def execute(args) -> int:
         sys.stdout.write(sarif_text(report))
     elif target is None or not target.is_stdout:
         sys.stdout.write(render.table(report, color=render.use_color(args.color), verbose=args.verbose))
+        sys.stdout.write(filters.describe(report.stats.get("filtered")))
     if target is not None:
         render.write_json(report, target)
     if unreadable:
@@ -203,7 +207,8 @@ def _finding_filter(args):
     from .. import filters
 
     return filters.build(select=args.select, ignore=args.ignore, min_severity=args.min_severity,
-                         baseline=args.baseline, targets=list(args.targets), known=_RuleIds(args.rules))
+                         baseline=args.baseline, targets=list(args.targets), known=_RuleIds(args.rules),
+                         config_from_target=args.config_from_target)
 
 
 class _RuleIds:
