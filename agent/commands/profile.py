@@ -135,13 +135,12 @@ def execute_launches(args) -> int:
             log = power.read_dcgm_scrapes(handle.read().decode("utf-8", "replace"), args.gpu_id, escape_path(args.dcgm))
     if args.from_trace:
         source = escape_path(args.from_trace)
-        with open(args.from_trace, "rb") as handle:
-            records = memory.read_event_lines(handle, source)
+        # streamed: only the launch records are kept, not the allocations around them
+        launches, offset = launch_profile.launch_events(memory.TraceFile(args.from_trace, source), source)
         subject, exit_note = {"trace": args.from_trace}, None
     else:
-        records, exit_code, log = _launches_live(cmd, args, interval, log)
+        (launches, offset), exit_code, log = _launches_live(cmd, args, interval, log)
         subject, exit_note = {"argv": cmd}, exit_code
-    launches, offset = launch_profile.launch_events(records, escape_path(args.from_trace or "live"))
     with Step("attributing launches", enabled=wanted(args)):
         profile = launch_profile.profile_launches(launches, bin_s=bin_s, power=log, offset=offset)
     report = Report(command="profile launches", stats={"launches": profile.launches,
@@ -170,6 +169,8 @@ def _launches_live(cmd, args, interval, log):
     import tempfile
     import time
 
+    from ..errors import escape_path
+    from ..profile import launches as launch_profile
     from ..profile import live, memory, power
     from ..progress import Step, wanted
 
@@ -181,34 +182,36 @@ def _launches_live(cmd, args, interval, log):
             stream.write(json.dumps({"schema": "seedance.run-events/v1", "kind": "start", "pid": os.getpid(),
                                      "argv": cmd, "t": time.monotonic(), "wall": time.time()}) + "\n")
             tick = (lambda registry, slots, t: sampler.take()) if sampler is not None and sampler.nvml else None
-            with Step(f"profiling {' '.join(cmd)[:60]}", enabled=wanted(args)):
+            with Step(f"profiling {escape_path(' '.join(cmd))[:60]}", enabled=wanted(args)):
                 code, _wall = live.run_wrapped(cmd, interval=interval, on_tick=tick, events_stream=stream,
                                                drain_interval=0.01)
-        with open(path, "rb") as handle:
-            records = memory.read_event_lines(handle, "live")
+        launched = launch_profile.launch_events(memory.TraceFile(path, "live"), "live")
     if sampler is not None:
         if sampler.nvml and len(sampler.log.samples) >= 2:
             log = sampler.log
         else:
             log = None
-    return records, code, log
+    return launched, code, log
 
 
 def _render_launches(profile) -> None:
+    from ..errors import escape_path   # library paths and plugin names come from the traced program
+
     print(f"{profile.launches} launches over {profile.span_s:.3f} s from {len(profile.libraries)} libraries")
     for lib in profile.libraries:
-        name = f"{lib.library}" + (f" (plugin {lib.plugin})" if lib.plugin else "")
+        name = escape_path(lib.library) + (f" (plugin {escape_path(lib.plugin)})" if lib.plugin else "")
         energy = f", {lib.energy_j:.3f} J ({lib.energy_share * 100:.1f}%)" if lib.energy_share is not None else ""
         print(f"  {name}: {lib.launches} launches, {lib.launches_per_s:.1f}/s, median gap "
               f"{lib.interval_us['p50']:.2f} us (p90 {lib.interval_us['p90']:.2f}), coverage "
               f"{lib.coverage * 100:.1f}%{energy}")
     if profile.energy_j is not None:
-        print(f"  energy: {profile.energy_j:.3f} J from {profile.power_source}, {profile.idle_energy_j:.3f} J "
+        print(f"  energy: {profile.energy_j:.3f} J from {escape_path(profile.power_source)}, "
+              f"{profile.idle_energy_j:.3f} J "
               "with no launch (idle)")
     else:
-        print(f"  energy: {profile.power_note}")
+        print(f"  energy: {escape_path(profile.power_note)}")
     if profile.sm_active is None:
-        print(f"  {profile.sm_note}")
+        print(f"  {escape_path(profile.sm_note)}")
     else:
         print(f"  SM activity: {profile.sm_active * 100:.1f}% (mean, {profile.power_source})")
 
@@ -254,15 +257,12 @@ def execute_memory(args) -> int:
         return _memory_live(args, cmd, page, interval, capacity, targets)
     if args.from_trace:
         source = escape_path(args.from_trace)
-        with open(args.from_trace, "rb") as handle:
-            records = memory.read_event_lines(handle, source)
+        records = memory.TraceFile(args.from_trace, source)   # streamed: the replay keeps the live set only
         subject = {"trace": args.from_trace}
     else:
-        from ..profile.torch_snapshot import load_snapshot, snapshot_records
+        from ..profile.torch_snapshot import read_snapshot, snapshot_records
         source = escape_path(args.from_torch_snapshot)
-        with open(args.from_torch_snapshot, "rb") as handle:
-            snapshot = load_snapshot(handle.read(), source)
-        records = snapshot_records(snapshot, args.gpu_id, source)
+        records = snapshot_records(read_snapshot(args.from_torch_snapshot, source), args.gpu_id, source)
         subject = {"snapshot": args.from_torch_snapshot}
     from ..progress import Step, wanted
     with Step(f"profiling {source}", enabled=wanted(args)):
@@ -274,11 +274,11 @@ def execute_memory(args) -> int:
 def _memory_live(args, cmd, page, interval, capacity, targets) -> int:
     """-- CMD under the shim, or --pid PID already under it: the registry's allocation
     records of the device, sampled every interval (profile.live)."""
-    from ..errors import BadInput
+    from ..errors import BadInput, escape_path
     from ..profile import live, memory
     from ..progress import Step, wanted
 
-    label = f"profiling pid {args.pid}" if args.pid else f"profiling {' '.join(cmd)[:60]}"
+    label = f"profiling pid {args.pid}" if args.pid else f"profiling {escape_path(' '.join(cmd))[:60]}"
     with Step(label, enabled=wanted(args)):
         if args.pid:
             sampled = live.sample_pid(args.pid, device=args.gpu_id, interval=interval)
@@ -352,8 +352,7 @@ def execute_show(args) -> int:
     from ..profile import fragbin, heatmap
 
     png = prepare_output(args.heatmap, force=args.force, what="heat map") if args.heatmap else None
-    with open(args.file, "rb") as handle:
-        frag = fragbin.decode(handle.read(), escape_path(args.file))
+    frag = fragbin.read_file(args.file, escape_path(args.file))
     metrics = fragbin.metrics_of(frag)
     if args.json:
         print(json.dumps({"schema": "seedance.frag/v1", "device": frag.device, "base": frag.base,
@@ -400,14 +399,16 @@ def execute_calls(args) -> int:
         if report_target.is_stdout:
             return report.exit_code(strict=True)
     functions = graph.functions()
-    print(f"{manifest.name} {manifest.version}: {len(graph.calls)} calls of {len(functions['nodes'])} functions "
+    # names come from the plugin's manifest and code: one line each, whatever they hold
+    print(f"{escape_path(manifest.name)} {escape_path(manifest.version)}: {len(graph.calls)} calls of "
+          f"{len(functions['nodes'])} functions "
           f"on a batch of {args.input}")
     for node in sorted(functions["nodes"], key=lambda n: -n["cost"])[:10]:
-        print(f"  {node['name']:<40} calls {node['calls']:>5}  cost {node['cost']:>9.3f}  "
+        print(f"  {escape_path(node['name']):<40} calls {node['calls']:>5}  cost {node['cost']:>9.3f}  "
               f"({node['cpu_ms']:.3f} ms, {node['mem_mb']:.2f} MiB)")
     print(table(report), end="")
     for redundancy in graph.redundancies:
-        print(f"  merge: {redundancy.to_dict()['merge']}")
+        print(f"  merge: {escape_path(redundancy.to_dict()['merge'])}")
     if svg_target is not None:
         print(f"call graph: {escape_path(args.svg)}")
     return report.exit_code(strict=True)

@@ -21,20 +21,31 @@ Layout (all integers little-endian):
 Run-length extents keep an 80 GiB device at 4 KiB pages (20 M pages) to a few bytes per
 live allocation instead of 2.5 MB of bitmap per sample; zstd then folds the repetition
 between consecutive samples.
+
+A reader trusts none of the sizes above: the sample count is at most memory.Limits.samples
+(4096), the frame must declare its decompressed size, and that size must lie between what
+the count needs and what a writer with the same limits can produce (max_body) before the
+decompressor allocates it; a sample's extent count is at most Limits.live.
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
 from ..errors import BadInput
+from .memory import ADDRESS_SPACE, EXTENT, LIMITS, MAX_PAGE, Limits, extent_pairs
 
 MAGIC = b"SEEDFRAG"
 VERSION = 1
 HEADER = struct.Struct("<8sHHIiIQQd")
 SAMPLE = struct.Struct("<dI")
-EXTENT = struct.Struct("<QQ")
-MAX_BODY = 1 << 32  # 4 GiB decompressed: far beyond any real profile, short of a zip bomb
+
+
+def max_body(count: int, limits: Limits = LIMITS) -> int:
+    """The largest body a writer with these limits makes for `count` samples: their
+    headers plus the extent budget of all kept maps (64 MiB by default)."""
+    return count * SAMPLE.size + limits.map_extents * EXTENT.size
 
 
 @dataclass
@@ -44,7 +55,7 @@ class FragFile:
     base: int
     capacity: int
     interval: float
-    samples: list  # (t, [(start_page, pages), ...])
+    samples: list  # (t, packed extents: memory.extent_pairs reads them)
 
     @property
     def pages(self) -> int:
@@ -55,49 +66,99 @@ def encode(profile) -> bytes:
     import zstandard
 
     body = bytearray()
-    for metrics, extents in zip(profile.samples, profile.extents):
-        body += SAMPLE.pack(metrics.t, len(extents))
-        for start, pages in extents:
-            body += EXTENT.pack(start, pages)
+    for metrics, packed in zip(profile.samples, profile.extents):
+        body += SAMPLE.pack(metrics.t, len(packed) // EXTENT.size)
+        body += packed
     header = HEADER.pack(MAGIC, VERSION, 0, profile.page_size, profile.device, len(profile.samples),
                          profile.base, profile.capacity, profile.interval)
     return header + zstandard.ZstdCompressor(level=10).compress(bytes(body))
 
 
-def decode(data: bytes, source: str = "frag.bin") -> FragFile:
-    import zstandard
+def max_file(limits: Limits = LIMITS) -> int:
+    """The largest frag.bin a writer with these limits makes: the header and a zstd frame
+    of the largest body (zstd's worst case adds under 1/128 to incompressible data)."""
+    body = max_body(limits.samples, limits)
+    return HEADER.size + body + (body >> 7) + (1 << 16)
 
-    if len(data) < HEADER.size or data[:8] != MAGIC:
-        raise BadInput(f"{source}: not a seedance frag.bin (no SEEDFRAG header)")
-    magic, version, _flags, page, device, count, base, capacity, interval = HEADER.unpack_from(data)
-    if version != VERSION:
-        raise BadInput(f"{source}: frag.bin format version {version}; this seedance reads version {VERSION}")
-    if page == 0 or capacity == 0:
-        raise BadInput(f"{source}: damaged header (page size {page}, capacity {capacity})")
-    try:
-        reader = zstandard.ZstdDecompressor().stream_reader(data[HEADER.size:])
-        body = reader.read(MAX_BODY + 1)
-    except zstandard.ZstdError as exc:
-        raise BadInput(f"{source}: damaged body ({exc})") from None
-    if len(body) > MAX_BODY:
-        raise BadInput(f"{source}: body larger than 4 GiB decompressed; refusing it")
-    samples, offset = [], 0
+
+def read_file(path, source: str, limits: Limits = LIMITS) -> FragFile:
+    """Read and decode a frag.bin, reading no more than the largest one can be."""
+    with open(path, "rb") as handle:
+        data = handle.read(max_file(limits) + 1)
+    if len(data) > max_file(limits):
+        raise BadInput(f"{source}: larger than the {max_file(limits)} bytes a frag.bin can be")
+    return decode(data, source, limits)
+
+
+def decode(data: bytes, source: str = "frag.bin", limits: Limits = LIMITS) -> FragFile:
+    """Every size the header and the zstd frame declare is checked against the file and the
+    limits before anything is allocated from it: a few bytes must not buy gigabytes."""
+    page, device, count, base, capacity, interval = _header(data, source, limits)
+    body = _body(data[HEADER.size:], count, source, limits)
     pages_total = -(-capacity // page)
+    samples, offset = [], 0
     for index in range(count):
         if offset + SAMPLE.size > len(body):
             raise BadInput(f"{source}: truncated at sample {index + 1} of {count}")
         t, n = SAMPLE.unpack_from(body, offset)
         offset += SAMPLE.size
+        if not math.isfinite(t):
+            raise BadInput(f"{source}: sample {index + 1}: its time is not a finite number")
+        if n > limits.live:
+            raise BadInput(f"{source}: sample {index + 1}: {n} extents, more than the {limits.live} "
+                           "live allocations a map may hold")
         if offset + n * EXTENT.size > len(body):
             raise BadInput(f"{source}: truncated in sample {index + 1} of {count}")
-        extents = [EXTENT.unpack_from(body, offset + i * EXTENT.size) for i in range(n)]
+        packed = body[offset: offset + n * EXTENT.size]
         offset += n * EXTENT.size
-        if any(start + length > pages_total for start, length in extents):
+        if any(start + length > pages_total for start, length in extent_pairs(packed)):
             raise BadInput(f"{source}: sample {index + 1} has an extent outside the device")
-        samples.append((t, extents))
+        samples.append((t, packed))
     if offset != len(body):
         raise BadInput(f"{source}: {len(body) - offset} bytes after the last of {count} samples")
     return FragFile(page, device, base, capacity, interval, samples)
+
+
+def _header(data: bytes, source: str, limits: Limits) -> tuple:
+    if len(data) < HEADER.size or data[:8] != MAGIC:
+        raise BadInput(f"{source}: not a seedance frag.bin (no SEEDFRAG header)")
+    _magic, version, _flags, page, device, count, base, capacity, interval = HEADER.unpack_from(data)
+    if version != VERSION:
+        raise BadInput(f"{source}: frag.bin format version {version}; this seedance reads version {VERSION}")
+    if not 0 < page <= MAX_PAGE:
+        raise BadInput(f"{source}: damaged header: page size {page} (1 B to {MAX_PAGE} B)")
+    if capacity == 0 or base + capacity > ADDRESS_SPACE:
+        raise BadInput(f"{source}: damaged header: capacity {capacity} from base {base:#x} "
+                       "(positive, within the 64-bit address space)")
+    if not (math.isfinite(interval) and interval > 0):
+        raise BadInput(f"{source}: damaged header: sample interval {interval!r} (a positive number of seconds)")
+    if not 0 < count <= limits.samples:
+        raise BadInput(f"{source}: damaged header: sample count {count} (1 to {limits.samples})")
+    return page, device, count, base, capacity, interval
+
+
+def _body(frame: bytes, count: int, source: str, limits: Limits) -> bytes:
+    """The decompressed body, its size taken from the zstd frame header and bounded by the
+    sample count before the decompressor allocates it."""
+    import zstandard
+
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise BadInput(f"{source}: damaged body ({exc})") from None
+    if declared < 0:
+        raise BadInput(f"{source}: damaged body (its zstd frame does not declare its size)")
+    low, high = count * SAMPLE.size, max_body(count, limits)
+    if not low <= declared <= high:
+        raise BadInput(f"{source}: damaged body: it declares {declared} bytes; {count} samples take "
+                       f"{low} to {high}")
+    try:
+        body = zstandard.ZstdDecompressor().decompress(frame, max_output_size=declared)
+    except zstandard.ZstdError as exc:
+        raise BadInput(f"{source}: damaged body ({exc})") from None
+    if len(body) != declared:
+        raise BadInput(f"{source}: damaged body ({len(body)} bytes where its frame declares {declared})")
+    return body
 
 
 def metrics_of(frag: FragFile):
@@ -105,9 +166,9 @@ def metrics_of(frag: FragFile):
     from .memory import AddressMap
 
     out = []
-    for t, extents in frag.samples:
+    for t, packed in frag.samples:
         amap = AddressMap(frag.base, frag.capacity, frag.page_size)
-        for start, pages in extents:
+        for start, pages in extent_pairs(packed):
             amap.alloc(frag.base + start * frag.page_size, pages * frag.page_size)
         out.append(amap.metrics(t))
     return out

@@ -6,6 +6,8 @@ verdict row under the map (. healthy, ! warning, X danger).
 """
 from __future__ import annotations
 
+from .memory import extent_pairs
+
 MAX_ROWS_PNG, MAX_COLS_PNG = 256, 1000
 SHADES = " ░▒▓█"
 VERDICT_MARK = {"healthy": ".", "warning": "!", "danger": "X"}
@@ -23,7 +25,7 @@ def occupancy_grid(frag, rows: int, cols: int):
     for index, (_t, extents) in enumerate(samples):
         col = index * cols // len(samples)
         counts[col] += 1
-        for start, length in extents:
+        for start, length in extent_pairs(extents):
             end = start + length
             row = int(start // per_row)
             while row < rows and row * per_row < end:

@@ -28,9 +28,13 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import BadInput
+from .memory import LIMITS
 
 LAUNCH_BOUND_US = 50.0      # notes 2.3: below this median gap, launch overhead dominates
 SM_UNDERUSED = 0.30
+MAX_SPAN_S = LIMITS.span_s
+MIN_BIN_S = LIMITS.min_interval_s
+MAX_TIMELINE_BINS = 10_000  # the picture's bins: a long trace gets wider bins, not a longer list
 
 
 @dataclass(frozen=True)
@@ -95,18 +99,23 @@ def launch_events(records, source: str = "trace") -> tuple[list, float | None]:
     """(launch records, wall - monotonic offset or None) from run --events records."""
     launches, offset = [], None
     for record in records:
-        if record.get("kind") == "start" and isinstance(record.get("t"), (int, float)) \
-                and isinstance(record.get("wall"), (int, float)):
+        if record.get("kind") == "start" and _seconds(record.get("t")) and _seconds(record.get("wall")):
             offset = record["wall"] - record["t"]
         if record.get("ev") != "launch":
             continue
         t = record.get("t")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
-            raise BadInput(f"{source}: line {record.get('_line', '?')}: a launch needs a time 't' in seconds")
+        if not _seconds(t):
+            raise BadInput(f"{source}: line {record.get('_line', '?')}: a launch needs a time 't' in seconds "
+                           "(finite, non-negative)")
         if record.get("result", 0) not in (0, None):
             continue
-        launches.append(record)
+        # only what the profile reads: the rest of a run --events record is not kept per launch
+        launches.append({"t": t, "library": record.get("library")})
     return launches, offset
+
+
+def _seconds(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
 
 
 def plugin_owners() -> list[tuple[str, str]]:
@@ -123,8 +132,8 @@ def profile_launches(launches, *, bin_s: float = 0.01, power=None, offset: float
                      owners=None) -> LaunchProfile:
     """Per-library figures of launch records; `power` a profile.power.PowerLog (wall clock)
     aligned through `offset` (wall - monotonic)."""
-    if bin_s <= 0:
-        raise BadInput("--bin must be positive")
+    if not MIN_BIN_S <= bin_s <= MAX_SPAN_S:
+        raise BadInput(f"--bin must be between {MIN_BIN_S:g} s and {MAX_SPAN_S:g} s")
     by_lib: dict[str, list] = {}
     for record in launches:
         by_lib.setdefault(record.get("library") or "unknown", []).append(float(record["t"]))
@@ -134,6 +143,8 @@ def profile_launches(launches, *, bin_s: float = 0.01, power=None, offset: float
     start = min(min(v) for v in by_lib.values())
     end = max(max(v) for v in by_lib.values())
     profile.span_s = end - start
+    if profile.span_s > MAX_SPAN_S:   # the same cap as a memory trace's (docs/profile.md)
+        raise BadInput(f"launches span {profile.span_s:g} s of 't'; a trace may span at most {MAX_SPAN_S:g} s")
     bins_total = _bin(end - start, bin_s) + 1
     owners = plugin_owners() if owners is None else owners
     for library, times in by_lib.items():
@@ -235,16 +246,18 @@ def timeline_png(profile: LaunchProfile, launches, target, title: str) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.4), dpi=110,
                                       gridspec_kw={"height_ratios": [3, 2]})
     last = max(times + [t for t, _ in profile.power]) if (times or profile.power) else 0.0
-    nbins = int((last - t0) / profile.bin_s) + 2
+    # the profile's bin, or wider where the span would need more than MAX_TIMELINE_BINS
+    bin_s = max(profile.bin_s, (last - t0) / MAX_TIMELINE_BINS)
+    nbins = min(int((last - t0) / bin_s), MAX_TIMELINE_BINS) + 2
     for lib in profile.libraries[:8]:
         counts = [0] * nbins     # every bin, empty ones too, so a one-bin burst still shows
         for r in launches:
             if (r.get("library") or "unknown") == lib.library:
-                counts[int((float(r["t"]) - t0) / profile.bin_s)] += 1
-        top.step([i * profile.bin_s for i in range(nbins)], counts, where="post",
+                counts[min(int((float(r["t"]) - t0) / bin_s), nbins - 1)] += 1
+        top.step([i * bin_s for i in range(nbins)], counts, where="post",
                  label=(lib.plugin or lib.library.rsplit("/", 1)[-1]))
     top.set_yscale("symlog", linthresh=10)
-    top.set_ylabel(f"launches / {profile.bin_s * 1000:g} ms")
+    top.set_ylabel(f"launches / {bin_s * 1000:g} ms")
     top.set_title(title)
     if profile.libraries:
         top.legend(loc="upper right", fontsize=8)
