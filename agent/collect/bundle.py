@@ -17,17 +17,18 @@ for .tar.gz) through seedance.output:
   configs/...          the (redacted) seedance and plugin configs that were read
   binaries/...         only with --with-binaries
 
-`check --from-bundle` reads it back in memory (tarfile over a decompressing stream, every
-member capped, nothing extracted) and feeds facts.json to the same rule engine.  With
+`check --from-bundle` reads it back in memory (collect/bundle_reader.py: every member
+capped and checked against the manifest's sha256, the compressed stream read to its clean
+end, nothing extracted) and feeds facts.json to the same rule engine.  With
 --arch/--driver-version the facts that depend on them (fatbin, fatbin_ptx, cuda_driver)
 are dropped and derived again by the collectors' own functions (collect/fatbin.py,
 collect/cuda.py, collect/closure.py) from runtime.json: one fact model, no second judge.
 
-Secrets never enter the bundle: environment and config entries whose names match TOKEN,
-SECRET, PASSWORD, KEY or CREDENTIAL, and the password of any user:password@ URL, are
-replaced by <redacted>; every captured value found that way is also scrubbed from every
-other member (facts and report included) before it is written.  The manifest names each
-redaction (where, which name), never the value.
+Secrets never enter the bundle (collect/redact.py): values under secret-like names in
+environments and configs, every URL's userinfo and well-known token shapes are replaced by
+<redacted>; every captured value found that way is also scrubbed from every other member
+(facts and report included) before it is written.  The manifest names each redaction
+(where, which name), never the value.
 """
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ import io
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tarfile
@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 
 from ..errors import BadInput, UsageError
 from ..model import Fact, Report
+from .bundle_reader import CAPS, Caps, read_members
+from .redact import REDACTED, Redactor  # noqa: F401  (REDACTED: what tests and docs look for)
 
 SCHEMA = "seedance.bundle/v1"
 REDACTED = "<redacted>"
@@ -56,115 +58,12 @@ BUNDLE_SUFFIXES = (".tar.zst", ".tar.gz", ".tgz")
 ZSTD_TAG = b"\x5e\x2a\x4d\x18" + len(SCHEMA).to_bytes(4, "little") + SCHEMA.encode()
 GZIP_NAME = "seedance-bundle.tar"
 
-# Reading caps: a bundle comes from another machine and is input like any other.
-MAX_MEMBERS = 200_000
-MAX_MEMBER_BYTES = 512 << 20      # facts.json of a whole host is tens of MiB
-MAX_TOTAL_BYTES = 4 << 30
+# The largest file --with-binaries captures: the reader's cap on one member (bundle_reader.py).
+MAX_MEMBER_BYTES = CAPS.member_bytes
 MAX_DMESG_LINES = 2000
 
 # Kinds whose facts depend on the GPU target or driver: derived again on --arch/--driver-version.
 ARCH_DRIVER_KINDS = ("fatbin", "fatbin_ptx", "cuda_driver")
-
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
-# scheme://user:password@host -- the password part only
-_URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:)([^/\s@]+)(@)")
-# NAME: value / NAME=value / export NAME=value in a config line
-_CONFIG_ASSIGNMENT = re.compile(r"^(\s*(?:export\s+)?[\"']?)([A-Za-z_][\w.-]*)([\"']?\s*[:=]\s*)(.*?)(\s*)$")
-_SECRET_ENV_IN_JSON = re.compile(r'"[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL)[A-Z0-9_]*"')
-MIN_SCRUB = 4  # shorter captured secrets are not scrubbed elsewhere (they would hit "1", "yes")
-
-
-# --- redaction ------------------------------------------------------------------------------
-@dataclass
-class Redactor:
-    """Replaces secrets and remembers where (never what) for the manifest."""
-
-    redactions: list = field(default_factory=list)  # {"where", "name"}
-    values: set = field(default_factory=set)  # the secrets seen, to scrub from other members
-
-    def value(self, where: str, name: str, value: str) -> str:
-        if _SECRET_NAME.search(name) and value:
-            self._note(where, name, value)
-            return REDACTED
-        return self.urls(where, name, value)
-
-    def urls(self, where: str, name: str, text: str) -> str:
-        def hide(match):
-            self._note(where, name or "url", match.group(2))
-            return match.group(1) + REDACTED + match.group(3)
-
-        return _URL_CREDENTIALS.sub(hide, text)
-
-    def environ(self, where: str, environ: dict) -> dict:
-        return {k: self.value(where, k, v) for k, v in environ.items()}
-
-    def config_text(self, where: str, text: str) -> str:
-        lines = []
-        for line in text.splitlines(keepends=True):
-            body = line.rstrip("\r\n")
-            match = _CONFIG_ASSIGNMENT.match(body)
-            if match and _SECRET_NAME.search(match.group(2)) and match.group(4):
-                self._note(where, match.group(2), match.group(4).strip("\"'"))
-                body = match.group(1) + match.group(2) + match.group(3) + REDACTED + match.group(5)
-            else:
-                body = self.urls(where, match.group(2) if match else "", body)
-            lines.append(body + line[len(line.rstrip("\r\n")):])
-        return "".join(lines)
-
-    def structure(self, where: str, value, name: str = ""):
-        """Facts and report: URLs with passwords everywhere; a value under an
-        environment-style name (FOO_TOKEN: ...) or in a {key/name: FOO_TOKEN, value: ...}
-        pair.  Our own lower-case field names ("key", "build_id") are not secrets."""
-        if isinstance(value, dict):
-            label = value.get("key", value.get("name"))
-            out = {}
-            for key, item in value.items():
-                key = str(key)
-                if key == "value" and isinstance(label, str) and isinstance(item, str) and _env_name(label):
-                    out[key] = self.value(where, label, item)
-                else:
-                    out[key] = self.structure(where, item, key if _env_name(key) else "")
-            return out
-        if isinstance(value, list):
-            return [self.structure(where, v, name) for v in value]
-        if isinstance(value, str):
-            return self.value(where, name, value) if name else self.urls(where, "", value)
-        return value
-
-    def maybe_structure(self, where: str, value):
-        """structure(), walked only when the JSON text could hold a secret at all (a host
-        scan has thousands of facts and almost never one): the walk cost 8 s of 22."""
-        text = json.dumps(value)
-        if _URL_CREDENTIALS.search(text) or _SECRET_ENV_IN_JSON.search(text):
-            return self.structure(where, value)
-        return value
-
-    def scrub(self, data: bytes) -> bytes:
-        for secret in sorted(self.values, key=len, reverse=True):
-            for form in _forms(secret):
-                if form in data:
-                    data = data.replace(form, REDACTED.encode())
-        return data
-
-    def _note(self, where: str, name: str, value: str) -> None:
-        entry = {"where": where, "name": name}
-        if entry not in self.redactions:
-            self.redactions.append(entry)
-        if len(value) >= MIN_SCRUB:
-            self.values.add(value)
-
-
-def _env_name(name: str) -> bool:
-    """FOO_TOKEN, AWS_SECRET_ACCESS_KEY: a name as environments and configs spell them."""
-    return bool(re.fullmatch(r"[A-Z][A-Z0-9_]*", name)) and bool(_SECRET_NAME.search(name))
-
-
-def _forms(secret: str) -> list:
-    """The byte forms a secret takes in our members: raw, and inside JSON strings."""
-    raw = secret.encode("utf-8", "surrogateescape")
-    escaped = json.dumps(secret)[1:-1].encode("utf-8", "surrogateescape")
-    ascii_escaped = json.dumps(secret, ensure_ascii=True)[1:-1].encode()
-    return list(dict.fromkeys((raw, escaped, ascii_escaped)))
 
 
 # --- capture --------------------------------------------------------------------------------
@@ -241,7 +140,8 @@ def capture(options, target, progress=None, with_binaries: bool = False, stderr=
     add("runtime.json", json.dumps(runtime, separators=(",", ":")))
     add("objects.json", json.dumps(objects, separators=(",", ":")))
     # scrub every secret seen from every member (a fact or a config could quote one)
-    members = [(name, data if name.startswith("binaries/") else redactor.scrub(data)) for name, data in members]
+    members = [(name, data if name.startswith("binaries/") else redactor.scrub(data, name))
+               for name, data in members]
     manifest = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "seedance_version": _seedance_version(), "host": report.host.get("hostname"),
                 "options": {"targets": list(options.targets), "pids": list(options.pids),
@@ -250,7 +150,7 @@ def capture(options, target, progress=None, with_binaries: bool = False, stderr=
                 "redacted": redactor.redactions,
                 "members": [{"name": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()}
                             for n, d in members]}
-    members.insert(0, ("manifest.json", redactor.scrub(json.dumps(manifest, indent=1).encode())))
+    members.insert(0, ("manifest.json", redactor.scrub(json.dumps(manifest, indent=1).encode(), "manifest.json")))
     data = _pack(members, target.path)
     step(f"writing {len(data)} bytes")
     target.write_bytes(data)
@@ -485,64 +385,22 @@ class Bundle:
     runtime: dict
 
 
-_NEEDED = ("manifest.json", "facts.json", "report.json", "runtime.json")
-
-
-def read_bundle(path: str) -> Bundle:
-    """The members replay needs, read in memory with caps.  BadInput (one line) otherwise."""
+def read_bundle(path: str, caps: Caps = CAPS, clock=None) -> Bundle:
+    """The members replay needs, verified and bounded (bundle_reader.py).  BadInput (one
+    line) otherwise."""
     from ..errors import escape_path
 
     shown = escape_path(path)
-    try:
-        handle = open(path, "rb")
-    except OSError as exc:
-        from ..errors import describe_os_error
-
-        raise BadInput(describe_os_error(exc)) from None
-    found: dict = {}
-    try:
-        with handle:
-            magic = handle.read(4)
-            handle.seek(0)
-            if magic in (b"\x28\xb5\x2f\xfd", ZSTD_TAG[:4]):
-                import zstandard
-
-                stream = zstandard.ZstdDecompressor().stream_reader(handle)
-            elif magic[:2] == b"\x1f\x8b":
-                import gzip
-
-                stream = gzip.GzipFile(fileobj=handle)
-            else:
-                raise BadInput(f"{shown}: not a seedance bundle (neither zstd nor gzip)")
-            count = total = 0
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                for member in tar:
-                    count += 1
-                    if count > MAX_MEMBERS:
-                        raise BadInput(f"{shown}: more than {MAX_MEMBERS} members; refusing it")
-                    if not member.isfile() or member.name not in _NEEDED:
-                        continue  # evidence for people; replay reads only these
-                    if member.size > MAX_MEMBER_BYTES:
-                        raise BadInput(f"{shown}: member {member.name} is larger than "
-                                       f"{MAX_MEMBER_BYTES >> 20} MiB; refusing it")
-                    total += member.size
-                    if total > MAX_TOTAL_BYTES:
-                        raise BadInput(f"{shown}: more than {MAX_TOTAL_BYTES >> 30} GiB; refusing it")
-                    data = tar.extractfile(member).read(member.size + 1)
-                    if len(data) != member.size:
-                        raise BadInput(f"{shown}: member {member.name} is truncated")
-                    found[member.name] = json.loads(data.decode("utf-8", "surrogateescape"))
-    except BadInput:
-        raise
-    except Exception as exc:  # tarfile, zstd, gzip, zlib, json: all say "damaged"
-        why = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        raise BadInput(f"{shown}: damaged bundle: {why}") from None
-    missing = [name for name in _NEEDED if name not in found]
-    if missing:
-        raise BadInput(f"{shown}: not a complete seedance bundle (missing {', '.join(missing)})")
+    # of report.json replay uses the host, stats and scope: the findings go at once
+    keep = {"report.json": lambda report: {k: report.get(k) for k in ("host", "stats", "scope")}
+            if isinstance(report, dict) else {}}
+    found = read_members(path, caps, clock, keep)
     manifest = found["manifest.json"]
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         raise BadInput(f"{shown}: not a seedance bundle (manifest schema is not {SCHEMA})")
+    missing = [name for name in ("facts.json", "report.json", "runtime.json") if name not in found]
+    if missing:
+        raise BadInput(f"{shown}: not a complete seedance bundle (missing {', '.join(missing)})")
     if not isinstance(found["facts.json"], list) or not isinstance(found["runtime.json"], dict):
         raise BadInput(f"{shown}: damaged bundle: facts.json or runtime.json has the wrong shape")
     return Bundle(path=path, manifest=manifest, facts=found["facts.json"], report=found["report.json"],
@@ -551,9 +409,11 @@ def read_bundle(path: str) -> Bundle:
 
 def _fact(item, shown: str) -> Fact:
     try:
-        return Fact(kind=str(item["kind"]), subject=dict(item["subject"]), data=dict(item["data"]),
-                    source=str(item.get("source", "")))
-    except (KeyError, TypeError, ValueError):
+        subject, data = item["subject"], item["data"]
+        # the parsed dicts themselves, not copies: a bundle's facts are most of replay's memory
+        return Fact(kind=str(item["kind"]), subject=subject if type(subject) is dict else dict(subject),
+                    data=data if type(data) is dict else dict(data), source=str(item.get("source", "")))
+    except (AttributeError, KeyError, TypeError, ValueError):
         raise BadInput(f"{shown}: damaged bundle: a fact without kind, subject or data") from None
 
 
@@ -568,6 +428,7 @@ def replay(path: str, arch: str | None = None, driver_version: str | None = None
     bundle = read_bundle(path)
     shown = escape_path(path)
     facts = [_fact(item, shown) for item in bundle.facts]
+    bundle.facts = []  # held as Facts now
     rederived = arch is not None or driver_version is not None
     try:
         gpu = _gpu_for(bundle.runtime.get("gpu") or {}, arch, driver_version)
