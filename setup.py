@@ -16,14 +16,19 @@ _spec = _ilu.spec_from_file_location(
     "_seedance_build_shim", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "shim", "build_shim.py"))
 _build_shim = _ilu.module_from_spec(_spec)
 _spec.loader.exec_module(_build_shim)
-# The C ELF reader (issue 13): a cffi extension whose wrapper is pre-generated
-# (agent/elf/build_fastelf.py), so the build needs a C compiler but not cffi; optional:
-# without it read_elf uses the Python reader, with the same answers.
+# The C ELF reader (issue 13): a cffi extension (agent/elf/build_fastelf.py); optional:
+# without a compiler read_elf uses the Python reader, with the same answers.
 _spec = _ilu.spec_from_file_location(
     "_seedance_build_fastelf", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "agent", "elf",
                                              "build_fastelf.py"))
 _build_fastelf = _ilu.module_from_spec(_spec)
 _spec.loader.exec_module(_build_fastelf)
+
+# What cffi generates from the headers (the C reader's wrapper, the shim's pre-parsed ABI
+# module) is written by every build, before any file is compiled or copied, and never kept
+# in git (.gitignore): cffi is a build requirement (pyproject.toml).
+_build_fastelf.write_wrapper()
+_build_shim.write_ffi_module()
 
 PACKAGE_DIRS = {
     "seedance": "agent",

@@ -16,20 +16,6 @@ from .errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error, es
 # (enum, functools, collections, gettext) they were ~10 ms of a `seedance ldd` start, which
 # parses its few words itself (_lean_ldd; issue 13).
 
-
-def _argparse():
-    """argparse, with its stock strings left untranslated.
-
-    argparse passes each of them through gettext, which searches the locale directories for
-    a catalogue on every call (no cache when none exists, and CPython ships none for
-    argparse): ~1 ms a parser, half of a `seedance ldd` parse (issue 13).  seedance speaks
-    English only, so the strings stay as they are, which is what the lookup returned."""
-    import argparse
-
-    argparse._ = str
-    argparse.ngettext = lambda singular, plural, count: singular if count == 1 else plural
-    return argparse
-
 # name -> module under seedance.commands.  Order is the order shown in --help.
 COMMANDS = {
     "check": "check",
@@ -67,10 +53,10 @@ _PARSER_CLASS = None
 
 
 def _parser_class():
-    """_Parser, defined on first use (it subclasses argparse's parser; see _argparse)."""
+    """_Parser, defined on first use (it subclasses argparse's parser)."""
     global _PARSER_CLASS
     if _PARSER_CLASS is None:
-        argparse = _argparse()
+        import argparse
 
         class _Parser(argparse.ArgumentParser):
             """argparse that reports usage errors in one line with exit code 2."""
@@ -100,9 +86,10 @@ def build_parser(prog: str = "seedance", only: str | None = None) -> argparse.Ar
     importing and configuring every command cost about 47 ms of each run's start-up
     (issue 13), and a run of `seedance ldd` needs only ldd's.  --help, a bad command name
     and the completion scripts still get every command."""
+    import argparse
     import importlib
 
-    argparse, parser_class = _argparse(), _parser_class()
+    parser_class = _parser_class()
     parser = parser_class(prog=prog,
                           description="Find and fix the hidden traps that waste GPU compute and break GPU plugins.",
                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -277,7 +264,8 @@ def alias_parser(command: str, prog: str) -> argparse.ArgumentParser:
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    argparse = _argparse()
+    import argparse
+
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and name in action.choices:
             return action.choices[name]
@@ -285,9 +273,10 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 
 def _rename_prog(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    import argparse
+
     if parser.prog.startswith(old):
         parser.prog = new + parser.prog[len(old):]
-    argparse = _argparse()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             if action._prog_prefix.startswith(old):
@@ -298,24 +287,8 @@ def _rename_prog(parser: argparse.ArgumentParser, old: str, new: str) -> None:
 
 def _alias(command: str, prog: str):
     def entry() -> int:
-        return _exiting(lambda: main(sys.argv[1:], prog=prog, command=command))
+        return main(sys.argv[1:], prog=prog, command=command)
     return entry
-
-
-def _exiting(command) -> int:
-    """``command()``'s exit code (or its SystemExit: argparse's --help), after moving every
-    object the command left to the collector's permanent generation.  The process ends now,
-    and Py_Finalize's full collection (which runs even with the collector disabled) would
-    walk them all only for the exit to free them: 25M of the 393M instructions of a small
-    `fix` (callgrind, issue 13).  Only the console scripts call this; main() called in a
-    process that goes on is left alone.  Every file the commands write is closed
-    explicitly, and stdout/stderr are flushed by the exit itself."""
-    try:
-        return command()
-    finally:
-        import gc
-
-        gc.freeze()
 
 
 def _launch() -> None:
@@ -363,13 +336,13 @@ def console(front_end: bool = True) -> None:
         # passes were most of 5% of the command's instructions (callgrind, issue 13) for
         # objects the exit frees anyway.  Only this short command, and only from the console
         # script: main() called in a process that goes on (the tests, the agent) leaves the
-        # collector alone.  (The full collection at exit is _exiting's.)
+        # collector alone.
         import gc
 
         gc.disable()
     if sys.argv[1:2] in (["check"], ["ldd"]):
         _quick_exit()
-    raise SystemExit(_exiting(main))
+    raise SystemExit(main())
 
 
 def _quick_exit() -> None:
@@ -383,7 +356,7 @@ def _quick_exit() -> None:
 
         options.KEEP_UNTIL_EXIT = []
     try:
-        code = _exiting(main)
+        code = main()
     except SystemExit as exc:  # argparse: --help, a usage error
         code = exc.code
     if code is None:

@@ -510,35 +510,63 @@ def _utf8_safe(value):
     return value
 
 
+_CEL_CORE = None  # the compiled CEL core, once loaded
+
+
 def _cel_core():
-    """The compiled CEL core, loaded without cel/__init__.py.
+    """The compiled CEL core (the package's Rust extension cel/cel*.so), loaded on first use.
 
-    That __init__ also imports the package's interactive REPL (prompt_toolkit, rich): ~125 ms
-    on every command start, a sixth of a whole check of /usr/lib.  The extension module
-    itself loads in ~7 ms and is the same compile()/execute() API.
+    Loaded from its file, not through ``import cel``: the package's __init__ also imports its
+    interactive REPL (prompt_toolkit, rich), ~125 ms on every command that needs a condition
+    the subset leaves to CEL, a sixth of a whole check of /usr/lib.  The extension itself loads
+    in ~7 ms and has the same compile()/execute() API.  It is kept here, not registered as
+    cel.cel: seedance is its only user in the process.  The extension can be started only once
+    per process (its logging bridge refuses a second start), so a process that imported the
+    package first is served the package's copy.
     """
-    core = sys.modules.get("cel.cel")
-    if core is not None:
-        return core
-    try:
-        import importlib.machinery
-        import importlib.util
+    global _CEL_CORE
+    if _CEL_CORE is not None:
+        return _CEL_CORE
+    package = sys.modules.get("cel")
+    core = getattr(package, "cel", None) if package is not None else None
+    if core is None:
+        core = _load_cel_core(_cel_core_path())
+    _CEL_CORE = core
+    return core
 
-        spec = importlib.util.find_spec("cel")
-        for directory in (spec.submodule_search_locations or []) if spec else []:
-            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-                path = os.path.join(directory, "cel" + suffix)
-                if os.path.exists(path):
-                    loader = importlib.machinery.ExtensionFileLoader("cel.cel", path)
-                    core = importlib.util.module_from_spec(importlib.util.spec_from_loader("cel.cel", loader))
-                    loader.exec_module(core)
-                    sys.modules["cel.cel"] = core
-                    return core
-    except (ImportError, OSError):
-        pass
+
+def _load_cel_core(path: str | None):
+    import importlib.machinery
+    import importlib.util
+
+    if path is not None:
+        try:
+            loader = importlib.machinery.ExtensionFileLoader("cel.cel", path)
+            core = importlib.util.module_from_spec(importlib.util.spec_from_loader("cel.cel", loader))
+            loader.exec_module(core)
+            return core
+        except (ImportError, OSError):
+            pass
     import cel  # another layout of the package: take the documented import
 
     return cel
+
+
+def _cel_core_path() -> str | None:
+    """The file of the compiled CEL core, found without loading it (or the package), or None."""
+    import importlib.machinery
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("cel")
+    except (ImportError, ValueError):
+        return None
+    for directory in (spec.submodule_search_locations or []) if spec else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(directory, "cel" + suffix)
+            if os.path.exists(path):
+                return path
+    return None
 
 
 def _build_rule(entry: Any, where: str, lazy: bool = False) -> Rule:

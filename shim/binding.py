@@ -1,9 +1,10 @@
 """The cffi binding to libseedance_shim.so: started lazily, once, behind a lock.
 
 ABI mode (ffi.dlopen) with the cdef taken from shim/include/seedance_shim.h, the same
-header the C code is compiled with, pre-parsed into _shim_cffi.py by build_shim.py (cffi's
-out-of-line ABI mode: about 3 ms to import where parsing costs 50 ms or more, issue 13);
-without that module the header is parsed here.  On first use the binding refuses a library built
+header the C code is compiled with, pre-parsed into _shim_cffi.py by the build
+(build_shim.write_ffi_module; cffi's out-of-line ABI mode: about 3 ms to import where
+parsing costs 50 ms or more, issue 13); without that module (a tree never built) the
+header is parsed here.  On first use the binding refuses a library built
 from another version (its ABI number and its version string are compiled in), and says
 how to fix it: psutil's __init__ does the same against its C extension.
 """
@@ -68,7 +69,7 @@ def expected_version() -> str:
 
 def _ffi():
     try:
-        from ._shim_cffi import ffi  # generated from the header (build_shim.py --ffi)
+        from ._shim_cffi import ffi  # generated from the header by the build (build_shim.py)
         return ffi
     except ImportError:
         from cffi import FFI

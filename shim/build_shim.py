@@ -9,7 +9,7 @@ Used two ways:
 The shim is preloaded into arbitrary C programs, so it is built without libpython
 (setuptools never links extensions against it on Linux; ``check_no_libpython`` makes
 sure) and with hidden visibility: only the hooked names, la_* and seedance_* are
-exported.  cffi checks at build time that the header's cdef region parses, so the
+exported.  cffi parses the header's cdef region at build time (write_ffi_module), so the
 Python side can never disagree with the C layout.
 """
 from __future__ import annotations
@@ -53,9 +53,9 @@ def ffi_module_source() -> str:
     """cffi's out-of-line ABI module for the cdef region: the parsed types, serialised.
 
     Parsing the cdef costs 50-150 ms at every `seedance run` (issue 13); importing the
-    serialised form costs about 3 ms.  It is generated from the header, never edited,
-    and kept in git so that a build without cffi (pip's isolated build environment holds
-    only setuptools) still ships it; tests/shim/test_build.py fails when it is stale."""
+    serialised form costs about 3 ms.  It is generated from the header by every build
+    (setup.py calls write_ffi_module(); cffi is a build requirement, pyproject.toml) and
+    never kept in git; tests/shim/test_build.py fails when a built copy is stale."""
     import tempfile
 
     from cffi import FFI
@@ -70,20 +70,15 @@ def ffi_module_source() -> str:
         return out.read_text()
 
 
-def check_cdef() -> None:
-    """Parse the cdef region with cffi and refresh _shim_cffi.py, when the build
-    environment has cffi.
-
-    pip builds in an isolated environment that holds only setuptools, and adding a
-    build requirement would need the network; the runtime binding falls back to parsing
-    the same region, and tests/shim checks both, so nothing can ship unparsed."""
-    try:
-        import cffi  # noqa: F401
-    except ImportError:
-        return
+def write_ffi_module() -> bool:
+    """Write _shim_cffi.py from the header when it differs (needs cffi); True if it did.
+    Parsing the cdef here is also the build's check that the header's cdef region parses,
+    so the Python side can never disagree with the C layout."""
     text = ffi_module_source()
-    if not FFI_MODULE.exists() or FFI_MODULE.read_text() != text:
-        FFI_MODULE.write_text(text)
+    if FFI_MODULE.exists() and FFI_MODULE.read_text() == text:
+        return False
+    FFI_MODULE.write_text(text)
+    return True
 
 
 def package_version() -> str:
@@ -126,8 +121,6 @@ def make_build_ext(base):
             return super().get_export_symbols(ext)
 
         def build_extension(self, ext):
-            if ext.name == "seedance.shim.libseedance_shim":
-                check_cdef()
             super().build_extension(ext)
             if ext.name == "seedance.shim.libseedance_shim":
                 check_no_libpython(self.get_ext_fullpath(ext.name))
@@ -176,7 +169,7 @@ def check_no_libpython(path: str) -> None:
 def build_standalone(out: str, cc: str | None = None, extra: list[str] | None = None) -> str:
     """Compile the shim directly with the C compiler (tests, benches, the GPU script).
     It never rewrites _shim_cffi.py: only the package build and `--ffi` do, so the test
-    that compares it with the header cannot be satisfied behind its back."""
+    that compares a built copy with the header cannot be satisfied behind its back."""
     cc = cc or os.environ.get("CC", "cc")
     root = HERE.parent
     cmd = [cc, *CFLAGS, "-shared", f'-DSD_VERSION_STRING="{package_version()}"',
@@ -197,7 +190,7 @@ def build_launcher_standalone(out: str, cc: str | None = None) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--ffi":
-        check_cdef()
+        write_ffi_module()
         print(FFI_MODULE)
     elif len(sys.argv) == 2:
         print(build_standalone(sys.argv[1]))

@@ -17,89 +17,15 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 
 from ..elf.reader import read_elf
 from ..model import Fact
 
-NEW_ABI_MARK = "__cxx11"
-OLD, NEW = "pre-cxx11", "cxx11"
-# Namespaces torch's own libraries export (c10, at, torch, caffe2), plain or const member.
-TORCH_PREFIXES = tuple(f"_ZN{q}{ns}" for q in ("", "K") for ns in ("3c10", "2at", "5torch", "6caffe2"))
-_SEQ_ID = re.compile(r"[0-9A-Z]*_")
-
-
-@functools.lru_cache(maxsize=1 << 16)  # torch's test programs and extensions share most names
-def uses_old_string(symbol: str) -> bool:
-    """True when the mangled name contains the old-ABI std::string abbreviation ``Ss``.
-
-    ``Ss`` may also occur inside an identifier ("isSsl"), so identifiers (<length><name>),
-    substitutions and template parameters (S<seq-id>_, T<seq-id>_) and literals (L...E)
-    are stepped over before looking.  Every part stepped over leaves a space in
-    _mangling_codes' output, so an ``Ss`` there is an ``Ss`` of the name: a name without one
-    is not walked (most of torch's names; the walk was a fifth of the C++ ABI check, issue 13).
-    """
-    return "Ss" in symbol and "Ss" in _mangling_codes(symbol)
-
-
-def uses_new_string(symbol: str) -> bool:
-    return NEW_ABI_MARK in symbol
-
-
-def _mangling_codes(symbol: str) -> str:
-    out = []
-    index, length = 0, len(symbol)
-    while index < length:
-        char = symbol[index]
-        if char in "ST" and index + 1 < length:
-            match = _SEQ_ID.match(symbol, index + 1)
-            if match:
-                out.append(" ")
-                index = match.end()
-                continue
-            out.append(char)
-            index += 1
-        elif char == "L" and index + 1 < length and not symbol[index + 1].isdigit() \
-                and symbol[index + 1] != "_":
-            end = symbol.find("E", index + 1)
-            index = length if end < 0 else end + 1
-            out.append(" ")
-        elif char.isdigit() and index and symbol[index - 1] in "CD":
-            out.append(char)  # constructor/destructor kind (C1, D2), not an identifier length
-            index += 1
-        elif char.isdigit():
-            end = index
-            while end < length and symbol[end].isdigit():
-                end += 1
-            index = end + int(symbol[index:end])
-            out.append(" ")
-        else:
-            out.append(char)
-            index += 1
-    return "".join(out)
-
-
-def torch_abi_of(defined_names) -> tuple:
-    """(abi, example) of a torch library from its exports, c10/at/torch/caffe2 names only."""
-    return abi_of(name for name in defined_names if name.startswith(TORCH_PREFIXES))
-
-
-def abi_of(symbol_names) -> tuple:
-    """(abi, example) from mangled names; (None, None) when no name involves std::string."""
-    old = new = None
-    old_count = new_count = 0
-    for name in symbol_names:
-        if not name.startswith("_Z"):
-            continue
-        if uses_new_string(name):
-            new_count += 1
-            new = new or name
-        elif uses_old_string(name):
-            old_count += 1
-            old = old or name
-    if not old_count and not new_count:
-        return None, None
-    return (NEW, new) if new_count >= old_count else (OLD, old)
+# The names are read in cxx_mangling.py, which torch_ext.py (imported here) uses too; they are
+# offered here as well, where the C++ ABI check's callers have always found them.
+from .cxx_mangling import (NEW, NEW_ABI_MARK, OLD, TORCH_PREFIXES, abi_of,  # noqa: F401
+                           torch_abi_of, uses_new_string, uses_old_string)
+from .torch_ext import rebuild_command, torch_at
 
 
 class TorchAbiCache:
@@ -202,8 +128,6 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
                and s.name.startswith(TORCH_PREFIXES)]
     if not imports:
         return []
-    from .torch_ext import rebuild_command, torch_at
-
     torch_dir = os.path.dirname(os.path.dirname(sorted(torch_paths, key=lambda p: ("libc10" not in p, p))[0]))
     torch = torch_at(torch_dir, source=torch_source)
     version = torch.version if torch else "?"

@@ -94,10 +94,6 @@ class Scanner:
         try:
             return self._run()
         finally:
-            if keep is not None:
-                # kept to the exit: out of the collector's sight too, or its next pass after
-                # the scan walks every one of them (~20M instructions of a check of /usr/lib)
-                gc.freeze()
             if collecting:
                 gc.enable()
 

@@ -22,7 +22,7 @@ from ..record import NEW, Record
 from ..elf.reader import read_elf
 from ..errors import ELFError
 from ..model import Fact
-from . import cxxabi
+from . import cxx_mangling
 
 _TAG = re.compile(r"^py(\d)(\d+)([a-z]*)_(cpu|cu\d+|rocm\d+)$")
 _VERSION = re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.M)
@@ -332,7 +332,7 @@ class TorchSymbols:
                         if "libc10" in lib:
                             abi_names.append(sym.name)
             self._defined = names
-            self.abi = cxxabi.torch_abi_of(abi_names)[0]
+            self.abi = cxx_mangling.torch_abi_of(abi_names)[0]
         return self._defined
 
 
@@ -363,14 +363,14 @@ def build_facts(build: CachedBuild, torch: TorchInstall | None, symbols: TorchSy
         built["torch"] = read_torch_version(built_torch_dir)[0]
     abi_flag = _ABI_FLAG.search(flags)
     if abi_flag:
-        built["abi"] = cxxabi.NEW if abi_flag.group(1) == "1" else cxxabi.OLD
+        built["abi"] = cxx_mangling.NEW if abi_flag.group(1) == "1" else cxx_mangling.OLD
     imports = []
     if build.library:
         try:
             info = read_elf(build.library, symbols=True)
             imports = [s.name for s in info.symbols
-                       if not s.defined and s.binding != "WEAK" and s.name.startswith(cxxabi.TORCH_PREFIXES)]
-            lib_abi = cxxabi.abi_of(imports)[0]
+                       if not s.defined and s.binding != "WEAK" and s.name.startswith(cxx_mangling.TORCH_PREFIXES)]
+            lib_abi = cxx_mangling.abi_of(imports)[0]
             if lib_abi and "abi" not in built:
                 built["abi"] = lib_abi
         except ELFError as exc:

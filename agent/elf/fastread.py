@@ -156,7 +156,7 @@ def x86_isa_needed(path: str):
     return _isa_levels.get(path)
 
 
-_names = None  # (binding names, type names) by number, as reader.py spells them
+_names = None  # (binding names, type names) by number, as info.py spells them
 
 
 def _symbols(ffi, syms) -> tuple:
@@ -164,8 +164,7 @@ def _symbols(ffi, syms) -> tuple:
     libtorch_cpu has ~75,000 dynamic symbols, and Symbol's frozen __init__ was ~1/3 of
     reading them)."""
     global _names
-    from .info import Symbol
-    from .reader import BIND_NAMES, STT_NAMES
+    from .info import BIND_NAMES, STT_NAMES, Symbol
 
     if _names is None:
         _names = ([BIND_NAMES.get(n, str(n)) for n in range(16)], [STT_NAMES.get(n, str(n)) for n in range(16)])

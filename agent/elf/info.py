@@ -10,6 +10,11 @@ from __future__ import annotations
 from ..record import FrozenRecord, _new_dict
 
 DF_1_NODEFLIB = 0x800
+# Symbol.binding and Symbol.type: the names of st_info's two halves, as both readers spell them
+STB_LOCAL, STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 0, 1, 2, 10
+BIND_NAMES = {STB_LOCAL: "LOCAL", STB_GLOBAL: "GLOBAL", STB_WEAK: "WEAK", STB_GNU_UNIQUE: "UNIQUE"}
+STT_NAMES = {0: "NOTYPE", 1: "OBJECT", 2: "FUNC", 3: "SECTION", 4: "FILE", 5: "COMMON", 6: "TLS",
+             10: "IFUNC"}
 
 
 class VersionNeed(FrozenRecord):

@@ -24,7 +24,8 @@ import sys
 
 from ..errors import ELFError
 from . import fastread as _fastread
-from .info import ElfInfo, Symbol, VersionNeed  # noqa: F401 - defined apart so that the C reader needs no reader.py
+# defined apart so that the C reader needs no reader.py
+from .info import BIND_NAMES, STB_LOCAL, STT_NAMES, ElfInfo, Symbol, VersionNeed  # noqa: F401
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -41,11 +42,7 @@ DT_VERNEED, DT_VERNEEDNUM, DT_FLAGS_1 = 0x6FFFFFFE, 0x6FFFFFFF, 0x6FFFFFFB
 DF_1_NODEFLIB = 0x800
 DF_ORIGIN, DF_1_ORIGIN = 0x1, 0x80
 VER_FLG_BASE, VER_FLG_WEAK = 0x1, 0x2
-STB_LOCAL, STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 0, 1, 2, 10
 SHN_UNDEF, SHN_ABS = 0, 0xFFF1
-STT_NAMES = {0: "NOTYPE", 1: "OBJECT", 2: "FUNC", 3: "SECTION", 4: "FILE", 5: "COMMON", 6: "TLS",
-             10: "IFUNC"}
-BIND_NAMES = {STB_LOCAL: "LOCAL", STB_GLOBAL: "GLOBAL", STB_WEAK: "WEAK", STB_GNU_UNIQUE: "UNIQUE"}
 NT_GNU_BUILD_ID = 3
 
 # Sanity caps: a real object never comes close; a hostile one must not make us loop.
