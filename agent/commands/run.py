@@ -72,6 +72,8 @@ def configure_parser(sub):
     parser.add_argument("--label", action="append", metavar="KEY=VALUE",
                         help="label the workload (repeat or comma-separate); a matching `seedance quota` "
                              "policy limits it from its first instruction")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse (exit 2) an --affinity device the driver does not have, instead of a warning")
     parser.add_argument("--plugin", metavar="NAME",
                         help="the program hosts this installed plugin: its manifest's labels label the workload")
     # the end of a run started by seedance-run, the C launcher (shim/src/launcher.c)
@@ -202,6 +204,135 @@ def resolve_affinity(spec: str) -> tuple[str, dict]:
     if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         info["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
     return value, info
+
+
+# env(1), timeout(1) and POSIX shells: 127 when the command is not found, 126 when it is found
+# but cannot be executed (coreutils env.c: EXIT_ENOENT / EXIT_CANNOT_INVOKE)
+EXIT_NOT_FOUND = 127
+EXIT_CANNOT_INVOKE = 126
+
+
+class CommandNotRun(BadInput):
+    """The command could not be started: one line, and the exit code env(1) gives.  The CLI
+    prints the text of an error whose code is not 2 after "seedance: " alone, so the text
+    carries "error: run: " itself: the line is the launcher's, word for word."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def find_command(name: str, path: str | None = None) -> str:
+    """The file execvp() would execute for ``name``, or CommandNotRun as env(1) reports it.
+
+    As glibc's execvp (posix/execvpe.c): a name with a slash is used as it is; otherwise each
+    PATH entry (an empty one is the current directory) is tried in order, a file that exists
+    but cannot be executed (EACCES: no execute bit, a directory) is skipped, and when nothing
+    is executable the search fails with EACCES if such a file was met, else ENOENT."""
+    def executable(candidate: str):
+        """None when it runs, else the errno execve would give."""
+        try:
+            st = os.stat(candidate)
+        except FileNotFoundError:
+            return "ENOENT"
+        except NotADirectoryError:
+            return "ENOENT"
+        except OSError:
+            return "EACCES"
+        if stat.S_ISDIR(st.st_mode):
+            return "EISDIR"
+        return None if os.access(candidate, os.X_OK) and stat.S_ISREG(st.st_mode) else "EACCES"
+
+    if "/" in name:
+        why = executable(name)
+        if why is None:
+            return name
+        if why == "ENOENT":
+            raise CommandNotRun(f"error: run: {name}: no such file or directory", EXIT_NOT_FOUND)
+        detail = "is a directory" if why == "EISDIR" else "not executable"
+        raise CommandNotRun(f"error: run: {name}: permission denied ({detail})", EXIT_CANNOT_INVOKE)
+    if not name:
+        raise CommandNotRun("error: run: '': command not found", EXIT_NOT_FOUND)
+    search = os.environ.get("PATH", os.defpath) if path is None else path
+    denied = None
+    for directory in search.split(":"):
+        candidate = os.path.join(directory or ".", name)
+        why = executable(candidate)
+        if why is None:
+            return candidate
+        if why != "ENOENT" and denied is None:
+            denied = (candidate, why)
+    if denied is not None:
+        detail = "is a directory" if denied[1] == "EISDIR" else "not executable"
+        raise CommandNotRun(f"error: run: {name}: permission denied ({denied[0]} {detail})", EXIT_CANNOT_INVOKE)
+    raise CommandNotRun(f"error: run: {name}: command not found", EXIT_NOT_FOUND)
+
+
+def spawn(cmd: list, exe: str, **popen_args) -> subprocess.Popen:
+    """Start ``exe`` with argv ``cmd``; a file the kernel cannot execute (ENOEXEC: no #! line,
+    not ELF) runs as a /bin/sh script, as execvp does (posix/execvpe.c maybe_script_execute),
+    and so as env(1) and the shells run it.  CommandNotRun with env's exit code otherwise."""
+    import errno
+
+    try:
+        return subprocess.Popen(cmd, executable=exe, **popen_args)  # argv[0] as given, as execvp
+    except OSError as exc:
+        if exc.errno == errno.ENOEXEC:
+            try:
+                return subprocess.Popen(["/bin/sh", exe, *cmd[1:]], **popen_args)
+            except OSError as again:
+                exc = again
+        reason = (exc.strerror or str(exc)).lower()
+        if exc.errno == errno.ENOENT:  # e.g. the #! interpreter does not exist
+            raise CommandNotRun(f"error: run: {cmd[0]}: {reason}", EXIT_NOT_FOUND) from None
+        raise CommandNotRun(f"error: run: {cmd[0]}: {reason}", EXIT_CANNOT_INVOKE) from None
+
+
+def check_affinity_devices(spec: str, strict: bool) -> str:
+    """The warning for device indices in ``spec`` (gpu:N, N, npuN) this host does not have;
+    '' when all exist.  Under --strict a missing device is refused (exit 2).  The count is
+    NVML's (gpu:N is the NVML index), else the CUDA driver's; with neither answering it
+    cannot be known, and the warning says so (refused by --strict only when known)."""
+    indices = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        low = item.lower()
+        digits = item[4:] if low.startswith("gpu:") else item[3:] if low.startswith("npu") else item
+        if digits.isdigit():
+            indices.append((item, int(digits)))
+    if not indices:
+        return ""
+    count, source = device_count()
+    if count is None:
+        return (f"seedance: warning: --affinity {spec}: cannot check that device "
+                f"{', '.join(str(i) for _item, i in indices)} exists: {source}")
+    absent = [item for item, index in indices if index >= count]
+    if not absent:
+        return ""
+    text = (f"--affinity {spec}: no device {', '.join(absent)} on this host ({source} reports "
+            f"{count} device{'s' if count != 1 else ''}): the program would see none")
+    if strict:
+        raise UsageError(f"seedance run: {text}")
+    return f"seedance: warning: {text}"
+
+
+def device_count() -> tuple:
+    """(number of devices, who said so) or (None, why nobody can): NVML first, as gpu:N
+    names NVML indices, then the CUDA driver (cuDeviceGetCount after cuInit)."""
+    nvml, why = _nvml()
+    if nvml:
+        try:
+            return int(nvml.nvmlDeviceGetCount()), "NVML"
+        except Exception as exc:  # noqa: BLE001 - a driver that answers init but not this
+            why = f"NVML unavailable ({exc})"
+    import ctypes
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None, f"{why}, and there is no CUDA driver (libcuda.so.1 does not load)"
+    n = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        return None, f"{why}, and the CUDA driver does not answer (cuInit failed)"
+    return n.value, "the CUDA driver"
 
 
 def _nvml():
@@ -357,9 +488,7 @@ def execute(args) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise UsageError("seedance run: give the command after --, e.g. seedance run -- python train.py")
-    exe = shutil.which(cmd[0])
-    if exe is None:
-        raise BadInput(f"seedance run: {cmd[0]}: command not found")
+    exe = find_command(cmd[0])
     report_out, events_out = prepare_outputs(args)
     # a stream on stdout: the program's stdout goes to stderr, never into the stream
     stream_on_stdout = any(t is not None and t.is_stdout for t in (report_out, events_out))
@@ -388,6 +517,10 @@ def execute(args) -> int:
     affinity_value = mem_value = None
     if args.affinity:
         affinity_value, result.affinity = resolve_affinity(args.affinity)
+        if args.affinity != "auto":  # auto picks among the devices the driver has
+            warning = check_affinity_devices(args.affinity, args.strict)
+            if warning:
+                print(warning, file=sys.stderr)
     if args.mem_limit:
         mem_value, result.mem_limit = parse_mem_limit(args.mem_limit)
     if args.handles is None:
@@ -440,11 +573,11 @@ def execute(args) -> int:
 
         started = time.monotonic()
         try:
-            child = subprocess.Popen(cmd, env=env, stdout=2 if stream_on_stdout else None)
-        except OSError as exc:
+            child = spawn(cmd, exe, env=env, stdout=2 if stream_on_stdout else None)
+        except CommandNotRun:
             if quota is not None:
                 quota.release()
-            raise BadInput(f"seedance run: {cmd[0]}: {exc.strerror or exc}") from None
+            raise
         if quota is not None:
             stack.callback(quota.release)
             quota.record(child.pid)

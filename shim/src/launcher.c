@@ -9,8 +9,10 @@
  *
  *   here:    --mem-limit, --affinity (ordinals, npuN, gpu:N, GPU-/MIG- UUIDs; gpu:N and N
  *            become the UUID of NVML index N when NVML answers, as in Python),
- *            --follow-children, --handles, --audit;
- *            checks: command found, preload safety (the library and every directory
+ *            --follow-children, --handles, --audit, --strict (an --affinity index the
+ *            driver does not have: a warning, or refused);
+ *            checks: command found (exit 127/126 as env(1); a file without #! runs as a
+ *            /bin/sh script, as execvp runs it), preload safety (the library and every directory
  *            above it owned by root or the user and not group/world-writable, sticky
  *            directories as in seedance/preload.py), setuid/setgid and static programs
  *            named (they run unwrapped), launchers without --follow-children named,
@@ -122,6 +124,24 @@ __attribute__((format(printf, 1, 2), noreturn)) static void usage_error(const ch
     exit(2);
 }
 
+/* The command cannot be started: one line, and the exit code env(1), timeout(1) and the
+ * shells give (coreutils env.c): 127 when it is not found, 126 when it cannot be run */
+#define EXIT_NOT_FOUND 127
+#define EXIT_CANNOT_INVOKE 126
+__attribute__((format(printf, 2, 3), noreturn)) static void cannot_run(int code, const char *fmt, ...)
+{
+    char text[PATH_MAX + 128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    for (char *p = text; *p; p++)
+        if ((unsigned char)*p < 0x20)
+            *p = ' ';
+    fprintf(stderr, "seedance: error: run: %s\n", text);
+    exit(code);
+}
+
 /* Python's repr() of a plain string, for messages that quote what the user typed */
 static const char *quoted(const char *s)
 {
@@ -228,25 +248,113 @@ static void parse_mem_limit(const char *text, char *out, size_t len)
 /* ---- affinity: the spellings of seedance.commands.run.resolve_affinity ------------ */
 
 /* gpu:N means NVML (nvidia-smi) index N: its UUID, when NVML answers; else the ordinal */
+static void *nvml_lib;
+static int nvml_ok;
+
 static int nvml_uuid(int index, char *out, size_t len)
 {
-    static void *nvml;
-    static int tried, ok;
+    static int tried;
     typedef int (*init_fn)(void);
     typedef int (*handle_fn)(unsigned, void **);
     typedef int (*uuid_fn)(void *, char *, unsigned);
     if (!tried) {
         tried = 1;
-        nvml = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
-        init_fn init = nvml ? (init_fn)dlsym(nvml, "nvmlInit_v2") : NULL;
-        ok = init && init() == 0;
+        nvml_lib = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
+        init_fn init = nvml_lib ? (init_fn)dlsym(nvml_lib, "nvmlInit_v2") : NULL;
+        nvml_ok = init && init() == 0;
     }
-    if (!ok)
+    if (!nvml_ok || index < 0)
         return -1;
-    handle_fn get = (handle_fn)dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
-    uuid_fn uuid = (uuid_fn)dlsym(nvml, "nvmlDeviceGetUUID");
+    handle_fn get = (handle_fn)dlsym(nvml_lib, "nvmlDeviceGetHandleByIndex_v2");
+    uuid_fn uuid = (uuid_fn)dlsym(nvml_lib, "nvmlDeviceGetUUID");
     void *h;
     return get && uuid && get((unsigned)index, &h) == 0 && uuid(h, out, (unsigned)len) == 0 ? 0 : -1;
+}
+
+/* How many devices gpu:N can name: NVML's count (gpu:N is the NVML index), else the CUDA
+ * driver's (cuDeviceGetCount after cuInit); -1 with WHY when neither answers.  As
+ * seedance.commands.run.device_count, whose words WHY repeats. */
+static int device_count(const char **source, char *why, size_t len)
+{
+    char unused[8];
+    nvml_uuid(-1, unused, 0); /* loads and initialises NVML once */
+    typedef int (*count_fn)(unsigned *);
+    unsigned n = 0;
+    if (nvml_ok) {
+        count_fn count = (count_fn)dlsym(nvml_lib, "nvmlDeviceGetCount_v2");
+        if (count && count(&n) == 0) {
+            *source = "NVML";
+            return (int)n;
+        }
+    }
+    const char *nvml_why = nvml_ok ? "NVML unavailable (nvmlDeviceGetCount failed)"
+                           : nvml_lib ? "NVML unavailable (nvmlInit failed)"
+                                      : "NVML unavailable (NVML Shared Library Not Found)";
+    void *cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!cuda) {
+        snprintf(why, len, "%s, and there is no CUDA driver (libcuda.so.1 does not load)", nvml_why);
+        return -1;
+    }
+    typedef int (*init_fn)(unsigned);
+    typedef int (*dev_count_fn)(int *);
+    init_fn init = (init_fn)dlsym(cuda, "cuInit");
+    dev_count_fn get = (dev_count_fn)dlsym(cuda, "cuDeviceGetCount");
+    int devices = 0;
+    if (!init || !get || init(0) != 0 || get(&devices) != 0) {
+        snprintf(why, len, "%s, and the CUDA driver does not answer (cuInit failed)", nvml_why);
+        return -1;
+    }
+    *source = "the CUDA driver";
+    return devices;
+}
+
+/* The device indices of SPEC (gpu:N, N, npuN) this host does not have: a warning, or under
+ * --strict a refusal (exit 2); when the count cannot be known, a warning that says so.  The
+ * messages are seedance.commands.run.check_affinity_devices'. */
+static void check_affinity_devices(const char *spec, int strict)
+{
+    char buf[512], absent[512] = "", wanted[512] = "";
+    size_t absent_used = 0, wanted_used = 0;
+    int indices[64], items = 0;
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *names[64];
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item && items < 64; item = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*item))
+            item++;
+        size_t l = strlen(item);
+        while (l && isspace((unsigned char)item[l - 1]))
+            item[--l] = '\0';
+        const char *digits = strncasecmp(item, "gpu:", 4) == 0 ? item + 4
+                             : strncasecmp(item, "npu", 3) == 0 ? item + 3 : item;
+        if (!*digits || strspn(digits, "0123456789") != strlen(digits))
+            continue;
+        names[items] = item;
+        indices[items++] = atoi(digits);
+    }
+    if (!items)
+        return;
+    const char *source = NULL;
+    char why[256];
+    int count = device_count(&source, why, sizeof why);
+    if (count < 0) {
+        for (int k = 0; k < items; k++)
+            wanted_used += (size_t)snprintf(wanted + wanted_used, wanted_used < sizeof wanted ? sizeof wanted - wanted_used : 0,
+                                            "%s%d", k ? ", " : "", indices[k]);
+        fprintf(stderr, "seedance: warning: --affinity %s: cannot check that device %s exists: %s\n", spec, wanted, why);
+        return;
+    }
+    for (int k = 0; k < items; k++)
+        if (indices[k] >= count)
+            absent_used += (size_t)snprintf(absent + absent_used, absent_used < sizeof absent ? sizeof absent - absent_used : 0,
+                                            "%s%s", absent_used ? ", " : "", names[k]);
+    if (!absent[0])
+        return;
+    char text[1400];
+    snprintf(text, sizeof text, "--affinity %s: no device %s on this host (%s reports %d device%s): the program would see none",
+             spec, absent, source, count, count == 1 ? "" : "s");
+    if (strict)
+        usage_error("%s", text);
+    fprintf(stderr, "seedance: warning: %s\n", text);
 }
 
 static void resolve_affinity(const char *spec, char *out, size_t len)
@@ -328,29 +436,59 @@ static int unsafe_reason(const char *path, char *why, size_t len)
     }
 }
 
-static int find_in_path(const char *name, char *out, size_t len)
+/* 0 when execve could run CANDIDATE, else the errno it would give: ENOENT, EISDIR (execve
+ * says EACCES), or EACCES (no execute bit, not a regular file) */
+static int runnable(const char *candidate)
+{
+    struct stat st;
+    if (stat(candidate, &st) != 0)
+        return errno == ENOENT || errno == ENOTDIR ? ENOENT : EACCES;
+    if (S_ISDIR(st.st_mode))
+        return EISDIR;
+    return S_ISREG(st.st_mode) && access(candidate, X_OK) == 0 ? 0 : EACCES;
+}
+
+/* The file execvp() would execute for NAME (glibc posix/execvpe.c): a name with a slash as it
+ * is; else each PATH entry in order (an empty one is the current directory), skipping files
+ * that exist but cannot be executed.  When none runs: exit 126 if such a file was met, else
+ * 127, as env(1) reports it.  The messages are seedance.commands.run.find_command's. */
+static void find_command(const char *name, char *out, size_t len)
 {
     if (strchr(name, '/')) {
-        if (access(name, X_OK) != 0)
-            return -1;
-        struct stat st;
-        if (stat(name, &st) != 0 || S_ISDIR(st.st_mode))
-            return -1;
+        int why = runnable(name);
+        if (why == ENOENT)
+            cannot_run(EXIT_NOT_FOUND, "%s: no such file or directory", name);
+        if (why)
+            cannot_run(EXIT_CANNOT_INVOKE, "%s: permission denied (%s)", name,
+                       why == EISDIR ? "is a directory" : "not executable");
         snprintf(out, len, "%s", name);
-        return 0;
+        return;
     }
+    if (!*name)
+        cannot_run(EXIT_NOT_FOUND, "'': command not found");
     const char *path = getenv("PATH");
     if (!path)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    while (*path) {
+        path = "/bin:/usr/bin"; /* os.defpath, which the Python command falls back to */
+    char denied[PATH_MAX] = "";
+    int denied_why = 0;
+    for (;;) {
         size_t l = strcspn(path, ":");
         snprintf(out, len, "%.*s/%s", (int)l, l ? path : ".", name);
-        struct stat st;
-        if (access(out, X_OK) == 0 && stat(out, &st) == 0 && !S_ISDIR(st.st_mode))
-            return 0;
-        path += l + (path[l] == ':');
+        int why = runnable(out);
+        if (why == 0)
+            return;
+        if (why != ENOENT && !denied[0]) {
+            snprintf(denied, sizeof denied, "%s", out);
+            denied_why = why;
+        }
+        if (!path[l])
+            break;
+        path += l + 1;
     }
-    return -1;
+    if (denied[0])
+        cannot_run(EXIT_CANNOT_INVOKE, "%s: permission denied (%s %s)", name, denied,
+                   denied_why == EISDIR ? "is a directory" : "not executable");
+    cannot_run(EXIT_NOT_FOUND, "%s: command not found", name);
 }
 
 /* 1: EXE never runs ld.so (no PT_INTERP), so LD_PRELOAD cannot reach it */
@@ -628,7 +766,7 @@ int main(int argc, char **argv)
     front_end(&argc, &argv);
     orig_argv = argv;
     const char *affinity = NULL, *mem_limit = NULL, *handles = NULL;
-    int follow = 0, audit = 0, i = 1;
+    int follow = 0, audit = 0, strict = 0, i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
         const char *value = NULL;
@@ -644,6 +782,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--audit") == 0) {
             audit = 1;
+            continue;
+        }
+        if (strcmp(a, "--strict") == 0) {
+            strict = 1;
             continue;
         }
         const char **slot = strncmp(a, "--affinity", 10) == 0     ? &affinity
@@ -679,8 +821,7 @@ int main(int argc, char **argv)
     char **cmd = argv + i;
 
     char exe[PATH_MAX];
-    if (find_in_path(cmd[0], exe, sizeof exe) != 0)
-        usage_error("%s: command not found", cmd[0]);
+    find_command(cmd[0], exe, sizeof exe);
     if (needs_python_look(exe))
         to_python();
 
@@ -718,8 +859,10 @@ int main(int argc, char **argv)
                         "through%s\n", mem_limit || affinity ? ", so --mem-limit and --affinity are NOT enforced" : "");
 
     char affinity_value[1024] = "", mem_value[1024] = "";
-    if (affinity)
+    if (affinity) {
         resolve_affinity(affinity, affinity_value, sizeof affinity_value);
+        check_affinity_devices(affinity, strict);
+    }
     if (mem_limit)
         parse_mem_limit(mem_limit, mem_value, sizeof mem_value);
 
@@ -766,9 +909,30 @@ int main(int argc, char **argv)
     posix_spawnattr_setsigdefault(&attr, &defaults);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
     int rc = posix_spawn(&child_pid, exe, NULL, &attr, cmd, child_env);
+    if (rc == ENOEXEC) {
+        /* no #! line and not ELF: a /bin/sh script, as execvp runs it (posix/execvpe.c
+         * maybe_script_execute), and so env(1) and the shells */
+        int n = 0;
+        while (cmd[n])
+            n++;
+        char **script = calloc((size_t)n + 2, sizeof *script);
+        if (!script)
+            cannot_run(EXIT_CANNOT_INVOKE, "%s: %s", cmd[0], strerror(ENOMEM));
+        script[0] = (char *)"/bin/sh";
+        script[1] = exe;
+        for (int k = 1; k < n; k++)
+            script[k + 1] = cmd[k];
+        rc = posix_spawn(&child_pid, "/bin/sh", NULL, &attr, script, child_env);
+        free(script);
+    }
     posix_spawnattr_destroy(&attr);
-    if (rc != 0)
-        usage_error("%s: %s", cmd[0], strerror(rc));
+    if (rc != 0) { /* the messages of the Python command: strerror in lower case */
+        char reason[128];
+        snprintf(reason, sizeof reason, "%s", strerror(rc));
+        for (char *p = reason; *p; p++)
+            *p = (char)tolower((unsigned char)*p);
+        cannot_run(rc == ENOENT ? EXIT_NOT_FOUND : EXIT_CANNOT_INVOKE, "%s: %s", cmd[0], reason);
+    }
     int status = 0;
     while (waitpid(child_pid, &status, 0) < 0 && errno == EINTR)
         ;
