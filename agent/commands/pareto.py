@@ -13,7 +13,10 @@ examples:
   seedance pareto results.csv --report-json - | jq '.profile.pareto.frontier[].name'
 
 The CSV has a header with the columns name,latency_ms,accuracy and optionally
-cost_per_ms (per row; --cost-per-ms is the default for rows without it, 1.0 if unset).
+cost_per_ms (per row; --cost-per-ms is the default for rows without it, 1.0 if unset);
+a byte-order mark before it (as spreadsheets write) is fine.  The file is streamed: at
+most 1 GiB, 20 million rows, 1024 characters a cell, 10000 variants on the frontier;
+the first 1000 dominated variants are listed and the rest counted.
 A row is dominated when another is at least as fast and as accurate and better in one.
 ROI = (accuracy - baseline) / (latency_ms * cost_per_ms); the baseline defaults to the
 lowest accuracy in the file.  The decay point is the first frontier point, by latency,
@@ -44,35 +47,41 @@ def execute(args) -> int:
     json_to = "-" if args.json else args.report_json
     report_target = prepare_output(json_to, force=args.force) if json_to else None
     plot_target = prepare_output(args.plot, force=args.force, what="plot") if args.plot else None
-    with open(args.csv, encoding="utf-8", errors="surrogateescape", newline="") as handle:
-        text = handle.read()
-    variants = pareto.read_csv(text, default_cost_per_ms=args.cost_per_ms, source=escape_path(args.csv))
-    result = pareto.analyse(variants, baseline_accuracy=args.baseline_accuracy)
+    result = pareto.analyse_file(args.csv, default_cost_per_ms=args.cost_per_ms,
+                                 baseline_accuracy=args.baseline_accuracy)
     if plot_target is not None:
-        pareto.plot(result, variants, plot_target)
+        pareto.plot(result, plot_target)
     if report_target is not None:
-        report = Report(command="pareto", stats={"variants": len(variants)},
+        report = Report(command="pareto", stats={"variants": result.variants},
                         extra={"profile": {"pareto": result.to_dict()}})
         report_target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         if report_target.is_stdout:
             return 0
-    _render(result, len(variants))
+    _render(result)
     if plot_target is not None:
         print(f"plot: {escape_path(args.plot)}")
     return 0
 
 
-def _render(result, count: int) -> None:
+def _render(result) -> None:
+    # variant names come from a file someone else may have written: an escape sequence or a
+    # quoted newline in one must not paint the terminal or forge a row (check's escaping)
+    from ..errors import escape_path
+
     for note in result.notes:
         print(f"note: {note}")
-    print(f"{count} variants, {len(result.frontier)} on the frontier (baseline accuracy {result.baseline_accuracy:g})")
+    print(f"{result.variants} variants, {len(result.frontier)} on the frontier "
+          f"(baseline accuracy {result.baseline_accuracy:g})")
     print(f"  {'variant':<16} {'latency ms':>10} {'accuracy':>9} {'ROI':>10} {'dROI/dlat':>10}")
     for point in result.frontier:
         v = point.variant
         slope = "" if point.slope_to_next is None else f"{point.slope_to_next:.4f}"
         mark = "  <- decay point" if v.name == result.decay_point else ""
-        print(f"  {v.name:<16} {v.latency_ms:>10g} {v.accuracy:>9g} {point.roi:>10.4f} {slope:>10}{mark}")
+        print(f"  {escape_path(v.name):<16} {v.latency_ms:>10g} {v.accuracy:>9g} {point.roi:>10.4f} {slope:>10}{mark}")
     for name, by in sorted(result.dominated.items()):
-        print(f"  dominated: {name} (by {by})")
+        print(f"  dominated: {escape_path(name)} (by {escape_path(by)})")
+    unlisted = result.dominated_total - len(result.dominated)
+    if unlisted:
+        print(f"  dominated: {unlisted} more, not listed")
     if result.decay_point is None:
         print(f"no decay point: dROI/dlatency stays >= {result.decay_slope} along the frontier")
