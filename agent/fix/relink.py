@@ -29,6 +29,41 @@ CUDART_NAMES = {11: "libcudart.so.11.0"}  # 11.x kept the minor in its SONAME; 1
 KNOWN_MAJORS = (13, 12, 11)
 
 
+# Where a CUDA runtime of each major comes from, for a refusal to name: the pip wheel (CUDA
+# 13's is published without a -cuXX suffix, as nvidia-cuda-runtime 13.x) and NVIDIA's
+# Debian/Ubuntu package (cuda-cudart-MAJOR-MINOR from its CUDA repository).
+RUNTIME_WHEELS = {11: "nvidia-cuda-runtime-cu11", 12: "nvidia-cuda-runtime-cu12", 13: "nvidia-cuda-runtime==13.*"}
+
+# families whose SONAME major is the CUDA major (libcufft.so.11 ships with CUDA 12: not these)
+_MAJOR_IN_SONAME = ("cudart", "cublas", "cublasLt", "nvrtc", "nvJitLink")
+
+
+def built_for_major(info) -> tuple:
+    """(CUDA major, why) the library was built for, or (None, '') when it names none: the
+    version nodes it needs from libcudart (libcudart.so.12, libcudart.so.11.0: the linker
+    records the runtime's node of every symbol bound to it), else the runtime's NEEDED name,
+    else a NEEDED of a library whose SONAME carries the CUDA major (libcublas.so.12)."""
+    for need in info.version_needs:
+        if family_of(need.file) != "cudart":
+            continue
+        for version, _weak in need.versions:
+            match = FAMILY.match(version)
+            if match and match.group(1) == "cudart" and match.group(2):
+                return int(match.group(2)), f"it needs version {version} of {need.file}"
+    for name in info.needed:
+        match = FAMILY.match(name)
+        if match and match.group(1) in _MAJOR_IN_SONAME and match.group(2):
+            return int(match.group(2)), f"it needs {name}"
+    return None, ""
+
+
+def runtime_source(major: int) -> str:
+    """Where to get a CUDA ``major`` runtime: the wheel and NVIDIA's Debian package."""
+    wheel = RUNTIME_WHEELS.get(major, f"nvidia-cuda-runtime-cu{major}")
+    pip = f"pip install '{wheel}'" if "=" in wheel else f"pip install {wheel}"
+    return f"{pip}, or NVIDIA's package cuda-cudart-{major}-<minor> (apt)"
+
+
 def family_of(name: str) -> str | None:
     match = FAMILY.match(os.path.basename(name or ""))
     return match.group(1) if match else None
@@ -241,11 +276,24 @@ class Relinker:
                 name = finding.evidence.get("name") or finding.evidence.get("file")
                 wanted.setdefault(subject, {}).setdefault(name, []).append(finding.message)
         for path in sorted(wanted):
-            major = self.runtime or majors.get(path) or self._auto_major(path, set(wanted[path]))
+            major = self.runtime or majors.get(path)
+            built = None
+            if major is None:
+                # Unasked, a relink never leaves the major the library was built for: CUDA
+                # runtimes are not ABI compatible across majors, and "the newest runtime that
+                # resolves" is a guess about a library built against another.  --runtime N
+                # (or --pid) crosses, when every symbol it binds exists in that runtime
+                # (_missing).  cuda-runtime-mixed sets ``majors``: the process really maps
+                # the root's runtime, and aligning with it is that finding's fix.
+                try:
+                    built, _why = built_for_major(read_elf(path))
+                except ELFError:
+                    built = None
+                major = built or self._auto_major(path, set(wanted[path]))
             if major is None:
                 plan.skipped.append((path, "no CUDA runtime major to retarget to: none resolves from it"))
                 continue
-            action = self._action(path, wanted[path], major)
+            action = self._action(path, wanted[path], major, built_for=built)
             if action is not None:
                 plan.actions.append(action)
         if plan.target_major is None and plan.actions:
@@ -301,7 +349,9 @@ class Relinker:
                 return major
         return None
 
-    def _action(self, path: str, names: dict, major: int) -> RelinkAction | None:
+    def _action(self, path: str, names: dict, major: int, built_for: int | None = None) -> RelinkAction | None:
+        """``built_for``: the major the library was built for when that chose ``major`` (no
+        --runtime): a refusal then says where a runtime of that major comes from."""
         action = RelinkAction(path=path, renames={}, version_renames={}, target_major=major, targets={},
                               findings=sorted({m for msgs in names.values() for m in msgs}))
         try:
@@ -331,14 +381,15 @@ class Relinker:
                 continue
             target_name, target_path, why = self._target_for(path, family, major)
             if target_path is None:
-                problems.append(why)
+                problems.append(why + self._built_for_note(path, info, major, built_for))
                 continue
             if target_name == name:
                 res = self.resolver.explain(name, path)
                 if res.path is not None and os.path.realpath(res.path) == os.path.realpath(target_path):
                     continue  # already right
                 problems.append(f"{name} already names the CUDA {major} runtime but resolves to "
-                                f"{res.path or 'nothing'}; a rename cannot fix that")
+                                f"{res.path or 'nothing'}; a rename cannot fix that"
+                                + self._built_for_note(path, info, major, built_for))
                 continue
             action.renames[name] = target_name
             action.targets[target_name] = target_path
@@ -357,6 +408,30 @@ class Relinker:
         if not action.renames and not action.refusal:
             return None
         return action
+
+    def _built_for_note(self, path: str, info, major: int, built_for: int | None) -> str:
+        """What a refusal adds when the library's own major chose the target: why that major,
+        a copy of that runtime on this host that does not resolve from it, where to get one,
+        and that crossing to another major is --runtime's to ask."""
+        if built_for is None or built_for != major:
+            return ""
+        _major, why = built_for_major(info)
+        note = f"; it was built for CUDA {major} ({why})"
+        from ..collect.host import cuda_library_dirs
+
+        name = cudart_name(major)
+        for directory in cuda_library_dirs():
+            candidate = os.path.join(directory, name)
+            try:
+                if os.path.isfile(candidate) and read_elf(candidate).soname == name:
+                    note += (f"; {candidate} is one, not on its search path (add {directory} to its "
+                             f"RUNPATH or to LD_LIBRARY_PATH)")
+                    break
+            except ELFError:
+                continue
+        return (note + f"; install a CUDA {major} runtime where it resolves ({runtime_source(major)}), or "
+                f"relink to another major with --runtime N, which checks that every symbol it takes from "
+                f"libcudart exists there")
 
     def _target_for(self, requester: str, family: str, major: int) -> tuple:
         """(new NEEDED name, the file it resolves to, why not) for ``family`` at ``major``."""

@@ -99,15 +99,22 @@ def test_mixed_closure_is_relinked_to_the_runtime_the_root_uses(tmp_path, env):
     assert history[0]["files"][0]["sha256_before"] == original
 
 
-def test_unresolved_cuda_needed_is_relinked_to_a_runtime_that_resolves(tmp_path, env):
+def test_unresolved_cuda_needed_is_relinked_only_to_a_runtime_named(tmp_path, env):
     private = tmp_path / "private"
     private.mkdir()
     shutil.copy(CU12 / "libcudart.so.12", private / "libcudart.so.12")
     lib = gcc(tmp_path / "libgone.so", "int cudaGetDeviceCount(int*);\nint f(void){int n; return cudaGetDeviceCount(&n);}\n",
               f"-L{private}", "-l:libcudart.so.12")
     shutil.rmtree(private)  # built against a runtime that is no longer there: NEEDED does not resolve
+    original = sha(lib)
+    # built for CUDA 12, and no CUDA 12 runtime resolves from it: refused, saying where one comes from
     fix = run_cli("fix", "cuda-mismatch", "--auto-relink", lib, env=env)
     assert "needed-unresolved" in fix.stdout
+    assert fix.returncode == 1, fix.stdout + fix.stderr
+    assert f"refused {lib}" in fix.stdout and "nvidia-cuda-runtime-cu12" in fix.stdout
+    assert "libcudart.so.13" not in fix.stdout and sha(lib) == original
+    # asked for by --runtime 13, and every symbol it takes from libcudart is there: relinked
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", lib, env=env)
     assert fix.returncode == 0, fix.stdout + fix.stderr
     assert "libcudart.so.13" in subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
 
@@ -262,22 +269,61 @@ def test_fix_help_has_examples():
         assert proc.returncode == 0 and "examples:" in proc.stdout, args
 
 
-def test_needed_that_resolves_to_a_lying_soname_is_relinked(tmp_path, env):
-    """A file named libcudart.so.12 that is really the 11.x runtime sits on the RUNPATH."""
-    rt = tmp_path / "rt"
+def lying_runtime(d: Path, source: str = "int cudaGetDeviceCount(int*);\n"
+                                          "int f(void){int n; return cudaGetDeviceCount(&n);}\n") -> Path:
+    """liblie.so, linked against the cu12 wheel's libcudart (NEEDED libcudart.so.12, verneed
+    libcudart.so.12), whose RUNPATH holds a file named libcudart.so.12 that is really the
+    CUDA 11 runtime (SONAME libcudart.so.11.0): CUDA 11 and 13 resolve from it, 12 does not."""
+    rt = d / "rt"
     rt.mkdir()
     shutil.copy(CU12 / "libcudart.so.11.0", rt / "libcudart.so.12")
-    lib = gcc(tmp_path / "liblie.so", "int cudaGetDeviceCount(int*);\nint f(void){int n; return cudaGetDeviceCount(&n);}\n",
-              f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{rt}")
+    return gcc(d / "liblie.so", source, f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{rt}")
+
+
+def test_needed_that_resolves_to_a_lying_soname_is_not_moved_to_another_major(tmp_path, env):
+    """Built for CUDA 12, resolving to a CUDA 11 copy, with CUDA 13 in ld.so.cache: the relink
+    may only target 12, which nothing here provides: refused, naming the wheel that ships it."""
+    lib = lying_runtime(tmp_path)
+    info = subprocess.run(["readelf", "-V", "-d", str(lib)], capture_output=True, text=True).stdout
+    assert "[libcudart.so.12]" in info and "Name: libcudart.so.12" in info  # NEEDED and verneed: 12
     original = sha(lib)
-    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", lib, env=env)
+    for extra in (("--dry-run",), ()):
+        fix = run_cli("fix", "cuda-mismatch", "--auto-relink", *extra, lib, env=env)
+        assert fix.returncode == 1, fix.stdout + fix.stderr
+        assert "needed-soname-mismatch" in fix.stdout
+        assert f"refused {lib}" in fix.stdout and "nvidia-cuda-runtime-cu12" in fix.stdout
+        assert "built for CUDA 12" in fix.stdout
+        assert "-> CUDA 13" not in fix.stdout and "NEEDED libcudart.so.13" not in fix.stdout
+        assert "libcudart.so.13" not in fix.stdout
+        assert sha(lib) == original
+
+
+def test_a_lying_soname_crosses_majors_only_by_runtime_and_only_with_the_symbols(tmp_path, env):
+    lib = lying_runtime(tmp_path)
+    original = sha(lib)
+    unasked = run_cli("fix", "cuda-mismatch", "--auto-relink", "--dry-run", lib, env=env)
+    assert unasked.returncode == 1 and "would be relinked, 1 refused" in unasked.stdout, unasked.stdout
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", lib, env=env)
     assert fix.returncode == 0, fix.stdout + fix.stderr
-    assert "needed-soname-mismatch" in fix.stdout and "symbol-version-missing" in fix.stdout
     assert "check again: 2 of 2 finding(s) gone, 0 remaining" in fix.stdout
+    # the real loader, RTLD_NOW, in a fresh process: it loads and maps only CUDA 13
     loaded = subprocess.run([sys.executable, "-c", MAPPED, str(lib)], capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
     assert [os.path.basename(p) for p in loaded.stdout.split()] == ["libcudart.so.13"], loaded.stderr
     assert run_cli("fix", "undo", env=env).returncode == 0
     assert sha(lib) == original
+    # cudaGetDeviceProperties_v2 is in CUDA 12 and gone from 13 (nm -D of the target says so)
+    dynsym = subprocess.run(["nm", "-D", "--defined-only", str(CU13)], capture_output=True, text=True).stdout
+    assert " cudaGetDeviceProperties_v2@" not in dynsym
+    other = tmp_path / "other"
+    other.mkdir()
+    old = lying_runtime(other, "int cudaGetDeviceProperties_v2(void*, int);\n"
+                               "int props(void){char b[4096]; return cudaGetDeviceProperties_v2(b, 0);}\n")
+    before = sha(old)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", old, env=env)
+    assert fix.returncode == 1
+    assert f"refused {old}" in fix.stdout and "cudaGetDeviceProperties_v2@libcudart.so.13" in fix.stdout
+    assert sha(old) == before
 
 
 def test_pid_aligns_with_the_runtime_a_running_process_maps(tmp_path, env):
