@@ -181,16 +181,21 @@ def execute_status(args) -> int:
            "uptime_s": (agent.status.get("agent") or {}).get("uptime_s") if agent else None,
            "version": (agent.status.get("agent") or {}).get("version") if agent else None,
            "unit": str(unit_path) if unit_path.exists() else None, "unit_state": state}
+    # the socket and unit paths come from the environment's directories, the version and
+    # state from other processes: escaped as check escapes paths, so none forges a line
+    from ..errors import escape_path
+
     if args.json:
         print(json.dumps(doc, indent=2))
     elif agent is None:
-        print(f"seedance agent: inactive (no agent answers at {_socket()})"
-              + (f"; unit {unit_path} is installed ({state or 'no user manager'})" if doc["unit"] else ""))
+        print(f"seedance agent: inactive (no agent answers at {escape_path(_socket())})"
+              + (f"; unit {escape_path(unit_path)} is installed ({escape_path(state or 'no user manager')})"
+                 if doc["unit"] else ""))
     else:
         uptime = f", up {doc['uptime_s']:.0f} s" if isinstance(doc["uptime_s"], (int, float)) else ""
-        how = f"unit {unit.UNIT_NAME} {state}" if state else "no user manager: started by hand"
-        print(f"seedance agent: active (running), pid {agent.pid}{uptime}, version {doc['version']}")
-        print(f"  socket {agent.socket}; {how}")
+        how = f"unit {unit.UNIT_NAME} {escape_path(state)}" if state else "no user manager: started by hand"
+        print(f"seedance agent: active (running), pid {agent.pid}{uptime}, version {escape_path(doc['version'])}")
+        print(f"  socket {escape_path(agent.socket)}; {how}")
     return 0 if agent is not None else EXIT_NOT_RUNNING
 
 

@@ -142,11 +142,13 @@ def execute_uninstall(args) -> int:
     if version is None:
         name, version = split_request(args.name)
     removed, dependents = uninstall(name, version, force=args.force)
+    from ..errors import escape_path
+
     for plugin in removed:
-        print(f"uninstalled {plugin.name} {plugin.version} ({plugin.path})")
+        print(escape_path(f"uninstalled {plugin.name} {plugin.version} ({plugin.path})"))
     if dependents:
-        print(f"warning: still installed and depending on {name}: {', '.join(dependents)} "
-              f"(`seedance plugin verify` reports unresolved ranges)")
+        print(escape_path(f"warning: still installed and depending on {name}: {', '.join(dependents)} "
+                          f"(`seedance plugin verify` reports unresolved ranges)"))
     return 0
 
 
@@ -198,17 +200,22 @@ def execute_list(args) -> int:
     if not rows:
         print("no plugins installed")
         return 0
+    from ..errors import escape_path
+
+    # names, versions, affinities and ranges come from manifests on disk, which a schema
+    # pattern ending in `$` lets end in a newline: escaped as check escapes paths, so a
+    # manifest cannot forge a row
     table = [("NAME", "VERSION", "AFFINITY", "BATCH", "PICKED BY")]
     for row in rows:
-        version = row["version"] + (" (fallback)" if row["fallback"] else "")
-        table.append((row["name"], version, row["affinity"] or "-", row["batch_policy"],
-                      ", ".join(row["picked_by"]) or "-"))
+        version = escape_path(row["version"]) + (" (fallback)" if row["fallback"] else "")
+        table.append((escape_path(row["name"]), version, escape_path(row["affinity"] or "-"),
+                      escape_path(row["batch_policy"]), escape_path(", ".join(row["picked_by"]) or "-")))
     widths = [max(len(r[i]) for r in table) for i in range(4)]
     for row in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4])
     for row in rows:
         if row["fallback"]:
-            print(f"(fallback) {row['name']} {row['version']}: {row['fallback_reason']}")
+            print(escape_path(f"(fallback) {row['name']} {row['version']}: {row['fallback_reason']}"))
     return 0
 
 

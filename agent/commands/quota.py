@@ -61,7 +61,9 @@ def execute(args) -> int:
         return 0
     if args.action == "remove":
         events = controller.remove(args.name)
-        print(f"removed policy {args.name}: {len(events)} workload(s) returned to their cgroups")
+        from ..errors import escape_path
+
+        print(escape_path(f"removed policy {args.name}: {len(events)} workload(s) returned to their cgroups"))
         return 0
     return _watch(controller, args)
 
@@ -74,7 +76,8 @@ def _apply(controller, args) -> int:
     text = yamlio.read_text(args.file)
     policy = load_policy_text(text, escape_path(args.file))
     if args.dry_run:
-        print(json.dumps(policy.to_dict(), indent=2) if args.json else f"policy {policy.name} is valid: {_limits(policy)}")
+        print(json.dumps(policy.to_dict(), indent=2) if args.json
+              else escape_path(f"policy {policy.name} is valid: {_limits(policy)}"))
         return 0
     backend = controller.backend  # refuse before storing anything where cgroups cannot enforce it
     with controller.store.locked():
@@ -83,12 +86,13 @@ def _apply(controller, args) -> int:
     if args.json:
         print(json.dumps({"policy": policy.to_dict(), "backend": backend.name, "events": events}, indent=2))
         return 0
-    print(f"policy {policy.name} stored ({_limits(policy)}), enforced with {backend.name}")
+    print(escape_path(f"policy {policy.name} stored ({_limits(policy)}), enforced with {backend.name}"))
     for event in events:
         print(_event_line(event))
     if not any(e["event"] == "placed" for e in events):
-        print("no running workload matches it yet: `seedance run --label "
-              + ",".join(f"{k}={v}" for k, v in sorted(policy.match_labels.items())) + " -- CMD` starts one")
+        print(escape_path("no running workload matches it yet: `seedance run --label "
+                          + ",".join(f"{k}={v}" for k, v in sorted(policy.match_labels.items()))
+                          + " -- CMD` starts one"))
     return 0
 
 
@@ -119,6 +123,12 @@ def _limits(policy) -> str:
 
 
 def _event_line(event: dict) -> str:
+    from ..errors import escape_path
+
+    return escape_path(_event_text(event))
+
+
+def _event_text(event: dict) -> str:
     name = event["event"]
     if name == "placed":
         return f"  placed workload {event['workload']} (pids {', '.join(map(str, event['pids']))}): {event['limits']}"
@@ -132,13 +142,20 @@ def _event_line(event: dict) -> str:
 
 
 def _render_list(entries) -> None:
+    from ..errors import escape_path
+
     if not entries:
         print("no quota policies (seedance quota apply FILE)")
         return
+    # policy names and labels come from the policy files, workloads and limits from the
+    # state file and cgroup files: each line is escaped as check escapes paths, so none of
+    # them paints the terminal or forges a line
     for entry in entries:
         labels = ",".join(f"{k}={v}" for k, v in sorted(entry["match_labels"].items()))
-        print(f"{entry['name']}: selects {labels}; cpu {entry['cpu_millicores']}m, memory {entry['memory_bytes']}"
-              + (f", burst {entry['burst_cpu_millicores']}m" if entry["burstable"] else ""))
+        print(escape_path(f"{entry['name']}: selects {labels}; cpu {entry['cpu_millicores']}m, "
+                          f"memory {entry['memory_bytes']}"
+                          + (f", burst {entry['burst_cpu_millicores']}m" if entry["burstable"] else "")))
         for member in entry["workloads"]:
             state = "bursting" if member["bursting"] else "at quota"
-            print(f"  workload {member['workload']}: pids {member['pids']}, {state}, {member['limits']}")
+            print(escape_path(f"  workload {member['workload']}: pids {member['pids']}, {state}, "
+                              f"{member['limits']}"))

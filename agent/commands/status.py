@@ -68,22 +68,29 @@ def _ago(ts) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def _text(value) -> str:
+    """A value of the agent's status on one line: paths (the state directory), reasons (an
+    NVML or registry error) and addresses come from disk and other processes."""
+    return escape_path(str(value))
+
+
 def render(status: dict) -> str:
     agent = status.get("agent", {})
     counters = status.get("counters", {})
     config = agent.get("config", {})
-    out = [f"agent pid {agent.get('pid')}  up {agent.get('uptime_s')}s  gc every {config.get('gc_interval')}  "
-           f"handles {config.get('handle_mode')}  probes {agent.get('probes', {}).get('state')}  "
-           f"nvml {agent.get('nvml', {}).get('state')}  metrics {agent.get('metrics') or 'off'}\n",
-           f"registry {status.get('registry', {}).get('state')}  "
-           f"reclaimed {counters.get('slots_reclaimed', 0)}  leaks {counters.get('leaks_reported', 0)} "
-           f"({_bytes(counters.get('leaked_bytes', 0))})  state {agent.get('state_db')}\n"]
+    out = [f"agent pid {_text(agent.get('pid'))}  up {_text(agent.get('uptime_s'))}s  "
+           f"gc every {_text(config.get('gc_interval'))}  "
+           f"handles {_text(config.get('handle_mode'))}  probes {_text(agent.get('probes', {}).get('state'))}  "
+           f"nvml {_text(agent.get('nvml', {}).get('state'))}  metrics {_text(agent.get('metrics') or 'off')}\n",
+           f"registry {_text(status.get('registry', {}).get('state'))}  "
+           f"reclaimed {_text(counters.get('slots_reclaimed', 0))}  leaks {_text(counters.get('leaks_reported', 0))} "
+           f"({_bytes(counters.get('leaked_bytes', 0))})  state {_text(agent.get('state_db'))}\n"]
     if agent.get("state_moved_aside"):
         out.append(f"  state: the previous database could not be read and was moved aside to "
-                   f"{agent['state_moved_aside']}\n")
+                   f"{_text(agent['state_moved_aside'])}\n")
     reason = status.get("registry", {}).get("reason")
     if reason:
-        out.append(f"  registry: {reason}\n")
+        out.append(f"  registry: {_text(reason)}\n")
 
     instances = status.get("instances", [])
     out.append(f"\nINSTANCES ({len(instances)})\n")
@@ -101,10 +108,10 @@ def render(status: dict) -> str:
                             "-" if d.get("power_watts") is None else f"{d['power_watts']:.0f} W",
                             len(d.get("processes", [])), d.get("name", "")] for d in devices]))
     else:
-        out.append(f"  none ({agent.get('nvml', {}).get('reason') or 'no NVML samples yet'})\n")
+        out.append(f"  none ({_text(agent.get('nvml', {}).get('reason') or 'no NVML samples yet')})\n")
 
     leaks = status.get("leaks", [])
-    out.append(f"\nLEAKS ({status.get('history', {}).get('leaked', len(leaks))} recorded, latest first)\n")
+    out.append(f"\nLEAKS ({_text(status.get('history', {}).get('leaked', len(leaks)))} recorded, latest first)\n")
     out.append(_table(["ENDED", "PID", "LEAKED", "COMMAND"],
                       [[_ago(l.get("ended")), l.get("pid"), _bytes(l.get("bytes")), l.get("command", "")]
                        for l in leaks[:20]]) if leaks else "  none\n")
