@@ -181,6 +181,11 @@ def _entries(stream: _Decompressed, budget: _Budget):
             stream.finish()
             return
         kind, name, size = _parse_header(header, budget)
+        # every header counts, pax and long-name ones too: else a stream of them, each under
+        # the header cap, would never meet a cap but the total
+        budget.members += 1
+        if budget.members > caps.members:
+            raise budget.refuse(f"more than {caps.members:,} tar entries", "member-count", f"{caps.members:,}")
         if kind in (b"x", b"g", b"L", b"K"):
             if size > caps.header_bytes:
                 raise budget.refuse(f"a tar header of {size:,} bytes", "header-size", _size(caps.header_bytes))
@@ -201,9 +206,6 @@ def _entries(stream: _Decompressed, budget: _Budget):
             except ValueError:
                 raise BadInput(f"{budget.shown}: damaged bundle: a pax size that is not a number") from None
         overrides = {}
-        budget.members += 1
-        if budget.members > caps.members:
-            raise budget.refuse(f"more than {caps.members:,} members", "member-count", f"{caps.members:,}")
         yield _Entry(name, size)
 
 
@@ -397,6 +399,7 @@ def _read(stream: _Decompressed, budget: _Budget, keep: dict) -> dict:
             found[MANIFEST] = manifest = parse_json(data, MANIFEST, budget)
             listed = _listing(manifest, budget)
             continue
+        _check_size(entry.name, entry.size, budget)  # a cap first: it says more than "unlisted"
         if entry.name not in listed or entry.name in seen:
             why = "listed twice" if entry.name in seen else "not listed in the manifest"
             raise BadInput(f"{budget.shown}: damaged bundle: member {shown_name} is {why}")
