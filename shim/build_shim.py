@@ -94,8 +94,8 @@ def extension(version: str | None = None):
     return Extension(
         "seedance.shim.libseedance_shim",
         sources=[os.path.join("shim", os.path.relpath(s, "shim")) for s in SOURCES],
-        depends=[str(HEADER.relative_to(HERE.parent)), "shim/src/hooks.def", "shim/src/shim.h",
-                 "shim/src/cuda_abi.h"],
+        depends=[str(HEADER.relative_to(HERE.parent)), "shim/src/hooks.def",
+                 *sorted(str(p.relative_to(HERE.parent)) for p in (HERE / "src").glob("*.h"))],
         define_macros=[("SD_VERSION_STRING", f'"{version}"')],
         extra_compile_args=CFLAGS,
         extra_link_args=LDFLAGS,

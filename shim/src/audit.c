@@ -15,7 +15,9 @@
 #include <link.h>
 #include <string.h>
 
-#include "shim.h"
+#include "config.h"
+#include "init.h"
+#include "registry.h"
 
 static uint32_t sd_local_objs;
 

@@ -21,7 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shim.h"
+#include "config.h"
+#include "device.h"
+#include "impl.h"
+#include "registry.h"
 
 static pthread_mutex_t sd_device_lock = PTHREAD_MUTEX_INITIALIZER;
 static int sd_device_resolved;

@@ -6,14 +6,18 @@
  * followed) forward to the real function untouched; else call the area's
  * sd_impl_<name>() with the caller's return address.  Every path checks for a NULL
  * real function (no driver: the documented error code, never a crash).
+ *
+ * Also here: cuGetProcAddress, which hands the wrappers out by name, so it lives with them
+ * (the wrappers call it as they call every area; it needs the wrappers themselves).
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
-#include <link.h>
-#include <stdio.h>
 #include <string.h>
 
-#include "shim.h"
+#include "config.h"
+#include "hooks.h"
+#include "impl.h"
+#include "init.h"
+#include "real.h"
 
 #define HOOK(ret, name, proc, since, flags, noreal, params, args)                     \
     SD_EXPORT ret name params                                                          \
@@ -30,105 +34,76 @@
     }
 #include "hooks.def"
 
-const struct sd_hook_info sd_hooks[SD_HOOK_COUNT] = {
-#define HOOK(ret, name, proc, since, flags, noreal, params, args) \
-    [SD_HOOK_##name] = {#name, proc, since, flags, 1, (void *)&name},
-#define DRIVER(name, proc, since) [SD_HOOK_##name] = {#name, proc, since, 0, 0, NULL},
+void *const sd_wrappers[SD_HOOK_COUNT] = {
+#define HOOK(ret, name, proc, since, flags, noreal, params, args) [SD_HOOK_##name] = (void *)&name,
+#define DRIVER(name, proc, since) [SD_HOOK_##name] = NULL,
 #include "hooks.def"
 };
 
-void *sd_real_fn[SD_HOOK_COUNT];
-
-void sd_set_real(int hook, void *fn)
+/*
+ * cuGetProcAddress and cuGetProcAddress_v2.
+ *
+ * Since CUDA 11.3 libcudart fetches every driver entry point through cuGetProcAddress,
+ * before cuInit, by base name plus the cudaVersion it was built for ("cuMemAlloc",
+ * 12000 -> cuMemAlloc_v2).  The real driver answers first (it knows every version and
+ * fills symbolStatus); the shim then swaps in its wrapper for the same (name, version,
+ * per-thread-stream) entry of hooks.def, and records the driver's answer as the real
+ * function behind that wrapper.  Asked for cuGetProcAddress itself, it returns itself.
+ */
+/* the hook handed out for (symbol, cudaVersion, flags), or -1: pass the driver's answer through */
+static int choose_hook(const char *symbol, int cudaVersion, cuuint64_t flags)
 {
-    void *expected = NULL;
-    if (fn && fn != sd_hooks[hook].wrapper)
-        __atomic_compare_exchange_n(&sd_real_fn[hook], &expected, fn, 0, __ATOMIC_RELEASE,
-                                    __ATOMIC_RELAXED);
-}
-
-/* Is fn one of ours (this copy or another copy of the shim loaded from elsewhere)?
- * Found with dladdr, never by a fixed path. */
-static int sd_is_shim_address(void *fn)
-{
-    Dl_info self, other;
-    if (!dladdr((void *)&sd_set_real, &self) || !dladdr(fn, &other))
-        return 0;
-    if (self.dli_fbase == other.dli_fbase)
-        return 1;
-    const char *a = strrchr(self.dli_fname, '/'), *b = strrchr(other.dli_fname, '/');
-    a = a ? a + 1 : self.dli_fname;
-    b = b ? b + 1 : other.dli_fname;
-    return strcmp(a, b) == 0;
-}
-
-/* Slow path, once per hook: the next definition after the shim in the global scope,
- * else the already-loaded driver (libcudart dlopens libcuda.so.1 RTLD_LOCAL, so
- * RTLD_NEXT cannot see it).  The shim never loads the driver itself: no driver, no
- * load, pass-through. */
-struct sd_loaded {
-    const char *pattern;
-    int n;
-    char names[8][256];
-};
-
-static int collect_loaded(struct dl_phdr_info *info, size_t size, void *data)
-{
-    (void)size;
-    struct sd_loaded *found = data;
-    if (info->dlpi_name && strstr(info->dlpi_name, found->pattern) && found->n < 8)
-        snprintf(found->names[found->n++], sizeof found->names[0], "%s", info->dlpi_name);
-    return 0;
-}
-
-/* `name` in an already-loaded library whose path contains `pattern` */
-static void *lookup_in_loaded(const char *pattern, const char *name)
-{
-    struct sd_loaded found = {pattern, 0, {{0}}};
-    dl_iterate_phdr(collect_loaded, &found); /* no dlopen inside: it holds the loader lock */
-    for (int i = 0; i < found.n; i++) {
-        void *h = dlopen(found.names[i], RTLD_LAZY | RTLD_NOLOAD);
-        if (!h)
+    int ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    int best = -1, best_ptsz = -1;
+    for (int i = 0; i < SD_HOOK_COUNT; i++) {
+        const struct sd_hook_info *h = &sd_hooks[i];
+        if (!h->wrapped || (h->flags & SD_HF_RUNTIME) || h->since > cudaVersion || strcmp(h->proc, symbol) != 0)
             continue;
-        void *fn = sd_real_dlsym(h, name);
-        dlclose(h);
-        if (fn && !sd_is_shim_address(fn))
-            return fn;
+        if (h->flags & SD_HF_PTSZ) {
+            if (ptsz && (best_ptsz < 0 || sd_hooks[best_ptsz].since < h->since))
+                best_ptsz = i;
+        } else if (best < 0 || sd_hooks[best].since < h->since) {
+            best = i;
+        }
     }
-    return NULL;
+    return best_ptsz >= 0 ? best_ptsz : best;
 }
 
-/* Slow path, once per hook: the next definition after the shim in the global scope;
- * else the already-loaded driver (libcudart dlopens libcuda.so.1 RTLD_LOCAL, so the
- * global scope cannot see it) or runtime.  The shim never loads either itself: no
- * driver, no load, pass-through. */
-void *sd_resolve_real(int hook)
+static CUresult wrap_answer(CUresult r, const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                            CUdriverProcAddressQueryResult *status)
 {
-    const char *name = sd_hooks[hook].name;
-    int runtime = sd_hooks[hook].flags & SD_HF_RUNTIME;
-    void *fn = sd_real_dlsym(RTLD_NEXT, name);
-    if (fn && sd_is_shim_address(fn))
-        fn = NULL;
-    if (!fn && !runtime) {
-        void *driver = sd_driver_handle();
-        if (driver)
-            fn = sd_real_dlsym(driver, name);
-        if (fn && sd_is_shim_address(fn))
-            fn = NULL;
-    }
-    if (!fn)
-        fn = lookup_in_loaded(runtime ? "libcudart" : "libcuda", name);
-    if (fn)
-        sd_set_real(hook, fn);
-    return __atomic_load_n(&sd_real_fn[hook], __ATOMIC_ACQUIRE);
+    if (r != CUDA_SUCCESS || !symbol || !pfn || !*pfn)
+        return r;
+    if (status && *status != CU_GET_PROC_ADDRESS_SUCCESS)
+        return r;
+    int hook = choose_hook(symbol, cudaVersion, flags);
+    if (hook < 0)
+        return r;
+    if (*pfn != sd_wrappers[hook])
+        sd_set_real(hook, *pfn);
+    *pfn = sd_wrappers[hook];
+    return r;
 }
 
-int sd_hook_by_name(const char *name)
+CUresult sd_impl_cuGetProcAddress(void *caller, const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
-    if (!name || name[0] != 'c' || name[1] != 'u')
-        return -1;
-    for (int i = 0; i < SD_HOOK_COUNT; i++)
-        if (sd_hooks[i].wrapped && strcmp(sd_hooks[i].name, name) == 0)
-            return i;
-    return -1;
+    (void)caller;
+    __typeof__(&cuGetProcAddress) real = SD_REAL(cuGetProcAddress);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return wrap_answer(real(symbol, pfn, cudaVersion, flags), symbol, pfn, cudaVersion, flags, NULL);
+}
+
+CUresult sd_impl_cuGetProcAddress_v2(void *caller, const char *symbol, void **pfn, int cudaVersion,
+                                     cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+{
+    (void)caller;
+    __typeof__(&cuGetProcAddress_v2) real = SD_REAL(cuGetProcAddress_v2);
+    if (!real) {
+        if (symbolStatus)
+            *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+    return wrap_answer(r, symbol, pfn, cudaVersion, flags, symbolStatus);
 }

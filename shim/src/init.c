@@ -1,9 +1,8 @@
 /*
- * init.c: start-up (pthread_once), the configuration read once from the environment,
- * the version check, fork handling and exit.
+ * init.c: start-up (pthread_once), the version check, fork handling and exit.
  *
- * Environment (set by `seedance run`; documented in docs/shim.md), read ONCE, by the
- * constructor before main (struct sd_config), so the program cannot change it later:
+ * Environment (set by `seedance run`; documented in docs/shim.md), read ONCE (config.c), by
+ * the constructor before main (struct sd_config), so the program cannot change it later:
  *   SEEDANCE_DISABLE=1        bypass: every wrapper forwards untouched
  *   SEEDANCE_SHIM_VERSION     the version `seedance run` expects; a mismatch passes through
  *   SEEDANCE_AFFINITY         devices the process may see (device.c)
@@ -16,101 +15,16 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "shim.h"
+#include "config.h"
+#include "init.h"
+#include "registry.h"
 
-int sd_mode = SD_MODE_UNINIT;
-int sd_events_on;
-int sd_own_handles;
-int sd_is_audit;
-struct sd_config sd_cfg;
 static pthread_once_t sd_once = PTHREAD_ONCE_INIT;
-static pthread_once_t sd_config_once = PTHREAD_ONCE_INIT;
-
-static int env_is(const char *name, const char *value)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, value) == 0;
-}
-
-static void env_copy(const char *name, char *out, size_t len)
-{
-    const char *v = getenv(name);
-    snprintf(out, len, "%s", v ? v : "");
-}
-
-static void read_config_once(void)
-{
-    sd_cfg.disable = env_is("SEEDANCE_DISABLE", "1");
-    sd_cfg.verbose = env_is("SEEDANCE_VERBOSE", "1");
-    sd_cfg.events = env_is("SEEDANCE_EVENTS", "1");
-    sd_cfg.follow = env_is("SEEDANCE_FOLLOW", "1");
-    sd_cfg.own_handles = env_is("SEEDANCE_HANDLES", "per-instance");
-    const char *owner = getenv("SEEDANCE_GROUP_OWNER");
-    sd_cfg.owner_pid = owner ? atoi(owner) : 0;
-    const char *key = getenv("SEEDANCE_GROUP");
-    sd_cfg.group_key = key && *key ? strtoull(key, NULL, 16) : 0;
-    env_copy("SEEDANCE_SHIM_VERSION", sd_cfg.version, sizeof sd_cfg.version);
-    env_copy("SEEDANCE_MEM_LIMIT", sd_cfg.mem_limit, sizeof sd_cfg.mem_limit);
-    env_copy("SEEDANCE_AFFINITY", sd_cfg.affinity, sizeof sd_cfg.affinity);
-    env_copy("SEEDANCE_RUNTIME_DIR", sd_cfg.runtime_dir, sizeof sd_cfg.runtime_dir);
-    env_copy("XDG_RUNTIME_DIR", sd_cfg.xdg_runtime, sizeof sd_cfg.xdg_runtime);
-    env_copy("HOME", sd_cfg.home, sizeof sd_cfg.home);
-#ifdef SEEDANCE_TEST_HOOKS
-    const char *hold = getenv("SEEDANCE_TEST_HOLD_LOCK_MS");
-    sd_cfg.hold_lock_ms = hold ? atoi(hold) : 0;
-#endif
-}
-
-/* Normally called by the constructor, before main; also by sd_init, in case another
- * library's constructor makes a CUDA call before ours has run. */
-void sd_read_config(void)
-{
-    pthread_once(&sd_config_once, read_config_once);
-}
-
-/* One line on stderr, whatever SEEDANCE_VERBOSE says (the application's stdout is never
- * touched): for what silently changes what the process gets (disable, full registry). */
-static void sd_say(const char *text)
-{
-    char line[SD_EVENT_TEXT + 48];
-    int len = snprintf(line, sizeof line, "seedance-shim[%d]: %s\n", (int)getpid(), text);
-    if (len > 0 && write(2, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1) < 0) {
-        /* nothing useful to do when stderr is closed */
-    }
-}
-
-void sd_note(const char *fmt, ...)
-{
-    char buf[SD_EVENT_TEXT];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    sd_event(SD_EV_NOTE, -1, -1, 0, 0, 0, 0, buf);
-    if (sd_cfg.verbose)
-        sd_say(buf);
-}
-
-void sd_warn(const char *fmt, ...)
-{
-    char buf[SD_EVENT_TEXT];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    sd_event(SD_EV_NOTE, -1, -1, 0, 0, 0, 0, buf);
-    sd_say(buf);
-}
 
 static void sd_do_init(void)
 {

@@ -10,7 +10,9 @@
  * attributes launches per library, not per device.
  */
 #define _GNU_SOURCE
-#include "shim.h"
+#include "impl.h"
+#include "real.h"
+#include "registry.h"
 
 static inline CUresult launched(int api, void *caller, CUresult r)
 {

@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "shim.h"
+#include "device.h"
+#include "impl.h"
+#include "registry.h"
 
 /* the library that called cudaMalloc, for the driver call it makes underneath */
 static __thread void *sd_runtime_caller __attribute__((tls_model("initial-exec")));

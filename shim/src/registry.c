@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shim.h"
+#include "real.h"
+#include "registry.h"
 
 struct sd_header *sd_registry;
 struct sd_slot *sd_slot;
@@ -823,6 +825,46 @@ static void event_publish(struct sd_event *e)
     __atomic_store_n(&e->seq, seq, __ATOMIC_RELEASE);
 }
 
+/* Notes are events of the ring (and lines on stderr): the registry reports its own troubles
+ * with them too. */
+/* One line on stderr, whatever SEEDANCE_VERBOSE says (the application's stdout is never
+ * touched): for what silently changes what the process gets (disable, full registry). */
+void sd_say(const char *text)
+{
+    char line[SD_EVENT_TEXT + 48];
+    int len = snprintf(line, sizeof line, "seedance-shim[%d]: %s\n", (int)getpid(), text);
+    if (len > 0 && write(2, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1) < 0) {
+        /* nothing useful to do when stderr is closed */
+    }
+}
+
+void sd_note(const char *fmt, ...)
+{
+    char buf[SD_EVENT_TEXT];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    sd_event(SD_EV_NOTE, -1, -1, 0, 0, 0, 0, buf);
+    if (sd_cfg.verbose)
+        sd_say(buf);
+}
+
+void sd_warn(const char *fmt, ...)
+{
+    char buf[SD_EVENT_TEXT];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    sd_event(SD_EV_NOTE, -1, -1, 0, 0, 0, 0, buf);
+    sd_say(buf);
+}
+
 void sd_event(uint32_t kind, int api, int device, int result, uint64_t ptr, uint64_t bytes,
               uint32_t lib, const char *text)
 {
@@ -861,7 +903,7 @@ void sd_audit_event(uint32_t kind, uint32_t obj, uint32_t obj2, uint32_t flag, c
 
 /* ---- calling library --------------------------------------------------------- */
 
-/* return address -> library index: the cache (its hit path is inline in shim.h) */
+/* return address -> library index: the cache (its hit path is inline in registry.h) */
 uint64_t sd_lib_cache[256];
 
 /* a followed child gets a slot of its own, with its own library table */
