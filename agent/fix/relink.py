@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from dataclasses import dataclass, field
 
 from ..elf.reader import is_elf, read_elf
 from ..errors import BadInput, ELFError, SeedanceError
@@ -259,12 +260,13 @@ class Relinker:
                        target_source="--runtime" if self.runtime else "auto")
         wanted: dict = {}  # lib path -> {needed name: [finding messages]}
         majors: dict = {}  # lib path -> target major chosen for its closure
+        crossings: dict = {}  # lib path -> MixedCrossing: a mixed closure's move it may not make unasked
         for finding in findings:
             subject = finding.subject.get("path")
             if not subject:
                 continue
             if finding.rule == "cuda-runtime-mixed":
-                self._plan_mixed(subject, finding, wanted, majors, plan)
+                self._plan_mixed(subject, finding, wanted, majors, crossings)
             elif finding.rule == "cuda-driver-too-old":
                 if self.runtime is None:
                     plan.skipped.append((subject, "cuda-driver-too-old: give --runtime to pick the major "
@@ -283,8 +285,8 @@ class Relinker:
                 # runtimes are not ABI compatible across majors, and "the newest runtime that
                 # resolves" is a guess about a library built against another.  --runtime N
                 # (or --pid) crosses, when every symbol it binds exists in that runtime
-                # (_missing).  cuda-runtime-mixed sets ``majors``: the process really maps
-                # the root's runtime, and aligning with it is that finding's fix.
+                # (_missing).  A mixed closure is no exception (_plan_mixed): ``majors``
+                # holds only moves onto the major the library was built for.
                 try:
                     built, _why = built_for_major(read_elf(path))
                 except ELFError:
@@ -296,6 +298,8 @@ class Relinker:
             action = self._action(path, wanted[path], major, built_for=built)
             if action is not None:
                 plan.actions.append(action)
+        for path in sorted(crossings):
+            plan.actions.append(self._crossing_refusal(crossings[path]))
         if plan.target_major is None and plan.actions:
             chosen = sorted({a.target_major for a in plan.actions})
             plan.target_major = chosen[0] if len(chosen) == 1 else None
@@ -308,28 +312,77 @@ class Relinker:
         except ELFError:
             return []
 
-    def _plan_mixed(self, root: str, finding, wanted: dict, majors: dict, plan: FixPlan) -> None:
+    def _plan_mixed(self, root: str, finding, wanted: dict, majors: dict, crossings: dict) -> None:
+        """The libraries of ``root``'s closure that bind a runtime of another major than the
+        target: --runtime's, else the one the root loads itself (else the most used one).
+        Unasked, a library moves only when the target is the major it was built for; the
+        others go to ``crossings``, to be refused with the command that would ask for it."""
         from ..collect.closure import closure_runtimes
 
         closure = self.resolver.closure(root)
         runtimes = closure_runtimes(closure)  # path -> (major, requester)
         by_path = {path: major for path, (major, _req) in runtimes.items()}
         major = self.runtime
+        root_side = ""
         if major is None:
-            direct = [by_path[r.path] for r in closure.resolutions
+            direct = [(by_path[r.path], r) for r in closure.resolutions
                       if r.requester == root and r.path in by_path]
             if direct:
-                major = direct[0]  # the root loads this runtime itself: the process uses it
+                major, res = direct[0]  # the root loads this runtime itself: the process uses it
+                root_side = f"{root} needs CUDA {major} (it loads {res.name} => {res.path} itself)"
             else:
                 users = Counter(by_path[r.path] for r in closure.resolutions if r.path in by_path)
                 major = max(users, key=lambda m: (users[m], m))
+                root_side = f"{root} needs CUDA {major} (most of its closure uses that runtime)"
         for res in closure.resolutions:
             if not family_of(res.name) or res.path is None:
                 continue
             have = cuda_major_of(res.path, closure.objects.get(res.path))
-            if have is not None and have != major:
-                wanted.setdefault(res.requester, {}).setdefault(res.name, []).append(finding.message)
-                majors[res.requester] = major
+            if have is None or have == major:
+                continue
+            if self.runtime is None:
+                try:
+                    built, why = built_for_major(closure.objects.get(res.requester) or read_elf(res.requester))
+                except ELFError:
+                    built, why = None, ""
+                if built != major:
+                    # CUDA runtimes are not ABI compatible across majors: which side of a
+                    # mixed closure gives way is the user's call, made with --runtime
+                    crossing = crossings.setdefault(res.requester, MixedCrossing(
+                        res.requester, root, major, root_side, built, why))
+                    if crossing.root == root:
+                        crossing.uses.setdefault(res.name, (have, res.path))
+                        crossing.names.setdefault(res.name, []).append(finding.message)
+                    continue
+            wanted.setdefault(res.requester, {}).setdefault(res.name, []).append(finding.message)
+            majors[res.requester] = major
+
+    def _crossing_refusal(self, crossing: "MixedCrossing") -> RelinkAction:
+        """The refusal of a move across majors that only --runtime may ask for, in one line:
+        what each side of the mixed closure needs, and the command that asks for the move
+        when every symbol the library takes from its runtime exists in the other major
+        (else the symbol or version that is missing there)."""
+        import shlex
+
+        path, major = crossing.path, crossing.major
+        if crossing.built is not None:
+            side = f"{path} needs CUDA {crossing.built} ({crossing.why})"
+        else:
+            loads = ", ".join(f"{name} => {where} (CUDA {have})" for name, (have, where) in crossing.uses.items())
+            side = f"{path} loads {loads} and nothing in it says which CUDA major it was built for"
+        reason = (f"{crossing.root_side}, {side}; unasked, a library is relinked only to the CUDA major "
+                  f"it was built for")
+        command = f"seedance fix cuda-mismatch --auto-relink --runtime {major} {shlex.quote(crossing.root)}"
+        probe = self._action(path, crossing.names, major)
+        if probe is not None and probe.refusal:
+            reason += f"; `{command}` would be refused too: {probe.refusal}"
+        elif probe is not None:
+            targets = ", ".join(f"{name} => {target}" for name, target in probe.targets.items())
+            reason += (f"; every symbol it takes from {', '.join(probe.renames)} exists in CUDA {major} "
+                       f"({targets}): to move it there, run: {command}")
+        return RelinkAction(path=path, renames={}, version_renames={}, target_major=major, targets={},
+                            findings=sorted({m for msgs in crossing.names.values() for m in msgs}),
+                            refusal=reason)
 
     def _auto_major(self, path: str, broken: set) -> int | None:
         """The runtime the rest of the closure uses; else the newest that resolves genuinely."""
@@ -635,6 +688,23 @@ class Relinker:
             if check.requester == temp and not check.defined and not check.weak:
                 raise BadInput(f"version {check.version} is not defined by {check.provider}")
         return closure
+
+
+@dataclass
+class MixedCrossing:
+    """A library in a mixed closure (``root``'s) that only --runtime may move to ``major``:
+    ``root_side`` says why the root needs that major, ``built``/``why`` the major the library
+    was built for and what says so (None, '': nothing), ``uses`` its NEEDED -> (major, path)
+    of the runtime it loads now, ``names`` its NEEDED -> the messages of the findings."""
+
+    path: str
+    root: str
+    major: int
+    root_side: str
+    built: int | None
+    why: str
+    uses: dict = field(default_factory=dict)
+    names: dict = field(default_factory=dict)
 
 
 def _evidence_paths(evidence) -> set:
