@@ -8,7 +8,7 @@ Two parts.
    rotating order, every tool gets a fresh copy of the same fixture (copy and `sync` are
    outside the timing, so no tool pays for another's dirty pages), and the wall time of one
    process is taken:
-     seedance         `seedance fix cuda-mismatch --auto-relink ROOT`: check, plan, journal
+     seedance         `seedance fix cuda-mismatch --auto-relink --runtime 13 ROOT`: check, plan, journal
                       (hard-linked backup, hashed), copy in the kernel + patch + hash read back,
                       verify (re-parse, resolve, dlopen in a child started ahead), fsync, rename,
                       check again of the roots that load the rewritten file;
@@ -166,7 +166,8 @@ def gcc(out: Path, source: str, *args) -> Path:
 
 def app_over(work: Path, libdir: Path, needed_lib: str, link_dir: Path | None = None) -> Path:
     """A root library that uses the CUDA 13 runtime itself and loads ``needed_lib`` (CUDA 12)
-    from ``libdir``: the closure mixes runtime majors, and the fix relinks ``needed_lib`` to 13.
+    from ``libdir``: the closure mixes runtime majors, and the fix, asked with --runtime 13 (a
+    library built for CUDA 12 is moved to 13 only when asked), relinks ``needed_lib`` to 13.
     ``link_dir`` holds the copy ld links against (GNU ld rejects patchelf's output of a
     420 MB library, "file format not recognized"; ld.so loads it)."""
     return gcc(work / "libapp.so", "int cudaGetDeviceCount(int*);\nint app(void){int n; return cudaGetDeviceCount(&n);}\n",
@@ -223,7 +224,8 @@ def whole_round(tool: str, root: Path, target: Path, work: Path) -> tuple:
     if tool in ("seedance", "seedance@base"):
         if tool == "seedance@base":  # the same entry point, importing the baseline's package first
             env["PYTHONPATH"] = BASELINE
-        wall, cpu, proc = timed([str(SEEDANCE), "fix", "cuda-mismatch", "--auto-relink", str(root)], env)
+        wall, cpu, proc = timed([str(SEEDANCE), "fix", "cuda-mismatch", "--auto-relink", "--runtime", "13",
+                                 str(root)], env)
     elif tool == "patchelf":
         wall, cpu, proc = timed(["patchelf", "--replace-needed", "libcudart.so.12", "libcudart.so.13", str(target)])
     elif tool == "patchelf+sync":

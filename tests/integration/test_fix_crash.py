@@ -41,9 +41,10 @@ def scenario(tmp_path_factory):
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", d / "libapp.so", d / "app.c", "-L/usr/local/cuda/lib64",
                     "-l:libcudart.so.13", f"-L{d}", "-lkern", f"-Wl,-rpath,{d}"], check=True)
     original = (d / "libkern.so").read_bytes()
-    # the verified result, from one uninterrupted run (the edit is deterministic)
+    # the verified result, from one uninterrupted run (the edit is deterministic).  libkern.so
+    # was built for CUDA 12: every run asks for the move to its root's 13 with --runtime 13
     env = {"XDG_STATE_HOME": str(d / "state0"), "LD_LIBRARY_PATH": ""}
-    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", d / "libapp.so", env=env)
+    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", d / "libapp.so", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = sha(d / "libkern.so")
     assert run_cli("fix", "undo", env=env).returncode == 0
@@ -55,7 +56,7 @@ def scenario(tmp_path_factory):
 def test_relink_killed_at_each_step(scenario, step, tmp_path):
     d, kern = scenario["dir"], scenario["dir"] / "libkern.so"
     env = {"XDG_STATE_HOME": str(tmp_path / "state"), "LD_LIBRARY_PATH": ""}
-    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", d / "libapp.so",
+    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", d / "libapp.so",
                    env={**env, "SEEDANCE_FIX_CRASH_AT": step})
     assert proc.returncode == -9, proc.stdout + proc.stderr  # really killed there
     assert sha(kern) in (scenario["original"], scenario["result"])
@@ -84,7 +85,7 @@ def test_relink_killed_at_each_step(scenario, step, tmp_path):
 def test_undo_right_after_a_crash_restores_the_original(scenario, step, tmp_path):
     d, kern = scenario["dir"], scenario["dir"] / "libkern.so"
     env = {"XDG_STATE_HOME": str(tmp_path / "state"), "LD_LIBRARY_PATH": ""}
-    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", d / "libapp.so",
+    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", d / "libapp.so",
                    env={**env, "SEEDANCE_FIX_CRASH_AT": step})
     assert proc.returncode == -9
     undo = run_cli("fix", "undo", env=env)
@@ -135,7 +136,7 @@ def fixed(scenario, tmp_path, step=None):
     """Run the fix (killed at ``step`` when given); returns (env, journal entry dir)."""
     d = scenario["dir"]
     env = {"XDG_STATE_HOME": str(tmp_path / "state"), "LD_LIBRARY_PATH": ""}
-    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", d / "libapp.so",
+    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", d / "libapp.so",
                    env={**env, **({"SEEDANCE_FIX_CRASH_AT": step} if step else {})})
     assert proc.returncode == (-9 if step else 0), proc.stdout + proc.stderr
     root = tmp_path / "state" / "seedance" / "journal"

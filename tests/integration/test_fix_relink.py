@@ -60,20 +60,20 @@ def env(tmp_path):
     return {"XDG_STATE_HOME": str(tmp_path / "state"), "LD_LIBRARY_PATH": ""}
 
 
-def test_mixed_closure_is_relinked_to_the_runtime_the_root_uses(tmp_path, env):
+def test_mixed_closure_is_relinked_to_the_runtime_asked_for(tmp_path, env):
     libs = build_mixed(tmp_path)
     kern = libs["kern"]
     original = sha(kern)
     before = run_cli("check", "--report-json", "-", libs["app"], env=env)
     assert "cuda-runtime-mixed" in {f["rule"] for f in json.loads(before.stdout)["findings"]}
 
-    dry = run_cli("fix", "cuda-mismatch", "--auto-relink", "--dry-run", libs["app"], env=env)
+    dry = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", "--dry-run", libs["app"], env=env)
     assert dry.returncode == 0, dry.stderr
     assert "- NEEDED libcudart.so.12" in dry.stdout and "+ NEEDED libcudart.so.13" in dry.stdout
     assert "zero growth" in dry.stdout
     assert sha(kern) == original and not (tmp_path / "state").exists()
 
-    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--verbose", libs["app"], env=env)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", "--verbose", libs["app"], env=env)
     assert fix.returncode == 0, fix.stdout + fix.stderr
     assert "check again: 1 of 1 finding(s) gone, 0 remaining" in fix.stdout
     assert os.path.getsize(kern) == os.path.getsize(tmp_path / "libkern.so")  # same path, same size
@@ -97,6 +97,57 @@ def test_mixed_closure_is_relinked_to_the_runtime_the_root_uses(tmp_path, env):
     history = json.loads(run_cli("fix", "history", "--json", env=env).stdout)
     assert [e["status"] for e in history] == ["undone"]
     assert history[0]["files"][0]["sha256_before"] == original
+
+
+def refused_line(stdout: str) -> str:
+    [line] = [x for x in stdout.splitlines() if x.startswith("refused ")]
+    return line
+
+
+def test_mixed_closure_is_not_moved_across_majors_unasked(tmp_path, env):
+    """libkern.so was built for CUDA 12 (its verneed says so) and its root, libapp.so, loads
+    CUDA 13 itself.  Unasked, neither side gives way: refused in one line that says what each
+    side needs and the command that asks for the move; that command relinks it, and the
+    result loads with RTLD_NOW in a fresh process, mapping only CUDA 13."""
+    libs = build_mixed(tmp_path)
+    kern, app = libs["kern"], libs["app"]
+    original = sha(kern)
+    for extra in (("--dry-run",), ()):
+        fix = run_cli("fix", "cuda-mismatch", "--auto-relink", *extra, app, env=env)
+        assert fix.returncode == 1, fix.stdout + fix.stderr
+        line = refused_line(fix.stdout)
+        assert line.startswith(f"refused {kern}: {app} needs CUDA 13 (it loads libcudart.so.13 => "), line
+        assert f"{kern} needs CUDA 12 (it needs version libcudart.so.12 of libcudart.so.12)" in line
+        assert "every symbol it takes from libcudart.so.12 exists in CUDA 13" in line
+        assert line.endswith(f"run: seedance fix cuda-mismatch --auto-relink --runtime 13 {app}"), line
+        assert "NEEDED libcudart.so.13" not in fix.stdout and "-> CUDA 13" not in fix.stdout
+        assert sha(kern) == original
+    assert json.loads(run_cli("fix", "history", "--json", env=env).stdout) == []
+    command = line.rsplit("run: ", 1)[1].split()
+    assert command[:5] == ["seedance", "fix", "cuda-mismatch", "--auto-relink", "--runtime"]
+    fix = run_cli(*command[1:], env=env)
+    assert fix.returncode == 0, fix.stdout + fix.stderr
+    assert f"relinked {kern}" in fix.stdout and "check again: 1 of 1 finding(s) gone, 0 remaining" in fix.stdout
+    loaded = subprocess.run([sys.executable, "-c", MAPPED, str(app)], capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert [os.path.basename(p) for p in loaded.stdout.split()] == ["libcudart.so.13"], loaded.stderr
+    assert run_cli("fix", "undo", env=env).returncode == 0 and sha(kern) == original
+
+
+def test_mixed_closure_unasked_names_the_symbol_the_other_major_lacks(tmp_path, env):
+    # cudaGetDeviceProperties_v2 exists in CUDA 12 and is gone from CUDA 13: no command to suggest
+    libs = build_mixed(tmp_path)
+    kern = gcc(tmp_path / "libkern.so", "int cudaGetDeviceProperties_v2(void*, int);\n"
+                                       "int props(void){char b[4096]; return cudaGetDeviceProperties_v2(b, 0);}\n",
+               f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{CU12}")
+    original = sha(kern)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--dry-run", libs["app"], env=env)
+    assert fix.returncode == 1, fix.stdout + fix.stderr
+    line = refused_line(fix.stdout)
+    assert f"{kern} needs CUDA 12 (" in line and f"{libs['app']} needs CUDA 13 (" in line
+    assert "--runtime 13" in line and "would be refused too" in line
+    assert "cudaGetDeviceProperties_v2@libcudart.so.13" in line and "run: " not in line
+    assert sha(kern) == original
 
 
 def test_unresolved_cuda_needed_is_relinked_only_to_a_runtime_named(tmp_path, env):
@@ -126,7 +177,7 @@ def test_refuses_when_the_target_lacks_a_symbol_and_names_both(tmp_path, env):
               "int cudaGetDeviceProperties_v2(void*, int);\nint props(void){char b[4096]; return cudaGetDeviceProperties_v2(b, 0);}\n",
               f"-L{CU12}", "-l:libcudart.so.12", f"-Wl,-rpath,{CU12}")
     original = sha(old)
-    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", libs["app"], env=env)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", libs["app"], env=env)
     assert fix.returncode == 1
     assert "refused" in fix.stdout
     assert "cudaGetDeviceProperties_v2@libcudart.so.13" in fix.stdout and "libcudart.so.13" in fix.stdout
@@ -147,7 +198,7 @@ def test_a_rewrite_that_does_not_load_is_not_written(tmp_path, env):
     oracle = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(kern)],
                             capture_output=True)
     assert oracle.returncode == 0  # as built, it loads
-    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", libs["app"], env=env)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", libs["app"], env=env)
     assert fix.returncode == 1, fix.stdout + fix.stderr
     assert "not relinked" in fix.stdout and "dlopen in a child process failed" in fix.stdout
     assert sha(kern) == original
@@ -187,7 +238,7 @@ def test_check_again_looks_only_at_the_roots_that_load_the_rewritten_file(tmp_pa
                                  "int props(void){char b[4096]; return cudaGetDeviceProperties_v2(b, 0);}\n",
                f"-L{private}", "-l:libcudart.so.12")
     shutil.rmtree(private)
-    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--verbose", str(d), env=env)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", "--verbose", str(d), env=env)
     assert fix.returncode == 1, fix.stdout + fix.stderr  # libgone.so refused
     assert f"relinked {libs['kern']}" in fix.stdout and f"refused {gone}" in fix.stdout
     line = next(x for x in fix.stdout.splitlines() if x.startswith("check again: ") and "root(s)" in x)
@@ -219,7 +270,7 @@ def test_read_only_library_is_refused(tmp_path, env):
     libs = build_mixed(tmp_path)
     os.chmod(libs["kern"], 0o444)
     original = sha(libs["kern"])
-    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", libs["app"], env=env)
+    proc = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", libs["app"], env=env)
     one_line_exit_2(proc)
     assert "read-only" in proc.stderr
     assert sha(libs["kern"]) == original
@@ -235,7 +286,7 @@ def test_library_mapped_by_a_running_process_is_refused(tmp_path, env):
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "up"
-        proc = run_cli("fix", "cuda-mismatch", "--auto-relink", libs["app"], env=env)
+        proc = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", libs["app"], env=env)
     finally:
         child.kill()
         child.wait()
@@ -364,7 +415,7 @@ def build_linked(d: Path) -> dict:
 def test_a_symlinked_library_is_fixed_in_its_target_and_the_link_stays(tmp_path, env):
     libs = build_linked(tmp_path)
     original = sha(libs["kern"])
-    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", libs["app"], env=env)
+    fix = run_cli("fix", "cuda-mismatch", "--auto-relink", "--runtime", "13", libs["app"], env=env)
     assert fix.returncode == 0, fix.stdout + fix.stderr
     assert os.path.islink(libs["link"]) and os.readlink(libs["link"]) == "real/libkern.so.1.0"
     assert sha(libs["kern"]) != original
@@ -382,7 +433,8 @@ def test_a_symlinked_library_is_fixed_in_its_target_and_the_link_stays(tmp_path,
 def test_six_concurrent_fixes_of_one_library_commit_once(tmp_path, env):
     libs = build_mixed(tmp_path)
     original = sha(libs["kern"])
-    cmd = [str(Path(sys.executable).with_name("seedance")), "fix", "cuda-mismatch", "--auto-relink", str(libs["app"])]
+    cmd = [str(Path(sys.executable).with_name("seedance")), "fix", "cuda-mismatch", "--auto-relink", "--runtime", "13",
+           str(libs["app"])]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, **env}) for _ in range(6)]
     outputs = [(p.wait(timeout=300), *p.communicate()) for p in procs]
