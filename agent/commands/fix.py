@@ -54,7 +54,9 @@ def configure_parser(sub):
     relink.add_argument("--auto-relink", action="store_true", required=True,
                         help="rewrite NEEDED/.gnu.version_r entries (the only fix this command makes)")
     relink.add_argument("--runtime", choices=("11", "12", "13", "auto"), default="auto",
-                        help="CUDA major to retarget to (default: the one the closure really uses)")
+                        help="CUDA major to retarget to, across majors too (default: the major each "
+                             "library was built for; a library of a mixed closure built for another "
+                             "major than its root's is refused, naming this option)")
     relink.add_argument("--pid", type=int, metavar="PID",
                         help="with --runtime auto: align with the runtime this running process maps")
     relink.add_argument("--dry-run", action="store_true", help="print the dynamic-entry diff, write nothing")
