@@ -42,15 +42,13 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import BadInput, UsageError
 from ..model import Fact, Report
-from .bundle_reader import CAPS, Caps, read_members
+from .bundle_reader import CAPS, SCHEMA, Caps, read_members
 from .redact import REDACTED, Redactor  # noqa: F401  (REDACTED: what tests and docs look for)
 
-SCHEMA = "seedance.bundle/v1"
-REDACTED = "<redacted>"
 BUNDLE_SUFFIXES = (".tar.zst", ".tar.gz", ".tgz")
 
 # What marks a file as a bundle of ours (seedance.output.is_ours): a zstd skippable frame
@@ -392,7 +390,7 @@ def read_bundle(path: str, caps: Caps = CAPS, clock=None) -> Bundle:
 
     shown = escape_path(path)
     # of report.json replay uses the host, stats and scope: the findings go at once
-    keep = {"report.json": lambda report: {k: report.get(k) for k in ("host", "stats", "scope")}
+    keep = {"report.json": lambda report: {k: v for k, v in report.items() if k in ("host", "stats", "scope")}
             if isinstance(report, dict) else {}}
     found = read_members(path, caps, clock, keep)
     manifest = found["manifest.json"]

@@ -51,6 +51,7 @@ class Caps:
 
 
 CAPS = Caps()
+SCHEMA = "seedance.bundle/v1"
 MANIFEST = "manifest.json"
 NEEDED = ("manifest.json", "facts.json", "report.json", "runtime.json")
 BLOCK = 512
@@ -296,7 +297,7 @@ def parse_json(data: bytearray, name: str, budget: _Budget):
     except RecursionError:
         raise _too_deep(name, budget) from None
     except ValueError as exc:
-        raise BadInput(f"{budget.shown}: damaged bundle: {name}: {str(exc).splitlines()[0]}") from None
+        raise BadInput(f"{budget.shown}: damaged bundle: {str(exc).splitlines()[0]}") from None
     del text
     if _depth(value, caps.json_depth) > caps.json_depth:
         raise _too_deep(name, budget)
@@ -391,15 +392,16 @@ def _read(stream: _Decompressed, budget: _Budget, keep: dict) -> dict:
     seen: set = set()
     for entry in _entries(stream, budget):
         shown_name = escape_path(entry.name)
+        _check_size(entry.name, entry.size, budget)  # a cap first: it says more than the rest
         if listed is None:
             if entry.name != MANIFEST:
                 raise BadInput(f"{budget.shown}: not a seedance bundle (its first member is not {MANIFEST})")
-            _check_size(entry.name, entry.size, budget)
             _digest, data = _member_data(stream, entry, True, budget)
             found[MANIFEST] = manifest = parse_json(data, MANIFEST, budget)
+            if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+                raise BadInput(f"{budget.shown}: not a seedance bundle (manifest schema is not {SCHEMA})")
             listed = _listing(manifest, budget)
             continue
-        _check_size(entry.name, entry.size, budget)  # a cap first: it says more than "unlisted"
         if entry.name not in listed or entry.name in seen:
             why = "listed twice" if entry.name in seen else "not listed in the manifest"
             raise BadInput(f"{budget.shown}: damaged bundle: member {shown_name} is {why}")

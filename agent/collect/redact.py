@@ -187,8 +187,7 @@ class Redactor:
                 block = (match.start("key"), "nested" if not bare else "scalar")
                 continue
             self._note(where, key, _unquote(bare))
-            quote = bare[0] if _unquote(bare) != bare else ""  # "x" stays a string: "<redacted>"
-            out.append(body[at:start] + quote + REDACTED + quote)
+            out.append(body[at:start] + REDACTED)
             at = stop
         out.append(body[at:])
         return "".join(out), block
