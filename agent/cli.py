@@ -331,16 +331,16 @@ def console(front_end: bool = True) -> None:
     what it leaves to Python, passes False)."""
     if front_end and sys.argv[1:2] == ["run"]:
         _launch()  # returns only when the launcher is not built
-    if sys.argv[1:2] == ["ldd"]:
-        # A `seedance ldd` reads one closure and the process ends: the cyclic collector's
-        # passes were most of 5% of the command's instructions (callgrind, issue 13) for
-        # objects the exit frees anyway.  Only this short command, and only from the console
-        # script: main() called in a process that goes on (the tests, the agent) leaves the
-        # collector alone.
+    if sys.argv[1:2] in (["check"], ["ldd"]):
+        # A `seedance ldd` or `seedance check` reads its objects, reports and the process ends
+        # (_quick_exit): the cyclic collector's passes over what the exit frees anyway were
+        # most of 5% of an ldd's instructions (callgrind, issue 13), and ~100 ms of an
+        # uncached check of /usr/lib, whose ~2x10^5 objects it walked again after the scan.
+        # Only these short commands, and only from the console script: main() called in a
+        # process that goes on (the tests, the agent) leaves the collector alone.
         import gc
 
         gc.disable()
-    if sys.argv[1:2] in (["check"], ["ldd"]):
         _quick_exit()
     raise SystemExit(main())
 
