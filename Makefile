@@ -100,4 +100,4 @@ mutate: install
 	$(BIN)/python bench/run_mutation.py $(MUTATE_ARGS) $(MUTATE)
 
 clean:
-	rm -rf $(VENV) build *.egg-info shim/libseedance_shim.so
+	rm -rf $(VENV) build *.egg-info shim/libseedance_shim.so agent/elf/_fastelf_cffi.c shim/_shim_cffi.py
