@@ -66,14 +66,14 @@ def configure_parser(sub) -> None:
 
 
 def execute(args) -> int:
-    from ..errors import UsageError
+    from ..model.errors import UsageError
     raise UsageError("profile: give an action: memory, launches, show or calls (see seedance profile --help)")
 
 
 def add_memory_arguments(parser) -> None:
     """The memory profiler's flags; `seedance-profiler` (notes 2.2) shares them."""
     parser.add_argument("--gpu-id", type=int, default=0, metavar="N", help="device to profile (default 0)")
-    from ..progress import add_progress_flags
+    from ..render.progress import add_progress_flags
     add_progress_flags(parser)
     parser.add_argument("--page-size", default="4K", metavar="SIZE", help="page size: allocations round up to it (default 4K)")
     parser.add_argument("--sample-interval", default="10ms", metavar="T", help="sample every T (10ms, 0.5s; default 10ms)")
@@ -93,7 +93,7 @@ def add_memory_arguments(parser) -> None:
 
 def add_launch_arguments(parser) -> None:
     parser.add_argument("--gpu-id", type=int, default=0, metavar="N", help="device whose power is read (default 0)")
-    from ..progress import add_progress_flags
+    from ..render.progress import add_progress_flags
     add_progress_flags(parser)
     parser.add_argument("--from-trace", metavar="FILE", help="offline: event JSON lines (run --events format)")
     power = parser.add_mutually_exclusive_group()
@@ -109,13 +109,13 @@ def add_launch_arguments(parser) -> None:
 
 
 def execute_launches(args) -> int:
-    from ..engine import load_rules
-    from ..errors import UsageError, escape_path
-    from ..model import Report
-    from ..output import prepare_output
+    from ..judge.engine import load_rules
+    from ..model.errors import UsageError, escape_path
+    from ..model.report import Report
+    from ..render.output import prepare_output
     from ..profile import launches as launch_profile
     from ..profile import memory, power
-    from ..progress import Step, wanted
+    from ..render.progress import Step, wanted
 
     bin_s = parse_interval(args.bin)
     interval = parse_interval(args.sample_interval)
@@ -156,7 +156,7 @@ def execute_launches(args) -> int:
         if report_target.is_stdout:
             return report.exit_code()
     _render_launches(profile)
-    from ..render import table
+    from ..render.text import table
     print(table(report), end="")
     return report.exit_code()
 
@@ -169,10 +169,10 @@ def _launches_live(cmd, args, interval, log):
     import tempfile
     import time
 
-    from ..errors import escape_path
+    from ..model.errors import escape_path
     from ..profile import launches as launch_profile
     from ..profile import live, memory, power
-    from ..progress import Step, wanted
+    from ..render.progress import Step, wanted
 
     sampler = power.NvmlSampler(args.gpu_id) if log is None else None
     with tempfile.TemporaryDirectory(prefix="seedance-launches-") as private:   # 0700
@@ -195,7 +195,7 @@ def _launches_live(cmd, args, interval, log):
 
 
 def _render_launches(profile) -> None:
-    from ..errors import escape_path   # library paths and plugin names come from the traced program
+    from ..model.errors import escape_path   # library paths and plugin names come from the traced program
 
     print(f"{profile.launches} launches over {profile.span_s:.3f} s from {len(profile.libraries)} libraries")
     for lib in profile.libraries:
@@ -218,7 +218,7 @@ def _render_launches(profile) -> None:
 
 def parse_interval(text: str) -> float:
     import math
-    from ..errors import UsageError
+    from ..model.errors import UsageError
     value = str(text).strip()
     scale = 1.0
     for suffix, factor in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
@@ -235,10 +235,10 @@ def parse_interval(text: str) -> float:
 
 
 def execute_memory(args) -> int:
-    from ..engine import load_rules
-    from ..errors import NotAvailable, UsageError, escape_path
-    from ..model import Report
-    from ..output import prepare_output
+    from ..judge.engine import load_rules
+    from ..model.errors import NotAvailable, UsageError, escape_path
+    from ..model.report import Report
+    from ..render.output import prepare_output
     from ..profile import memory
 
     page = memory.parse_size(args.page_size, "--page-size")
@@ -264,7 +264,7 @@ def execute_memory(args) -> int:
         source = escape_path(args.from_torch_snapshot)
         records = snapshot_records(read_snapshot(args.from_torch_snapshot, source), args.gpu_id, source)
         subject = {"snapshot": args.from_torch_snapshot}
-    from ..progress import Step, wanted
+    from ..render.progress import Step, wanted
     with Step(f"profiling {source}", enabled=wanted(args)):
         profile = memory.profile_events(records, device=args.gpu_id, page_size=page, interval=interval,
                                         capacity=capacity, source=source)
@@ -274,9 +274,9 @@ def execute_memory(args) -> int:
 def _memory_live(args, cmd, page, interval, capacity, targets) -> int:
     """-- CMD under the shim, or --pid PID already under it: the registry's allocation
     records of the device, sampled every interval (profile.live)."""
-    from ..errors import BadInput, escape_path
+    from ..model.errors import BadInput, escape_path
     from ..profile import live, memory
-    from ..progress import Step, wanted
+    from ..render.progress import Step, wanted
 
     label = f"profiling pid {args.pid}" if args.pid else f"profiling {escape_path(' '.join(cmd))[:60]}"
     with Step(label, enabled=wanted(args)):
@@ -304,8 +304,8 @@ def _memory_live(args, cmd, page, interval, capacity, targets) -> int:
 
 
 def _finish_memory(profile, subject, targets, args, stats=None) -> int:
-    from ..engine import load_rules
-    from ..model import Report
+    from ..judge.engine import load_rules
+    from ..model.report import Report
     from ..profile import fragbin, heatmap, memory
 
     report = Report(command="profile memory", stats={"events": profile.events, "samples": len(profile.samples),
@@ -327,7 +327,7 @@ def _finish_memory(profile, subject, targets, args, stats=None) -> int:
     if args.terminal:
         import shutil
         print(heatmap.terminal_view(frag, verdicts, width=shutil.get_terminal_size((100, 24)).columns), end="")
-    from ..render import table
+    from ..render.text import table
     print(table(report), end="")
     return report.exit_code()
 
@@ -342,13 +342,16 @@ def _render_memory(profile) -> None:
     print("  samples: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())))
     print(f"  final: {final.free_blocks} free blocks, {final.free_bytes} B free, largest "
           f"{final.largest_free_ratio * 100:.1f}%, mean {final.mean_free_block_bytes / (1 << 20):.2f} MiB: {final.verdict}")
+    if profile.requested_interval and profile.interval > profile.requested_interval:
+        print(f"  note: the trace spans more intervals of {profile.requested_interval * 1000:g} ms than the "
+              f"samples kept; a sample every {profile.interval * 1000:g} ms instead (docs/profile.md)")
     if profile.unmatched_frees:
         print(f"  note: {profile.unmatched_frees} free(s) of addresses never seen allocated (events lost or before the trace)")
 
 
 def execute_show(args) -> int:
-    from ..errors import escape_path
-    from ..output import prepare_output
+    from ..model.errors import escape_path
+    from ..render.output import prepare_output
     from ..profile import fragbin, heatmap
 
     png = prepare_output(args.heatmap, force=args.force, what="heat map") if args.heatmap else None
@@ -374,12 +377,12 @@ def execute_show(args) -> int:
 
 
 def execute_calls(args) -> int:
-    from ..engine import load_rules
-    from ..errors import escape_path
-    from ..model import Report
-    from ..output import prepare_output
+    from ..judge.engine import load_rules
+    from ..model.errors import escape_path
+    from ..model.report import Report
+    from ..render.output import prepare_output
     from ..profile.calls_report import callgraph_facts, profile_plugin
-    from ..render import table
+    from ..render.text import table
 
     json_to = "-" if args.json else args.report_json
     report_target = prepare_output(json_to, force=args.force) if json_to else None
@@ -416,9 +419,9 @@ def execute_calls(args) -> int:
 
 def _svg(dot) -> bytes:
     import shutil
-    from ..errors import NotAvailable
+    from ..model.errors import NotAvailable
     if not shutil.which("dot"):
         raise NotAvailable("profile calls --svg: graphviz's `dot` is not installed (apt-get install graphviz)")
     svg = dot.pipe(format="svg")
-    # mark the picture as ours so a rerun may replace it (seedance.output recognises this)
+    # mark the picture as ours so a rerun may replace it (seedance.render.output recognises this)
     return svg.replace(b"<svg ", b"<!-- seedance profile calls -->\n<svg ", 1)

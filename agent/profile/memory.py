@@ -24,7 +24,7 @@ import math
 import struct
 from dataclasses import dataclass, field, replace
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 
 MIB = 1 << 20
 ADDRESS_SPACE = 1 << 64        # base + capacity may reach it, never pass it
@@ -384,6 +384,7 @@ class _Replay:
         self.profile: MemoryProfile | None = None
         self.t0: float | None = None                   # the first event's time: sample 0's boundary
         self.t = 0.0
+        self.device_seen = False
 
     def feed(self, record: dict) -> None:
         if record.get("dev", 0) != self.device:
@@ -395,9 +396,9 @@ class _Replay:
             self._event(kind, record)
 
     def _device_record(self, record: dict) -> None:
-        if self.amap is not None or getattr(self, "_device_seen", False):
+        if self.amap is not None or self.device_seen:
             return   # the first record of the device says its range; later ones change nothing
-        self._device_seen = True
+        self.device_seen = True
         if self.base is None:
             self.base = _int(record, "base", self.source)
         if self.capacity is None:
@@ -525,7 +526,7 @@ def worst_sample(profile: MemoryProfile) -> Metrics:
 def memory_facts(profile: MemoryProfile, subject: dict) -> list:
     """One fact for rule gpu-memory-fragmented: the worst sample's metrics, since a program
     that fragments and then frees everything at exit ended healthy but ran in danger."""
-    from ..model import Fact
+    from ..model.report import Fact
 
     worst = worst_sample(profile)
     danger_time = profile.danger_seconds
