@@ -17,8 +17,8 @@ install: $(STAMP) $(SHARE_STAMP)
 # Completion scripts and man pages generated from the parsers (shtab, argparse-manpage), and
 # the example plugins built into the default plugin source (issue 16), all under .venv/share:
 #   source .venv/share/bash-completion/completions/seedance ; man -M .venv/share/man seedance
-$(VENV)/share/seedance/.completion-installed: $(STAMP) $(wildcard agent/cli.py agent/completion.py agent/commands/*.py)
-	$(BIN)/python -m seedance.completion install $(VENV) >/dev/null
+$(VENV)/share/seedance/.completion-installed: $(STAMP) $(wildcard agent/cli.py agent/commands/completion_files.py agent/commands/*.py)
+	$(BIN)/python -m seedance.commands.completion_files install $(VENV) >/dev/null
 	mkdir -p $(@D) && touch $@
 
 $(VENV)/share/seedance/.examples-installed: $(STAMP) $(wildcard examples/plugins/*.py examples/plugins/*/* examples/plugins/*/src/*)

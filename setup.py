@@ -33,6 +33,11 @@ _build_shim.write_ffi_module()
 PACKAGE_DIRS = {
     "seedance": "agent",
     "seedance.commands": "agent/commands",
+    "seedance.files": "agent/files",
+    "seedance.run": "agent/run",
+    "seedance.render": "agent/render",
+    "seedance.judge": "agent/judge",
+    "seedance.model": "agent/model",
     "seedance.elf": "agent/elf",
     "seedance.resolve": "agent/resolve",
     "seedance.collect": "agent/collect",

@@ -10,7 +10,7 @@ import os
 import sys
 
 from . import __version__
-from .errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error, escape_path
+from .model.errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error, escape_path
 
 # argparse, json and re are imported when first needed: with the modules they pull in
 # (enum, functools, collections, gettext) they were ~10 ms of a `seedance ldd` start, which
@@ -76,7 +76,7 @@ def _parser_class():
 
 def _terminal_width() -> int:
     """shutil.get_terminal_size().columns - 2, as argparse.HelpFormatter uses it."""
-    from .terminal import columns
+    from .render.terminal import columns
 
     return columns(80) - 2
 

@@ -3,7 +3,7 @@
 
 The acceptance point of the plugins issue: at low load the static policy's P99 is worse
 than the adaptive one's.  Both policies drive the same plugin (the audio-encoder example,
-built here from its C source) through seedance.batching with the same open-loop schedule,
+built here from its C source) through seedance.plugins.batching with the same open-loop schedule,
 3 warm-up + 5 measured rounds each, and this prints both P99 figures and their ratio, plus
 the batching behaviour that explains them (mean batch size, idle waits, voluntary context
 switches of the batcher's worker thread: the notes' "idle context switches").

@@ -108,7 +108,7 @@ def run_ldd(path: str, env: dict | None = None) -> tuple:
 
 def ours(resolver, path: str) -> tuple:
     """The resolver's answer in parse_ldd's shape."""
-    from seedance.errors import SeedanceError
+    from seedance.model.errors import SeedanceError
 
     try:
         info = resolver.read(path)

@@ -80,7 +80,7 @@ def bench_tree(count: int, rounds: int = 3) -> int:
     if libtree is None:
         print("libtree is not installed (apt-get install libtree)")
         return 2
-    from seedance.render_graph import tree_text
+    from seedance.render.graph import tree_text
     from seedance.resolve import Resolver
     files = []
     for directory in ("/usr/lib/x86_64-linux-gnu",):

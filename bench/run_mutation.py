@@ -55,7 +55,7 @@ MODULES = {
     # fresh pytest session per mutant would rebuild them for every fatbin mutant
     "elf": (["elf/*"], ["tests/unit/test_elf_reader.py", "tests/unit/test_collect_fatbin.py",
                         "tests/unit/test_elf_fatbin.py", "tests/unit/test_mutation_kills_elf.py",
-                        "tests/unit/test_elf_fastread.py", "tests/unit/test_cpu_isa_level.py",
+                        "tests/unit/test_elf_fastread.py", "tests/unit/test_resolve_hwcaps_cpu_isa_level.py",
                         "tests/unit/test_mutation_kills_elf_sample2027.py"]),
     "resolve": (["resolve/*"], ["tests/unit/test_resolve_hwcaps.py", "tests/unit/test_resolve_ldcache.py",
                                 "tests/unit/test_resolve_scenarios.py", "tests/unit/test_resolve_symbols.py",
@@ -63,7 +63,7 @@ MODULES = {
                                 "tests/unit/test_mutation_kills_resolve.py",
                                 "tests/unit/test_mutation_kills_resolve_sample2027.py",
                                 "tests/unit/test_mutation_kills_resolve_timeouts2027.py",
-                                "tests/unit/test_ldcache_compat_hwcaps.py", "tests/unit/test_ldcache_isa_level.py",
+                                "tests/unit/test_resolve_ldcache_compat_hwcaps.py", "tests/unit/test_resolve_ldcache_isa_level.py",
                                 "tests/unit/test_resolve_short_files.py"]),
     "journal": (["fix/journal.py"], ["tests/unit/test_fix_journal.py", "tests/integration/test_fix_crash.py",
                                      "tests/unit/test_mutation_kills_journal.py",
@@ -86,12 +86,12 @@ MODULES = {
                                 "tests/unit/test_mutation_kills_collect_bundle.py",
                                 "tests/unit/test_mutation_kills_collect_survivors.py"]),
 }
-RULE_TESTS = ["tests/unit/test_engine.py", "tests/unit/test_collect_config.py", "tests/unit/test_collect_process.py",
+RULE_TESTS = ["tests/unit/test_judge_engine.py", "tests/unit/test_collect_config.py", "tests/unit/test_collect_process.py",
               "tests/unit/test_collect_closure.py", "tests/unit/test_collect_cuda.py",
               "tests/unit/test_service_gpu.py", "tests/unit/test_plugins_verify.py",
               "tests/unit/test_collect_fatbin.py", "tests/unit/test_collect_torch_ext.py",
               "tests/unit/test_mutation_kills_rules.py", "tests/unit/test_profile_launches.py",
-              "tests/unit/test_cpu_isa_level.py", "tests/integration/test_check_scenarios.py"]
+              "tests/unit/test_resolve_hwcaps_cpu_isa_level.py", "tests/integration/test_check_scenarios.py"]
 ORDER = ["elf", "resolve", "atomic", "journal", "collect", "rules"]
 KILLED = {"killed", "timeout", "segfault", "suspicious"}
 

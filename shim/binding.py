@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from ..errors import NotAvailable
+from ..model.errors import NotAvailable
 from .. import __version__
 
 HERE = Path(__file__).resolve().parent

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import NotAvailable
+from ..model.errors import NotAvailable
 from .binding import binding
 from .events import EVENT_STRUCT, event_to_dict
 

@@ -2,7 +2,7 @@
 
 `check --bundle out.tar.zst` runs the ordinary scan (collect/scan.py) with two observers
 that record every closure and process as it is read, then writes one tar (zstd, or gzip
-for .tar.gz) through seedance.output:
+for .tar.gz) through seedance.render.output:
 
   manifest.json        schema seedance.bundle/v1: options, members, what was redacted
   facts.json           every Fact of the scan (Fact.to_dict), the rule engine's input
@@ -44,14 +44,14 @@ import tarfile
 import time
 from dataclasses import dataclass
 
-from ..errors import BadInput, UsageError
-from ..model import Fact, Report
+from ..model.errors import BadInput, UsageError
+from ..model.report import Fact, Report
 from .bundle_reader import CAPS, SCHEMA, Caps, read_members
 from .redact import REDACTED, Redactor  # noqa: F401  (REDACTED: what tests and docs look for)
 
 BUNDLE_SUFFIXES = (".tar.zst", ".tar.gz", ".tgz")
 
-# What marks a file as a bundle of ours (seedance.output.is_ours): a zstd skippable frame
+# What marks a file as a bundle of ours (seedance.render.output.is_ours): a zstd skippable frame
 # (magic 0x184D2A5E, little-endian) holding SCHEMA, or the gzip member name GZIP_NAME.
 ZSTD_TAG = b"\x5e\x2a\x4d\x18" + len(SCHEMA).to_bytes(4, "little") + SCHEMA.encode()
 GZIP_NAME = "seedance-bundle.tar"
@@ -164,7 +164,7 @@ def capture(options, target, progress=None, with_binaries: bool = False, stderr=
 def _objects(infos: dict, scanner, with_binaries: bool, add) -> tuple:
     """objects.json entries, fatbin inventories and static runtimes of the closures' objects."""
     from ..elf.reader import read_elf
-    from ..errors import ELFError
+    from ..model.errors import ELFError
     from . import cuda
     from . import fatbin as fatbin_collect
 
@@ -206,7 +206,7 @@ def _objects(infos: dict, scanner, with_binaries: bool, add) -> tuple:
 
 def _mapped_objects(seen: Capture, scanner) -> None:
     """A process's closure is what it has mapped: those objects join the closures' ones."""
-    from ..errors import ELFError
+    from ..model.errors import ELFError
 
     for view in seen.processes.values():
         for mapping in view.mappings:
@@ -347,7 +347,7 @@ def _pack(members: list, name: str) -> bytes:
 
         # with a content checksum, so a flipped bit is "damaged", as gzip's CRC makes it;
         # a skippable frame first (RFC 8878, 3.1.2: decoders skip it) names the file as a
-        # seedance bundle, so seedance.output may replace it on the next --bundle
+        # seedance bundle, so seedance.render.output may replace it on the next --bundle
         return ZSTD_TAG + zstandard.ZstdCompressor(level=10, write_checksum=True).compress(raw)
     import gzip
 
@@ -386,7 +386,7 @@ class Bundle:
 def read_bundle(path: str, caps: Caps = CAPS, clock=None) -> Bundle:
     """The members replay needs, verified and bounded (bundle_reader.py).  BadInput (one
     line) otherwise."""
-    from ..errors import escape_path
+    from ..model.errors import escape_path
 
     shown = escape_path(path)
     # of report.json replay uses the host, stats and scope: the findings go at once
@@ -419,8 +419,8 @@ def _fact(item, shown: str) -> Fact:
 def replay(path: str, arch: str | None = None, driver_version: str | None = None,
            strict: bool = False, rules_dir: str | None = None) -> Report:
     """The rules run on a bundle's facts, optionally judged for another GPU or driver."""
-    from ..engine import load_rules
-    from ..errors import escape_path
+    from ..judge.engine import load_rules
+    from ..model.errors import escape_path
 
     rules = load_rules(rules_dir)
     bundle = read_bundle(path)

@@ -31,7 +31,7 @@ import time
 import zlib
 from dataclasses import dataclass
 
-from ..errors import BadInput, escape_path
+from ..model.errors import BadInput, escape_path
 
 
 @dataclass(frozen=True)
@@ -371,7 +371,7 @@ def read_members(path: str, caps: Caps = CAPS, clock=None, keep=None) -> dict:
     try:
         handle = open(path, "rb")
     except OSError as exc:
-        from ..errors import describe_os_error
+        from ..model.errors import describe_os_error
 
         raise BadInput(describe_os_error(exc)) from None
     with handle:

@@ -33,7 +33,7 @@ import json
 import os
 import time
 
-from ..model import Finding, Report
+from ..model.report import Finding, Report
 from . import inputs
 
 FORMAT = 2  # 2: directories stat'ed but not listed are weak inputs (inputs.weak_identity)
@@ -45,7 +45,7 @@ ENV_NAMES = ("HOME", "PATH", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
 
 
 def cache_dir() -> str | None:
-    from ..private_file import cache_home
+    from ..files.private import cache_home
 
     base = cache_home()
     return os.path.join(base, "check") if base is not None else None
@@ -118,7 +118,7 @@ def _read_entry(path: str):
     (inputs.encode) whose length and CRC-32 the header gives."""
     import zlib
 
-    from ..private_file import read_private
+    from ..files.private import read_private
 
     data = read_private(path, MAX_BYTES)
     if data is None:
@@ -155,7 +155,7 @@ def lookup(options, gpu, directory: str | None):
 
 
 def _plain_report(report: Report) -> dict:
-    from ..model import _plain
+    from ..model.report import _plain
 
     return {"command": report.command, "stats": _plain(report.stats), "extra": _plain(report.extra),
             "findings": [_plain(f._asdict()) for f in report.findings]}
@@ -185,7 +185,7 @@ def store(path: str, key: dict, report: Report, records: dict, started_ns: int) 
     # are read afresh on a hit)
     if _plain_report(_report_from(json.loads(text)["report"])) != plain:
         return "not stored: the report does not round-trip through JSON"
-    from ..private_file import write_private
+    from ..files.private import write_private
 
     try:
         write_private(path, text.encode("utf-8", "surrogateescape") + b"\n" + blob)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from ..model import Fact
-from ..record import Record, _new_dict, _new_object
+from ..model.report import Fact
+from ..model.record import Record, _new_dict, _new_object
 from ..resolve.names import same_library
 from . import cuda
 

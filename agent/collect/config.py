@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import re
 
-from ..model import Fact
-from ..preload import unsafe_reason
+from ..model.report import Fact
+from ..run.preload import unsafe_reason
 
 # Keys whose value the loader consumes.  Environment-style names are matched in any case.
 LOADER_ENV = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT"}
@@ -105,8 +105,8 @@ def config_facts(path: str) -> list:
     """Facts for every loader-feeding value in one YAML file; BadYaml when it does not parse."""
     import yaml
 
-    from .. import yamlio
-    from ..errors import BadInput
+    from ..files import yamlio
+    from ..model.errors import BadInput
 
     try:
         with open(path, "rb") as handle:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-from ..record import NEW, FrozenRecord, Record, _new_dict
+from ..model.record import NEW, FrozenRecord, Record, _new_dict
 
-from ..model import Fact
+from ..model.report import Fact
 
 _CUDART = re.compile(r"^libcudart\.so\.(\d+)")
 
@@ -225,7 +225,7 @@ def static_runtime(path: str, info, entries=None) -> dict | None:
     source = "toolkit release string"
     if not releases and entries is None and any(sections.get(n) for n in (".nv_fatbin", "__nv_relfatbin")):
         from ..elf.reader import read_elf
-        from ..errors import ELFError
+        from ..model.errors import ELFError
 
         try:
             entries = read_elf(path, fatbin=True).fatbin

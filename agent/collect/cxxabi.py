@@ -19,7 +19,7 @@ import functools
 import os
 
 from ..elf.reader import read_elf
-from ..model import Fact
+from ..model.report import Fact
 
 # The names are read in cxx_mangling.py, which torch_ext.py (imported here) uses too; they are
 # offered here as well, where the C++ ABI check's callers have always found them.

@@ -20,7 +20,7 @@ registered on its own by the runtime), never per file (issue 11):
 """
 from __future__ import annotations
 
-from ..model import Fact
+from ..model.report import Fact
 
 # ..elf.fatbin and ..elf.fatbin_payload (a dataclass, regular expressions: ~9M instructions)
 # are imported by the functions that decode a fatbin: most checks meet none, and a

@@ -42,7 +42,7 @@ def ld_cache_paths(cache_path: str = "/etc/ld.so.cache") -> list:
 
     Only the list of files is taken from here; how each resolves is the resolver's job.
     """
-    from ..errors import SeedanceError
+    from ..model.errors import SeedanceError
     from ..resolve.ldcache import LdCache
 
     try:

@@ -5,14 +5,14 @@ neither the scan nor its collectors (~15 ms of a ~60 ms command, issue 13).
 """
 from __future__ import annotations
 
-from ..errors import UsageError
+from ..model.errors import UsageError
 
 # A scan appends itself here when this is a list (cli.console, for a `seedance check` that
 # ends the process right after): freeing a scan of /usr/lib, ~10^5 objects, took ~20 ms at
 # the end of the command, and the process exit frees the memory at once.  None (tests, the
 # agent: processes that go on) keeps nothing.
 KEEP_UNTIL_EXIT = None
-from ..record import NEW, Record
+from ..model.record import NEW, Record
 from . import cuda
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 
 from ..elf.reader import read_elf
-from ..errors import ELFError
-from ..model import Fact
-from ..record import NEW, Record
+from ..model.errors import ELFError
+from ..model.report import Fact
+from ..model.record import NEW, Record
 from . import config, cuda
 
 DELETED = " (deleted)"

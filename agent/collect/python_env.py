@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 
 # Printed with ascii() and read back with ast.literal_eval: json would import _json, an
 # extension module of some builds, and change the very start-up state we ask about.  ascii(),
@@ -770,7 +770,7 @@ def import_failure_fix(interp: Interpreter, module: str) -> tuple:
 def shadowing_facts(prediction: Prediction) -> list:
     """One `process-load` fact per shadowed NEEDED, per failed load and per import that
     fails because a module is not found (rules/process.yaml)."""
-    from ..model import Fact
+    from ..model.report import Fact
     if prediction.ok:
         hint = "this order loads: the copy loaded first serves both here"
     elif prediction.working_order:

@@ -212,7 +212,7 @@ class Redactor:
         """Every scalar under a secret-like key of the parsed document, at any depth, noted
         for the scrub (each line of a multi-line one too: a block scalar's lines stand in
         the file one by one)."""
-        from .. import yamlio
+        from ..files import yamlio
 
         try:
             document = yamlio.load(text, where)

@@ -15,9 +15,9 @@ from collections import Counter
 from operator import attrgetter
 
 from ..elf.reader import ELF_MAGIC, read_elf
-from ..engine import load_rules
-from ..errors import BadInput, ELFError, describe_os_error
-from ..model import Fact, Report
+from ..judge.engine import load_rules
+from ..model.errors import BadInput, ELFError, describe_os_error
+from ..model.report import Fact, Report
 from . import closure as closure_facts
 from . import config as config_collect
 from . import cuda, cxxabi, fatbin, helper, host, practice, treewalk

@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-from ..record import NEW, Record
+from ..model.record import NEW, Record
 
 from ..elf.reader import read_elf
-from ..errors import ELFError
-from ..model import Fact
+from ..model.errors import ELFError
+from ..model.report import Fact
 from . import cxx_mangling
 
 _TAG = re.compile(r"^py(\d)(\d+)([a-z]*)_(cpu|cu\d+|rocm\d+)$")
@@ -181,7 +181,7 @@ def torch_for_python(python: str, timeout: float = 60) -> TorchInstall:
     import json
     import subprocess
 
-    from ..errors import BadInput
+    from ..model.errors import BadInput
 
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise BadInput(f"--python {python}: not an executable file")

@@ -37,7 +37,7 @@ def bounded_int(low: int, high: int):
 
 def add_report_flags(parser) -> None:
     """--report-json FILE, --json (the same as --report-json -) and --force, read back as
-    ``"-" if args.json else args.report_json`` and handed to seedance.output."""
+    ``"-" if args.json else args.report_json`` and handed to seedance.render.output."""
     parser.add_argument("--report-json", metavar="FILE", help="write seedance.report/v1 (- for stdout)")
     parser.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")
     parser.add_argument("--force", action="store_true", help="overwrite an output file that is not a seedance output")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import NotAvailable
+from ..model.errors import NotAvailable
 
 
 def register(sub, name: str, help_text: str, issue: str) -> argparse.ArgumentParser:

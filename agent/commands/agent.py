@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ..errors import UsageError
+from ..model.errors import UsageError
 
 EPILOG = """\
 examples:
@@ -183,7 +183,7 @@ def execute_status(args) -> int:
            "unit": str(unit_path) if unit_path.exists() else None, "unit_state": state}
     # the socket and unit paths come from the environment's directories, the version and
     # state from other processes: escaped as check escapes paths, so none forges a line
-    from ..errors import escape_path
+    from ..model.errors import escape_path
 
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -234,7 +234,7 @@ def execute_stop(args) -> int:
 def execute_reload(args) -> int:
     import signal
 
-    from ..errors import NotAvailable
+    from ..model.errors import NotAvailable
 
     agent = _find()
     if agent is None:

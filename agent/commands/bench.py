@@ -1,4 +1,4 @@
-"""seedance bench: latency/throughput of a plugin through seedance.batching (alias seedance-bench)."""
+"""seedance bench: latency/throughput of a plugin through seedance.plugins.batching (alias seedance-bench)."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +23,7 @@ queue > 2% of a round: rerun on a quieter machine); 2 bad input.  The result of 
 
 def configure_parser(sub) -> None:
     parser = sub.add_parser("bench", help="Benchmark a plugin (latency/throughput)",
-                            description="Benchmark a plugin's bench callable through seedance.batching.",
+                            description="Benchmark a plugin's bench callable through seedance.plugins.batching.",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--plugin", metavar="NAME",
@@ -53,7 +53,7 @@ def configure_parser(sub) -> None:
 
 
 def execute(args) -> int:
-    from ..errors import BadInput
+    from ..model.errors import BadInput
     from ..plugins import archive
     from ..plugins.bench import BenchConfig, plot, run_bench
     from ..plugins.manifest import MANIFEST_NAME, load_manifest
@@ -61,7 +61,7 @@ def execute(args) -> int:
 
     if args.low_requests < 1 or args.high_requests < 1:
         raise BadInput("bench: --low-requests and --high-requests must be >= 1")
-    from ..output import prepare_output
+    from ..render.output import prepare_output
     plot_target = prepare_output(args.plot, force=args.force, what="plot") if args.plot else None
     store = Store()
     if args.variants:
@@ -103,8 +103,8 @@ def _variants(args, store) -> int:
     import math
     import sys
 
-    from ..errors import BadInput, escape_path
-    from ..output import prepare_output
+    from ..model.errors import BadInput, escape_path
+    from ..render.output import prepare_output
     from ..plugins import archive
     from ..plugins.bench import BenchConfig, run_bench
     from ..plugins.manifest import MANIFEST_NAME, load_manifest

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from ..errors import UsageError, escape_path
+from ..model.errors import UsageError, escape_path
 
 EPILOG = """\
 examples:
@@ -117,7 +117,7 @@ def _pid(text: str) -> int:
 
 
 def execute(args) -> int:
-    from ..output import prepare_output
+    from ..render.output import prepare_output
 
     # the report path is checked before any work: a directory or an ELF fails in a second,
     # not after the scan
@@ -141,9 +141,10 @@ def execute(args) -> int:
             raise UsageError("seedance check: --explain takes no other targets")
         return _explain(*args.explain, target=args.report_target)
 
-    from .. import filters, render
+    from ..judge import filters
+    from ..render import text as render
     from ..collect.options import CheckOptions
-    from ..progress import Progress, wanted
+    from ..render.progress import Progress, wanted
 
     options = CheckOptions(targets=list(args.targets), pids=list(args.pid), arch=args.arch,
                            driver_version=args.driver_version, strict=args.strict,
@@ -157,7 +158,7 @@ def execute(args) -> int:
         report = run_cached(options, progress, disabled=args.no_cache)
     if args.pid:
         # issue 12: the process model on each live link map (copies already shadowed)
-        from ..engine import load_rules
+        from ..judge.engine import load_rules
         from .process_check import live_findings
         rules = load_rules(args.rules)
         for pid in args.pid:
@@ -175,7 +176,7 @@ def execute(args) -> int:
         print(f"seedance: {label} {text}", file=sys.stderr)
     target = args.report_target
     if args.format == "sarif":
-        from ..render_sarif import sarif_text
+        from ..render.sarif import sarif_text
         sys.stdout.write(sarif_text(report))
     elif target is None or not target.is_stdout:
         sys.stdout.write(render.table(report, color=render.use_color(args.color), verbose=args.verbose))
@@ -204,7 +205,7 @@ def _only_for_the_scan(args) -> None:
 
 def _finding_filter(args):
     """--select/--ignore/--min-severity/--baseline over the project's .seedance.yaml."""
-    from .. import filters
+    from ..judge import filters
 
     return filters.build(select=args.select, ignore=args.ignore, min_severity=args.min_severity,
                          baseline=args.baseline, targets=list(args.targets), known=_RuleIds(args.rules),
@@ -220,7 +221,7 @@ class _RuleIds:
 
     def __contains__(self, rule) -> bool:
         if self._ids is None:
-            from ..engine import load_rules
+            from ..judge.engine import load_rules
 
             self._ids = {rule.id for rule in load_rules(self._rules_dir).rules}
         return rule in self._ids
@@ -229,7 +230,7 @@ class _RuleIds:
 def _bundle(args, options, progress):
     """check --bundle (capture with the scan) or --from-bundle (replay the captured facts)."""
     from ..collect import bundle
-    from ..output import prepare_output
+    from ..render.output import prepare_output
 
     if args.from_bundle is not None:
         if args.targets or args.pid:
@@ -254,15 +255,15 @@ def _named_unreadable(targets, problems) -> list:
 def _explain(name: str, requester: str, target=None) -> int:
     import os
 
-    from ..errors import BadInput
+    from ..model.errors import BadInput
     from ..resolve import Resolver
 
     if not os.path.exists(requester):
         raise BadInput(f"{requester}: no such file or directory")
     resolution = Resolver().explain(name, requester)
     if target is not None:
-        from ..model import _plain
-        # the schema marks it as ours, so a rerun may replace the file (seedance.output)
+        from ..model.report import _plain
+        # the schema marks it as ours, so a rerun may replace the file (seedance.render.output)
         document = {"schema": "seedance.explain/v1", **_plain(resolution)}
         target.write_text(json.dumps(document, indent=2) + "\n")
     if target is None or not target.is_stdout:
@@ -292,7 +293,7 @@ def format_explanation(res) -> str:
         lines.append("=> not found")
     # the name and the paths come from files on disk: a NEEDED holding a newline or an
     # escape sequence must not forge a line of this output (issue 10, defect 8)
-    from ..errors import escape_path
+    from ..model.errors import escape_path
 
     return "".join(escape_path(line) + "\n" for line in lines)
 
@@ -308,6 +309,6 @@ def _attempt(attempt) -> str:
     if isinstance(attempt, (list, tuple)):
         return " - ".join(str(x) for x in attempt)
     if hasattr(attempt, "__dataclass_fields__") or hasattr(attempt, "_asdict"):  # a record (record.py)
-        from ..model import _plain
+        from ..model.report import _plain
         return _attempt(_plain(attempt))
     return str(attempt)

@@ -16,7 +16,7 @@ examples:
 
 
 def configure_parser(sub):
-    from ..completion import ALIASES, SHELLS
+    from .completion_files import ALIASES, SHELLS
 
     parser = sub.add_parser("completion", help="Print a bash or zsh completion script",
                             description="Print a static completion script generated from seedance's own "
@@ -29,7 +29,7 @@ def configure_parser(sub):
 
 
 def execute(args) -> int:
-    from ..completion import completion_script
+    from .completion_files import completion_script
 
     sys.stdout.write(completion_script(args.shell, args.prog))
     return 0

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from ..errors import BadInput, NotAvailable, UsageError, escape_path
+from ..model.errors import BadInput, NotAvailable, UsageError, escape_path
 
 
 def print(text: str = "", file=None) -> None:  # noqa: A001 - every line this module prints
@@ -60,7 +60,7 @@ def configure_parser(sub):
     relink.add_argument("--pid", type=int, metavar="PID",
                         help="with --runtime auto: align with the runtime this running process maps")
     relink.add_argument("--dry-run", action="store_true", help="print the dynamic-entry diff, write nothing")
-    from ..progress import add_progress_flags
+    from ..render.progress import add_progress_flags
     add_progress_flags(relink)
     relink.add_argument("--verbose", "-v", action="store_true", help="show findings, strategy and verification")
     relink.set_defaults(execute=_cuda_mismatch)
@@ -192,7 +192,7 @@ def _cuda_mismatch(args) -> int:
 def _relink(args, zygote) -> int:
     from ..fix import atomic, relink
     from ..fix.journal import VerifyFailed
-    from ..errors import ELFError
+    from ..model.errors import ELFError
 
     relink.require_elf(args.paths)
     roots = args.paths or relink.default_roots()
@@ -205,7 +205,7 @@ def _relink(args, zygote) -> int:
     journal = None if args.dry_run else _journal()
     relinker = relink.Relinker(roots, runtime=runtime, zygote=zygote)
     # the default roots take ~10 s here: say so on a terminal (issue 16), never on stdout
-    from ..progress import Progress, wanted
+    from ..render.progress import Progress, wanted
     report = relinker.check(Progress(enabled=wanted(args), label="scanning"))
     plan = relinker.plan(report)
     if not plan.findings:

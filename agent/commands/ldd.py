@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import BadInput, UsageError, escape_path
+from ..model.errors import BadInput, UsageError, escape_path
 
 EPILOG = """\
 examples:
@@ -99,7 +99,7 @@ def execute(args) -> int:
         return 0
     closure = resolver.closure(args.file)
     if getattr(args, "tree", False) and not args.json:
-        from ..render_graph import tree_text
+        from ..render.graph import tree_text
         sys.stdout.write(escape_path(tree_text(closure)).replace("\\n", "\n"))
         return 0
     if args.json:

@@ -39,9 +39,9 @@ def configure_parser(sub) -> None:
 
 
 def execute(args) -> int:
-    from ..errors import escape_path
-    from ..model import Report
-    from ..output import prepare_output
+    from ..model.errors import escape_path
+    from ..model.report import Report
+    from ..render.output import prepare_output
     from ..profile import pareto
 
     json_to = "-" if args.json else args.report_json
@@ -66,7 +66,7 @@ def execute(args) -> int:
 def _render(result) -> None:
     # variant names come from a file someone else may have written: an escape sequence or a
     # quoted newline in one must not paint the terminal or forge a row (check's escaping)
-    from ..errors import escape_path
+    from ..model.errors import escape_path
 
     for note in result.notes:
         print(f"note: {note}")

@@ -84,7 +84,7 @@ def configure_parser(sub) -> None:
     verify.set_defaults(execute=execute_verify)
 
     def no_action(args) -> int:
-        from ..errors import UsageError
+        from ..model.errors import UsageError
         raise UsageError("seedance plugin: give an action: install, uninstall, list or verify")
 
     parser.set_defaults(execute=no_action)
@@ -129,7 +129,7 @@ def execute_install(args) -> int:
 
 def _check_affinity(value) -> None:
     import re
-    from ..errors import UsageError
+    from ..model.errors import UsageError
     if value is not None and not re.fullmatch(r"gpu:[0-9]+|npu[0-9]+|auto|any", value):
         raise UsageError(f"--affinity {value!r}: expected gpu:N, auto, any or npuN")
 
@@ -142,7 +142,7 @@ def execute_uninstall(args) -> int:
     if version is None:
         name, version = split_request(args.name)
     removed, dependents = uninstall(name, version, force=args.force)
-    from ..errors import escape_path
+    from ..model.errors import escape_path
 
     for plugin in removed:
         print(escape_path(f"uninstalled {plugin.name} {plugin.version} ({plugin.path})"))
@@ -200,7 +200,7 @@ def execute_list(args) -> int:
     if not rows:
         print("no plugins installed")
         return 0
-    from ..errors import escape_path
+    from ..model.errors import escape_path
 
     # names, versions, affinities and ranges come from manifests on disk, which a schema
     # pattern ending in `$` lets end in a newline: escaped as check escapes paths, so a
@@ -221,7 +221,7 @@ def execute_list(args) -> int:
 
 def _paint(line: str, color: bool) -> str:
     """Colour the leading severity of a layer line ("ERROR L2: ...") as check's table does."""
-    from ..render import SEVERITY_COLOR
+    from ..render.text import SEVERITY_COLOR
     head, _, rest = line.partition(" ")
     severity = {"FATAL": "fatal", "ERROR": "error", "WARNING": "warning", "WARN": "warning",
                 "INFO": "info"}.get(head)
@@ -231,12 +231,12 @@ def _paint(line: str, color: bool) -> str:
 
 
 def execute_verify(args) -> int:
-    from ..model import Report
+    from ..model.report import Report
     from ..plugins import archive
     from ..plugins.layers import check_root, check_target, host_summary, plugin_summary
     from ..plugins.store import Store
 
-    from ..output import prepare_output
+    from ..render.output import prepare_output
 
     json_to = "-" if args.json else args.report_json
     target = prepare_output(json_to, force=args.force) if json_to else None  # before any work
@@ -268,7 +268,7 @@ def execute_verify(args) -> int:
         target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         if target.is_stdout:
             return report.exit_code(args.strict)
-    from ..render import use_color
+    from ..render.text import use_color
     color = use_color(args.color)
     if not results:
         print("no plugins installed")

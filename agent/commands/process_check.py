@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import UsageError, escape_path
+from ..model.errors import UsageError, escape_path
 
 _FLAGS = {0x1: "RTLD_LAZY", 0x2: "RTLD_NOW", 0x100: "RTLD_GLOBAL", 0x4: "RTLD_NOLOAD", 0x8: "RTLD_DEEPBIND",
           0x1000: "RTLD_NODELETE"}
@@ -31,9 +31,9 @@ def _split(text: str, what: str) -> list:
 
 
 def execute_process(args) -> int:
-    from ..engine import load_rules
-    from ..model import Report
-    from ..output import prepare_output
+    from ..judge.engine import load_rules
+    from ..model.report import Report
+    from ..render.output import prepare_output
 
     if args.observe and args.imports is None:
         raise UsageError("seedance check: --observe goes with --imports")
@@ -67,7 +67,7 @@ def execute_process(args) -> int:
     report.add(rules.evaluate(facts, strict=args.strict))
     report.stats["process_model"] = {"loads": len(model.steps), "objects": len(model.link_map)}
     if graph_target is not None:
-        from .. import render_graph
+        from ..render import graph as render_graph
         data, why = render_graph.render(render_graph.to_dot(model, report.findings), fmt)
         if data is None:
             lines.append(why)
@@ -75,7 +75,7 @@ def execute_process(args) -> int:
         else:
             graph_target.write_bytes(data)
             lines.append(f"graph: {escape_path(args.graph)}")
-    from .. import render
+    from ..render import text as render
     target = args.report_target
     if target is None or not target.is_stdout:
         sys.stdout.write("".join(escape_path(line) + "\n" for line in lines))
@@ -152,7 +152,7 @@ def _dlopens(args, lines: list):
         from ..collect.python_env import ask_interpreter
         program = ask_interpreter(args.python or "python3").executable
     if not os.path.isfile(program):
-        from ..errors import BadInput
+        from ..model.errors import BadInput
         raise BadInput(f"{program}: no such file")
     loads = [_lib_and_flags(item) for item in libs]
     prediction = predict_dlopens(program, loads, 0x2)
@@ -192,7 +192,7 @@ def live_findings(pid: int, rules, strict: bool = False) -> list:
 
 def _pid(args, lines: list):
     from ..collect.process import ProcessGone, read_process
-    from ..errors import BadInput
+    from ..model.errors import BadInput
 
     if len(args.pid) != 1:
         raise UsageError("seedance check: --then-dlopen and --graph take one --pid")
@@ -209,7 +209,7 @@ def _pid(args, lines: list):
 
 
 def _live(pid: int, view, then_dlopen, lines: list):
-    from ..model import Fact
+    from ..model.report import Fact
     from ..resolve import Resolver
     from ..resolve.process import Load, live
 

@@ -44,7 +44,7 @@ def configure_parser(sub) -> None:
 
 
 def execute(args) -> int:
-    from ..errors import UsageError
+    from ..model.errors import UsageError
     from ..quota.controller import QuotaController, QuotaStore
 
     if not args.action:
@@ -61,7 +61,7 @@ def execute(args) -> int:
         return 0
     if args.action == "remove":
         events = controller.remove(args.name)
-        from ..errors import escape_path
+        from ..model.errors import escape_path
 
         print(escape_path(f"removed policy {args.name}: {len(events)} workload(s) returned to their cgroups"))
         return 0
@@ -69,8 +69,8 @@ def execute(args) -> int:
 
 
 def _apply(controller, args) -> int:
-    from .. import yamlio
-    from ..errors import escape_path
+    from ..files import yamlio
+    from ..model.errors import escape_path
     from ..quota.controller import load_policy_text
 
     text = yamlio.read_text(args.file)
@@ -123,7 +123,7 @@ def _limits(policy) -> str:
 
 
 def _event_line(event: dict) -> str:
-    from ..errors import escape_path
+    from ..model.errors import escape_path
 
     return escape_path(_event_text(event))
 
@@ -142,7 +142,7 @@ def _event_text(event: dict) -> str:
 
 
 def _render_list(entries) -> None:
-    from ..errors import escape_path
+    from ..model.errors import escape_path
 
     if not entries:
         print("no quota policies (seedance quota apply FILE)")

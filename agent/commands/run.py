@@ -23,8 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import BadInput, NotAvailable, SeedanceError, UsageError
-from ..preload import unsafe_reason
+from ..model.errors import BadInput, NotAvailable, SeedanceError, UsageError
+from ..run.preload import unsafe_reason
 
 EXAMPLES = """\
 examples:
@@ -452,8 +452,8 @@ class EventDrain:
 
 
 def prepare_outputs(args):
-    """Check every output path before any work (seedance.output: never destroys a file)."""
-    from ..output import prepare_output
+    """Check every output path before any work (seedance.render.output: never destroys a file)."""
+    from ..render.output import prepare_output
 
     report = prepare_output(args.report_json, force=args.force, what="report") if args.report_json else None
     events = prepare_output(args.events, force=args.force, what="event stream") if args.events else None
@@ -477,7 +477,7 @@ def _join_quota(labels: dict):
 
 def execute(args) -> int:
     from .. import shim
-    from ..runreport import RunResult
+    from ..run.report import RunResult
     from ..shim.binding import expected_version
     from ..shim.wrap import wrap_env
 
@@ -606,7 +606,7 @@ def report_and_release(registry, group_key: int, result, affinity: str | None, r
     """After the program: read this run's instances, say what needs saying on stderr,
     write the report, give the slots and the group back.  Returns the exit code."""
     from .. import shim
-    from ..runreport import build_report, leaks_with_apis
+    from ..run.report import build_report, leaks_with_apis
 
     if registry is None:
         try:
@@ -648,7 +648,7 @@ def finish_group(args) -> int:
     """`--finish-group KEY --exit-code N`: the end of a run that seedance-run (the C
     launcher, shim/src/launcher.c) started, when its instances ended holding memory:
     the handle-leak findings come from the rule engine, which is here."""
-    from ..runreport import RunResult
+    from ..run.report import RunResult
 
     try:
         key = int(args.finish_group, 16)
@@ -661,7 +661,7 @@ def finish_group(args) -> int:
 
 def _load_rules():
     """The rule engine, loaded only when the run produced facts to judge (issue 13)."""
-    from ..engine import load_rules
+    from ..judge.engine import load_rules
 
     return load_rules()
 

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from ..errors import escape_path
+from ..model.errors import escape_path
 
 EPILOG = """\
 examples:

@@ -20,7 +20,7 @@ import math
 import os
 import sys
 
-from ..errors import NotAvailable, UsageError, escape_path
+from ..model.errors import NotAvailable, UsageError, escape_path
 
 EPILOG = """\
 examples:
@@ -51,7 +51,7 @@ def configure_parser(sub):
                         help="write the stream to FILE instead of stdout (then the traced command "
                              "keeps its stdout)")
     parser.add_argument("--duration", type=_seconds, metavar="S", help="stop tracing after S seconds")
-    from ..progress import add_progress_flags
+    from ..render.progress import add_progress_flags
     add_progress_flags(parser)
     parser.add_argument("--report-json", metavar="FILE",
                         help="write the seedance.report/v1 JSON to FILE ('-': stdout, after the stream)")
@@ -106,7 +106,7 @@ def execute(args) -> int:
         raise UsageError("seedance trace: no command after --")
 
     # every output path is checked before a probe is compiled or a command launched
-    from ..output import prepare_output
+    from ..render.output import prepare_output
     args.stream_target = prepare_output(args.output, force=args.force, what="trace stream")
     args.report_target = (prepare_output(args.report_json, force=args.force)
                           if args.report_json else None)
@@ -153,7 +153,7 @@ class _Output:
         except BrokenPipeError:
             raise  # the reader went away (| head): the CLI ends quietly
         except OSError as exc:  # -o /dev/full, a full disk: one line naming the path
-            from ..output import OutputError, describe_write_error
+            from ..render.output import OutputError, describe_write_error
             raise OutputError(describe_write_error(exc, self.target)) from None
 
     def event(self, event) -> None:
@@ -178,12 +178,12 @@ class _Output:
 
 
 def _trace(args, command: list, backend: str) -> int:
-    from ..engine import load_rules
+    from ..judge.engine import load_rules
 
     rules = load_rules()
     with args.stream_target.open_stream() as handle:
         if not args.stream_target.is_stdout and not args.json:
-            # a header, so a rerun may replace the file (seedance.output.is_ours)
+            # a header, so a rerun may replace the file (seedance.render.output.is_ours)
             what = " ".join(command) if command else \
                 ("pid " + " ".join(map(str, args.pid)) if args.pid else "every process")
             handle.write(escape_path(f"# seedance trace: {what}") + "\n")
@@ -192,7 +192,7 @@ def _trace(args, command: list, backend: str) -> int:
 
 
 def _trace_into(args, command: list, backend: str, rules, out) -> int:
-    from ..model import Report
+    from ..model.report import Report
     from ..trace.facts import LiveFacts, mapped_lib_facts
 
     report = Report(command="trace")
@@ -225,7 +225,7 @@ def _trace_into(args, command: list, backend: str, rules, out) -> int:
                                on_notice=out.notice, files=live.files, cuda_events=not args.quiet,
                                buffer_pages=args.buffer_pages, child_stdout=child_stdout,
                                on_tick=lambda: judge(mapped_lib_facts(live.live_pids())))
-        from ..progress import wanted
+        from ..render.progress import wanted
         session.progress = wanted(args)
         for pid in args.pid:
             judge(live.seed(pid))
@@ -256,7 +256,7 @@ def _trace_into(args, command: list, backend: str, rules, out) -> int:
     out.notice(f"{summary.events} events, {summary.lost} lost, {len(report.findings)} findings "
                f"({summary.backend}; {summary.stop_reason or 'done'})")
     if args.report_target is not None:
-        from ..render import report_json
+        from ..render.text import report_json
         out.handle.flush()
         args.report_target.write_text(report_json(report))
     return report.exit_code(args.strict)

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from ..errors import BadInput, UsageError, escape_path
+from ..model.errors import BadInput, UsageError, escape_path
 
 EPILOG = """\
 examples:

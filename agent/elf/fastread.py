@@ -17,7 +17,7 @@ from __future__ import annotations
 import _thread  # threading's own primitives; importing threading itself was ~1 ms of a `seedance ldd`
 import os
 
-from ..errors import ELFError
+from ..model.errors import ELFError
 
 # Output capacity per call; real objects use a few KB (libtorch_cpu: ~2 KB of names).
 STRINGS_CAPACITY = 1 << 20

@@ -7,7 +7,7 @@ record.py says what these frozen records keep of the dataclasses they were).
 """
 from __future__ import annotations
 
-from ..record import FrozenRecord, _new_dict
+from ..model.record import FrozenRecord, _new_dict
 
 DF_1_NODEFLIB = 0x800
 # Symbol.binding and Symbol.type: the names of st_info's two halves, as both readers spell them

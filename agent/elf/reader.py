@@ -22,7 +22,7 @@ import stat
 import struct
 import sys
 
-from ..errors import ELFError
+from ..model.errors import ELFError
 from . import fastread as _fastread
 # defined apart so that the C reader needs no reader.py
 from .info import BIND_NAMES, STB_LOCAL, STT_NAMES, ElfInfo, Symbol, VersionNeed  # noqa: F401

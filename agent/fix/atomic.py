@@ -14,8 +14,8 @@ import hashlib
 import os
 import stat
 
-from ..errors import BadInput
-from ..record import NEW, Record
+from ..model.errors import BadInput
+from ..model.record import NEW, Record
 
 CRASH_ENV = "SEEDANCE_FIX_CRASH_AT"
 TEMP_TAG = ".seedance-tmp"

@@ -284,7 +284,7 @@ class DlopenZygote:
         them.  Empty: the zygote's verdict is a fresh process's."""
         if self._names is None:
             from ..elf.reader import read_elf
-            from ..errors import ELFError
+            from ..model.errors import ELFError
 
             names: dict = {}
             for path in self.objects or ():  # as /proc/PID/maps names them: already real paths

@@ -27,8 +27,8 @@ import os
 import struct
 import sys
 
-from ..errors import ELFError
-from ..record import FrozenRecord, Record, _new_dict
+from ..model.errors import ELFError
+from ..model.record import FrozenRecord, Record, _new_dict
 from .atomic import file_identity
 
 DT_NULL, DT_NEEDED, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ = 0, 1, 4, 5, 6, 10

@@ -17,8 +17,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..errors import BadInput
-from ..preload import unsafe_reason
+from ..model.errors import BadInput
+from ..run.preload import unsafe_reason
 
 DROP_IN_NAME = "60-seedance.conf"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -124,7 +124,7 @@ def _yaml():
 def parse_or_refuse(path: str, text: str):
     from ruamel.yaml.error import YAMLError
 
-    from .. import yamlio
+    from ..files import yamlio
 
     try:
         return yamlio.roundtrip_load(_yaml(), text, path)  # bounded (issue 10)
@@ -137,7 +137,7 @@ def parse_or_refuse(path: str, text: str):
 
 def plan_config_edit(path: str, findings: list, inject: str | None) -> ConfigEdit | None:
     """The rewritten bytes of one config for its env-leak findings (None: nothing to change)."""
-    from .. import yamlio
+    from ..files import yamlio
 
     with open(path, "rb") as handle:
         original = handle.read(yamlio.MAX_BYTES + 1)  # more is refused by parse_or_refuse

@@ -23,8 +23,8 @@ import os
 import sys
 from collections.abc import Mapping  # annotations only; typing is ~12M instructions of a fix's start
 
-from ..errors import BadInput, NotAvailable, UsageError
-from ..record import NEW, Record
+from ..model.errors import BadInput, NotAvailable, UsageError
+from ..model.record import NEW, Record
 
 MODES = ("per-instance", "shared")
 
@@ -82,7 +82,7 @@ def shim_handles_default(env: Mapping[str, str] = os.environ) -> str:
     """The handles mode `seedance run` gives the shim when --handles is not given."""
     import yaml
 
-    from .. import yamlio
+    from ..files import yamlio
 
     path = _settings_paths(env)[1]
     try:
@@ -108,7 +108,7 @@ def _updated(path, section: str | None, values: dict) -> tuple[bytes | None, byt
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
-    from .. import yamlio
+    from ..files import yamlio
 
     yaml = YAML()
     yaml.preserve_quotes = True
@@ -165,7 +165,7 @@ def apply(mode: str, gc_interval: str | None = None, dry_run: bool = False, env:
         build_config(read_config_file(Path(temp)), {}, env={})  # the agent must be able to load it
 
     def verify_shim(temp: str) -> None:
-        from .. import yamlio
+        from ..files import yamlio
         if (yamlio.load_file(temp) or {}).get("handles") != mode:
             raise BadInput(f"{temp}: handles is not {mode}")
 

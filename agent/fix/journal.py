@@ -38,8 +38,8 @@ import stat
 import threading
 import time
 
-from ..errors import BadInput
-from ..record import NEW, Record
+from ..model.errors import BadInput
+from ..model.record import NEW, Record
 from . import atomic
 from .atomic import crash_point, sha256_bytes, sha256_file
 

@@ -11,7 +11,7 @@ RELINK_RULES = ("needed-unresolved", "needed-soname-mismatch", "symbol-version-m
 ENV_LEAK_RULES = ("env-leak",)
 TORCH_EXT_RULES = ("torch-ext-stale", "cxx-abi-mismatch")
 
-from ..record import NEW, Record
+from ..model.record import NEW, Record
 
 # RelinkAction and FixPlan were @dataclass classes; written out (record.py) they cost no
 # exec() on every `seedance fix` start (issue 13).

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..elf.reader import is_elf, read_elf
-from ..errors import BadInput, ELFError, SeedanceError
+from ..model.errors import BadInput, ELFError, SeedanceError
 from . import atomic, dynedit
 from .dlopen_child import DlopenChild, dlopen_in_child  # noqa: F401 (verify's oracles, re-exported)
 from .plan import RELINK_RULES, FixPlan, RelinkAction, dynamic_diff

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 from .plan import TORCH_EXT_RULES
 
 _BUILD_LINE = re.compile(r"^build\s+\S+:\s+(compile|cuda_compile)\s+(.+?)\s*$")
@@ -41,7 +41,7 @@ class StaleBuild:
 def check_caches(roots=None) -> tuple:
     """(findings, facts) from the check's own collector and rules for the extension caches."""
     from ..collect import torch_ext
-    from ..engine import load_rules
+    from ..judge.engine import load_rules
 
     # judged against the torch of this interpreter: it is the one rebuild() builds with
     facts = torch_ext.torch_ext_facts(roots if roots is not None else torch_ext.cache_roots(),

@@ -8,5 +8,5 @@ install.py   validate -> resolve -> check -> stage -> commit
 host.py      GPU observations (NVML, the kernel module)
 verify.py    L7 facts: the three waste traps with their observable metrics
 layers.py    the seven-layer check L1..L7 (`seedance check --plugin`)
-bench.py     `seedance bench`: rounds through seedance.batching, pass criteria
+bench.py     `seedance bench`: rounds through seedance.plugins.batching, pass criteria
 """

@@ -33,7 +33,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadInput, describe_os_error
+from ..model.errors import BadInput, describe_os_error
 from .manifest import MANIFEST_NAME
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".whl", ".zip")
@@ -271,7 +271,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _read_dir_manifest(src: Path) -> str:
-    from .. import yamlio
+    from ..files import yamlio
 
     path = src / MANIFEST_NAME
     try:

@@ -1,4 +1,4 @@
-"""`seedance bench --profile latency-throughput`: the notes' bench, through seedance.batching.
+"""`seedance bench --profile latency-throughput`: the notes' bench, through seedance.plugins.batching.
 
 The plugin's bench callable (manifest `bench: module:function`) processes one batch.  It is
 driven open-loop (requests sent on a fixed schedule whatever the replies do, so queueing
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 from .manifest import Manifest
 
 P99_CV_MAX = 0.08
@@ -198,7 +198,7 @@ def measure_capacity(handler, batch_size: int, repeats: int = 5) -> float:
 
 def run_phase(handler, policy: str, max_batch: int, max_wait_ms: float, rate: float, count: int,
               warmup: int, rounds: int) -> dict:
-    from ..batching import Batcher
+    from .batching import Batcher
 
     with Batcher(handler, max_batch_size=max_batch, max_wait_ms=max_wait_ms, policy=policy,
                  name=f"seedance-bench-{policy}") as batcher:
@@ -304,7 +304,7 @@ def run_bench(manifest: Manifest, config: BenchConfig, handler=None) -> dict:
 
 def plot(result: dict, path) -> str:
     """PNG of P50/P99 latency over the measured rounds, one panel per rate.  PATH is a file
-    name or a binary file object (the bench command hands the bytes to seedance.output)."""
+    name or a binary file object (the bench command hands the bytes to seedance.render.output)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -329,7 +329,7 @@ def plot(result: dict, path) -> str:
     fig.suptitle(f"{result['plugin']} {result['version']}: {result['policy']} batching "
                  f"(max {result['max_batch_size']}, {result['max_wait_ms']} ms)", fontsize=10)
     fig.tight_layout()
-    # the Software tEXt chunk marks the PNG as ours: a rerun may replace it (seedance.output)
+    # the Software tEXt chunk marks the PNG as ours: a rerun may replace it (seedance.render.output)
     fig.savefig(path, format="png", dpi=100, metadata={"Software": "seedance bench"})
     plt.close(fig)
     return str(Path(path)) if isinstance(path, (str, Path)) else ""

@@ -66,7 +66,7 @@ def _from_agent(observed: GpuHost) -> GpuHost:
     """The agent samples NVML every few seconds; when NVML does not load here (a container
     without the driver's libraries), its view is still live data."""
     try:
-        from ..errors import SeedanceError
+        from ..model.errors import SeedanceError
         from ..service import api, config
     except ImportError:
         return observed

@@ -12,8 +12,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BadInput, SeedanceError
-from ..model import SEVERITY_RANK
+from ..model.errors import BadInput, SeedanceError
+from ..model.report import SEVERITY_RANK
 from . import archive
 from .manifest import MANIFEST_NAME, Manifest, apply_overrides, load_manifest
 from .resolve import resolve_dependencies

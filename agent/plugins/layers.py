@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import BadInput, ELFError
-from ..model import Fact, Report
+from ..model.errors import BadInput, ELFError
+from ..model.report import Fact, Report
 from . import archive, host as gpu_host
 from .manifest import MANIFEST_NAME, Manifest, load_manifest, parse_range
 from .store import Store, version_key
@@ -99,7 +99,7 @@ def check_target(target: str, strict: bool, force_arch: str | None, *, store: St
 def check_root(root: Path, strict: bool, force_arch: str | None, *, store: Store, sources=None,
                check_deps: bool = True, installed: bool = False) -> PluginCheck:
     """All seven layers over the plugin directory ``root``."""
-    from ..engine import load_rules
+    from ..judge.engine import load_rules
     from .resolve import active_picks, resolve_dependencies
 
     try:
@@ -173,7 +173,7 @@ def check_root(root: Path, strict: bool, force_arch: str | None, *, store: Store
 
 
 def _invalid(error: str, where: str) -> PluginCheck:
-    from ..engine import load_rules
+    from ..judge.engine import load_rules
 
     fact = Fact("plugin_manifest", {"plugin": Path(where).name, "path": where},
                 {"valid": False, "error": error}, SOURCE)
@@ -477,13 +477,13 @@ def main_for_check(args) -> int:
 
     The check command owns its parser and calls this with its args namespace.  Attributes
     read (all optional but ``plugin``): plugin, strict, arch or force_arch, json,
-    report_json ('-' = stdout) or report_target (a prepared seedance.output target), force,
+    report_json ('-' = stdout) or report_target (a prepared seedance.render.output target), force,
     targets/pid (must be empty).  Prints the layer lines (or the
     JSON) and returns the exit code; bad input raises BadInput/UsageError (exit 2 at the CLI)."""
     import json
     import sys
 
-    from ..errors import UsageError
+    from ..model.errors import UsageError
 
     if getattr(args, "targets", None) or getattr(args, "pid", None):
         raise UsageError("seedance check: --plugin takes no other targets")
@@ -492,12 +492,12 @@ def main_for_check(args) -> int:
     report, lines = run_layers(args.plugin, strict, force_arch)
     target = getattr(args, "report_target", None)
     if target is None:
-        from ..output import prepare_output
+        from ..render.output import prepare_output
         report_json = "-" if getattr(args, "json", False) else getattr(args, "report_json", None)
         target = prepare_output(report_json, force=bool(getattr(args, "force", False))) if report_json else None
     text = json.dumps(report.to_dict(), indent=2) + "\n"
     if target is not None:
-        target.write_text(text)  # seedance.output: atomic, devices written through
+        target.write_text(text)  # seedance.render.output: atomic, devices written through
         if target.is_stdout:
             return report.exit_code(strict)
     for line in lines:

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 
 MANIFEST_NAME = "manifest.yaml"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "manifest.schema.json"
@@ -82,7 +82,7 @@ def load_document(text: str, where: str):
     """Round-trip load; a YAML syntax error becomes one line with the line number."""
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-    from .. import yamlio
+    from ..files import yamlio
 
     try:
         doc = yamlio.roundtrip_load(_yaml(), text, where)  # bounded (issue 10)
@@ -234,7 +234,7 @@ def load_manifest(path: str | Path, text: str | None = None) -> Manifest:
     where = str(path)
     if text is None:
         try:
-            from .. import yamlio
+            from ..files import yamlio
 
             text = yamlio.read_text(path)  # size-capped; not UTF-8 is one BadInput line
         except FileNotFoundError:

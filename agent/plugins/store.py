@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 from ..fix.atomic import fsync_dir
 from .manifest import MANIFEST_NAME, Manifest, load_manifest
 

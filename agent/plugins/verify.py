@@ -7,7 +7,7 @@ otherwise marked "not observed" with the reason.
 """
 from __future__ import annotations
 
-from ..model import Fact
+from ..model.report import Fact
 from .host import GpuHost, affinity_metric
 from .manifest import Manifest, has_upper_bound
 from .resolve import Pick, seedance_compatible

@@ -4,7 +4,7 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
-from ..model import Fact
+from ..model.report import Fact
 from .callgraph import CallGraph, merge_text, profile_call
 
 

@@ -33,7 +33,7 @@ import math
 import struct
 from dataclasses import dataclass
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 from .memory import ADDRESS_SPACE, EXTENT, LIMITS, MAX_PAGE, Limits, extent_pairs
 
 MAGIC = b"SEEDFRAG"

@@ -27,7 +27,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 from .memory import LIMITS
 
 LAUNCH_BOUND_US = 50.0      # notes 2.3: below this median gap, launch overhead dominates
@@ -213,7 +213,7 @@ def _attach_power(profile: LaunchProfile, by_lib: dict, power, offset) -> Launch
 def launch_facts(profile: LaunchProfile, subject: dict) -> list:
     """launch-bound per library (two launches at least, so an interval exists), and one
     sm-underused fact for the device when a profiling metric was observed."""
-    from ..model import Fact
+    from ..model.report import Fact
 
     facts = []
     for lib in profile.libraries:

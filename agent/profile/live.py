@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..errors import BadInput, NotAvailable
+from ..model.errors import BadInput, NotAvailable
 
 try:  # optional: the sampler's fast path (torch brings it); the pure-Python path is exact too
     import numpy as _np
@@ -112,7 +112,7 @@ def run_wrapped(cmd: list[str], *, interval: float, on_tick=None, events_stream=
 
     from .. import shim
     from ..commands.run import EventDrain, _LateDrain, check_preload_path, report_and_release
-    from ..runreport import RunResult
+    from ..run.report import RunResult
     from ..shim.wrap import wrap_env
 
     if not cmd:

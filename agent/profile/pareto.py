@@ -20,7 +20,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from ..errors import BadInput, escape_path
+from ..model.errors import BadInput, escape_path
 
 DECAY_SLOPE = -0.035  # product notes 2.5: dROI/dlatency below this marks the decay
 REQUIRED_COLUMNS = ("name", "latency_ms", "accuracy")
@@ -91,7 +91,7 @@ def analyse_file(path: str, *, default_cost_per_ms: float = 1.0, baseline_accura
         # utf-8-sig: spreadsheets write a byte-order mark before the header
         handle = open(path, encoding="utf-8-sig", errors="surrogateescape", newline="")
     except OSError as exc:
-        from ..errors import describe_os_error
+        from ..model.errors import describe_os_error
 
         raise BadInput(describe_os_error(exc)) from None
     with handle:
@@ -106,7 +106,7 @@ def analyse_file(path: str, *, default_cost_per_ms: float = 1.0, baseline_accura
                                  max_chars=max_bytes, max_rows=max_rows)
             return analyse(rows, baseline_accuracy=baseline_accuracy, source=source)
         except OSError as exc:  # EIO, EISDIR from the first read of a directory
-            from ..errors import describe_os_error
+            from ..model.errors import describe_os_error
 
             raise BadInput(f"{source}: {describe_os_error(exc)}") from None
 
@@ -293,7 +293,7 @@ def analyse(variants, *, baseline_accuracy: float | None = None, source: str = "
 def plot(result: ParetoResult, target) -> None:
     """Draw latency against accuracy: frontier line, dominated points, decay point.
 
-    ``target`` is a seedance.output OutputTarget; matplotlib is imported only here.
+    ``target`` is a seedance.render.output OutputTarget; matplotlib is imported only here.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -318,7 +318,7 @@ def plot(result: ParetoResult, target) -> None:
     ax.legend(fontsize=8)
     buffer = io.BytesIO()
     fig.tight_layout()
-    # the Software chunk marks the PNG as ours, so a rerun may replace it (seedance.output)
+    # the Software chunk marks the PNG as ours, so a rerun may replace it (seedance.render.output)
     fig.savefig(buffer, format="png", metadata={"Software": "seedance pareto"})
     plt.close(fig)
     target.write_bytes(buffer.getvalue())

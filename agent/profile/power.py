@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 
 
 @dataclass(frozen=True)

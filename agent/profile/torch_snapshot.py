@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import pickle
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 from .memory import ADDRESS_SPACE, MAX_U64
 
 # A real snapshot with its allocation traces is tens of MB; the counts bound what a crafted

@@ -21,7 +21,7 @@ import errno
 import os
 from dataclasses import dataclass, field
 
-from ..errors import BadInput, NotAvailable
+from ..model.errors import BadInput, NotAvailable
 
 CFS_PERIOD_US = 100_000  # the kernel's default period; quota = millicores * period / 1000
 SOFT_FRACTION = 0.9

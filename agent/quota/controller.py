@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 from ..fix.atomic import atomic_write
 from . import cgroups, psi
 from .policy import Policy, parse_policy
@@ -38,7 +38,7 @@ def _xdg(name: str, fallback: str) -> Path:
 def load_policy_text(text: str, source: str) -> Policy:
     import yaml
 
-    from .. import yamlio
+    from ..files import yamlio
     try:
         document = yamlio.load(text, source)
     except yaml.YAMLError as exc:
@@ -67,7 +67,7 @@ class QuotaStore:
         out = {}
         if self.config_dir.is_dir():
             for path in sorted(self.config_dir.glob("*.yaml")):
-                from .. import yamlio
+                from ..files import yamlio
                 policy = load_policy_text(yamlio.read_text(path), str(path))
                 out[policy.name] = policy
         return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..errors import BadInput
+from ..model.errors import BadInput
 
 API_VERSION = "seedance/v1"
 KIND = "WorkloadQuotaPolicy"

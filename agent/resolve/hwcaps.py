@@ -9,7 +9,7 @@ sets for this CPU; tests compare what we derive from /proc/cpuinfo with it.
 from __future__ import annotations
 
 import os
-from ..record import FrozenRecord
+from ..model.record import FrozenRecord
 
 # x86-64 psABI micro-architecture levels, as cpuinfo flag names (lzcnt is "abm").
 _LEVEL_FLAGS = {

@@ -11,17 +11,17 @@ the first entry whose flags match this ABI and whose hwcap bits are usable, pref
 glibc-hwcaps entries by subdirectory priority.  Those priorities come per index into the
 cache's list of subdirectory names, merged the way glibc_hwcaps_priorities_init() merges
 them (see hwcaps_index_priorities), so a compat cache, whose names ld.so misreads, gets
-ld.so's answer (tests/unit/test_ldcache_compat_hwcaps.py has the real loader as oracle).
+ld.so's answer (tests/unit/test_resolve_ldcache_compat_hwcaps.py has the real loader as oracle).
 A glibc-hwcaps entry whose recorded x86 ISA level the CPU lacks is passed over, as
-dl_cache_hwcap_isa_level_compatible() makes glibc 2.36 do (tests/unit/test_ldcache_isa_level.py).
+dl_cache_hwcap_isa_level_compatible() makes glibc 2.36 do (tests/unit/test_resolve_ldcache_isa_level.py).
 """
 from __future__ import annotations
 
 import os
 import struct
 
-from ..errors import BadInput
-from ..record import FrozenRecord
+from ..model.errors import BadInput
+from ..model.record import FrozenRecord
 
 MAGIC_OLD = b"ld.so-1.7.0"
 MAGIC_NEW = b"glibc-ld.so.cache1.1"

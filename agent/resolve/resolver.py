@@ -30,8 +30,8 @@ import stat as _stat
 
 from ..elf import fastread as _fastread
 from ..elf.info import ElfInfo
-from ..errors import ELFError
-from ..record import FrozenRecord, Record, _new_dict, _new_object
+from ..model.errors import ELFError
+from ..model.record import FrozenRecord, Record, _new_dict, _new_object
 from . import hwcaps as _hwcaps
 from . import tokens
 from .ldcache import LdCache, cache_stamp

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BadInput, NotAvailable
+from ..model.errors import BadInput, NotAvailable
 
 _PEERCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 MAX_REQUEST = 4096

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Mapping
 
-from ..errors import BadInput, UsageError
+from ..model.errors import BadInput, UsageError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -122,7 +122,7 @@ def read_config_file(path: Path) -> dict:
     """The agent.yaml mapping, validated; a missing file is an empty mapping."""
     import yaml
 
-    from .. import yamlio
+    from ..files import yamlio
 
     try:
         text = yamlio.read_text(path)  # size-capped, UTF-8 or one BadInput line

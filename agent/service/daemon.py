@@ -23,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import __version__
-from ..engine import load_rules
-from ..errors import NotAvailable, SeedanceError
-from ..model import Fact, Finding
+from ..judge.engine import load_rules
+from ..model.errors import NotAvailable, SeedanceError
+from ..model.report import Fact, Finding
 from . import config as config_mod
 from .api import StatusServer
 from .gpu import NvmlSampler, affinity_facts
@@ -622,7 +622,7 @@ def crash_point(step: str) -> None:
 
 
 def leak_facts(inst, allocations) -> list[Fact]:
-    """instance_leak facts (the shape seedance.runreport gives them) from plain allocations:
+    """instance_leak facts (the shape seedance.run.report gives them) from plain allocations:
     one per (device, calling library), for registries that are not the shim's own."""
     grouped: dict[tuple, dict] = {}
     for alloc in allocations:

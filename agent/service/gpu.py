@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..model import Fact
+from ..model.report import Fact
 
 # "idle time > 80%" in the product notes: an idle device is one below 20% utilisation
 # with no compute process on it.

@@ -17,7 +17,7 @@ import socket
 import threading
 from typing import Callable
 
-from ..errors import BadInput, UsageError
+from ..model.errors import BadInput, UsageError
 
 READ_TIMEOUT_S = 5.0        # each read of the request
 CONNECTION_DEADLINE_S = 10.0  # the whole connection, however slowly it dribbles

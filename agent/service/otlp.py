@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Callable
 
-from ..errors import NotAvailable
+from ..model.errors import NotAvailable
 
 _EXPORTER_PACKAGE = "opentelemetry-exporter-otlp-proto-http"
 

@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 
-from ..errors import NotAvailable
-from ..model import Finding
+from ..model.errors import NotAvailable
+from ..model.report import Finding
 
 _FINDING_BYTES = b'{"event": "finding"'
 RESTART_BACKOFF_S = 30.0

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..errors import NotAvailable
+from ..model.errors import NotAvailable
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,9 @@ class ShimRegistry:
                 for a in self._registry.allocations(inst.slot)]
 
     def leak_facts(self, inst: InstanceSlot) -> list:
-        """The same instance_leak facts `seedance run` makes (seedance.runreport), so the
+        """The same instance_leak facts `seedance run` makes (seedance.run.report), so the
         handle-leak rule judges an instance identically whoever looks at it."""
-        from ..runreport import instance_facts, leaks_with_apis
+        from ..run.report import instance_facts, leaks_with_apis
 
         facts = instance_facts([inst.raw], {inst.slot: leaks_with_apis(self._registry, inst.slot)}, {})
         return [fact for fact in facts if fact.kind == "instance_leak"]

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model import Finding
+from ..model.report import Finding
 
 SCHEMA_VERSION = 1
 
@@ -269,5 +269,5 @@ def _move_aside(path: Path, why: str) -> Path:
 
 
 def _plain(value):
-    from ..model import _plain as plain
+    from ..model.report import _plain as plain
     return plain(value)

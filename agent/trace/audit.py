@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 
-from ..errors import BadInput, NotAvailable
+from ..model.errors import BadInput, NotAvailable
 from .events import TraceEvent
 from .session import TraceSummary
 

@@ -17,11 +17,11 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from ..model import Fact
+from ..model.report import Fact
 from .events import TraceEvent
 
 SOURCE = "trace"
-LEAK_KIND = "instance_leak"  # rules/runtime.yaml handle-leak, same data keys as seedance.runreport
+LEAK_KIND = "instance_leak"  # rules/runtime.yaml handle-leak, same data keys as seedance.run.report
 _VERSION_MISSING = re.compile(r"^version `(?P<version>[^']+)' not found \(required by (?P<requester>.+)\)$")
 _UNDEFINED = re.compile(r"^undefined symbol: (?P<symbol>[^,\s]+)(?:, version (?P<version>\S+))?$")
 
@@ -65,7 +65,7 @@ class FileInfoCache:
     @staticmethod
     def _read(path: str, candidate: str, st) -> FileInfo:
         from ..elf.reader import read_elf
-        from ..errors import ELFError
+        from ..model.errors import ELFError
 
         try:
             elf = read_elf(candidate)

@@ -18,7 +18,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ..errors import BadInput, NotAvailable
+from ..model.errors import BadInput, NotAvailable
 from . import env
 from .events import TraceEvent, decode
 from .facts import FileInfoCache
@@ -80,7 +80,7 @@ class TraceSession:
         self.files = files or FileInfoCache()
         self.cuda_events = cuda_events  # stream each allocation, or only account for them
         self.buffer_pages = buffer_pages  # ring buffer size in pages (a power of two)
-        self.progress = None  # seedance.progress.wanted(): the 3-5 s compile shows on a terminal
+        self.progress = None  # seedance.render.progress.wanted(): the 3-5 s compile shows on a terminal
         self.summary = TraceSummary()
         self._bpf = None
         self._stop_reason = ""
@@ -109,7 +109,7 @@ class TraceSession:
         from ..probes import layout, loader
 
         self._loader, self._layout = loader, layout
-        from ..progress import Step
+        from ..render.progress import Step
 
         started = time.monotonic()
         try:

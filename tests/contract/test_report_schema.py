@@ -7,8 +7,8 @@ import json
 import jsonschema
 import pytest
 
-from seedance.engine import load_rules
-from seedance.model import Fact, Finding, Report
+from seedance.judge.engine import load_rules
+from seedance.model.report import Fact, Finding, Report
 from tests.conftest import ROOT, run_cli
 
 SCHEMA_PATH = ROOT / "agent" / "schemas" / "report.schema.json"

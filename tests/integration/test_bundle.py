@@ -287,7 +287,7 @@ def test_a_bundle_is_replaced_on_rerun_and_other_files_are_not(tmp_path, suffix)
     first = tmp_path / f"first{suffix}"
     first.write_bytes(bundle.read_bytes())
     os.utime(bundle, (0, 0))
-    check_json(tree, "--bundle", bundle)  # seedance.output knows it as ours: replaced, no --force
+    check_json(tree, "--bundle", bundle)  # seedance.render.output knows it as ours: replaced, no --force
     assert bundle.stat().st_mtime > 0
     assert json.loads(members(bundle)["facts.json"]) == json.loads(members(first)["facts.json"])
     other = tmp_path / f"notes{suffix}"
@@ -337,7 +337,7 @@ def test_any_flipped_byte_is_bad_input_or_a_readable_bundle(tmp_path):
     import random
 
     from seedance.collect.bundle import replay
-    from seedance.errors import BadInput
+    from seedance.model.errors import BadInput
 
     tree = plant_traps(tmp_path)
     outcomes = {"read": 0, "refused": 0}

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import load_example_builder
 
-from seedance.model import WASTE_TRAPS
+from seedance.model.report import WASTE_TRAPS
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_EXAMPLES = ["legacy-audio-encoder", "audio-encoder-v2.0.5", "dsp-kernels-v1.0.0", "dsp-kernels-v1.1.0",

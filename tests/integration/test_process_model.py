@@ -364,7 +364,7 @@ def test_graph_png_is_marked_and_text_tree_without_dot(libfoo_site, tmp_path):
         png = tmp_path / "closure.png"
         proc = run_cli("check", "--python", PYTHON, "--imports", "a,b", "--graph", str(png), env=_env(libfoo_site))
         assert proc.returncode == 1, proc.stderr
-        from seedance.output import is_ours
+        from seedance.render.output import is_ours
         data = png.read_bytes()
         assert data.startswith(b"\x89PNG") and is_ours(str(png))
         # graphviz itself must accept the file we wrote (the inserted chunk's CRC is right)

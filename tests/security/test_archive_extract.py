@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.plugins import archive
 from tests.conftest import run_cli
 

@@ -29,7 +29,7 @@ import zstandard
 
 from seedance.collect import bundle
 from seedance.collect.bundle_reader import CAPS, NEEDED, Caps
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from tests.conftest import BIN
 
 MiB = 1 << 20

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.filters import MAX_BASELINE_BYTES
+from seedance.judge.filters import MAX_BASELINE_BYTES
 from tests.conftest import ROOT
 
 GCC = shutil.which("gcc")

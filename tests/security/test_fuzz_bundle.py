@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seedance.collect import bundle
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from tests.security.test_bundle_attacks import FIXED_RSS, assert_refused, base_members, replay_measured, \
     tar_bytes, write_bundle
 

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.profile import fragbin, heatmap, memory, torch_snapshot
 
 TRACE_EXAMPLES = int(os.environ.get("SEEDANCE_FUZZ_TRACE", "300"))

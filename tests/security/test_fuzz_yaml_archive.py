@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError as RuamelError
 
-from seedance import yamlio
-from seedance.errors import BadInput, SeedanceError
+from seedance.files import yamlio
+from seedance.model.errors import BadInput, SeedanceError
 from seedance.plugins import archive
 
 PER_INPUT_S = 30  # ruamel's scanner alone may take ~3 s on a shared CPU for a legal file
@@ -126,7 +126,7 @@ def _walk_size(node, depth=0) -> int:
 def _yaml_sites(text: str, tmp: Path) -> None:
     """The loader and every read site that takes YAML text or a file."""
     from seedance.collect.config import BadYaml, config_facts
-    from seedance.engine import load_rules
+    from seedance.judge.engine import load_rules
     from seedance.fix.envleak import parse_or_refuse
     from seedance.plugins.manifest import load_manifest
     from seedance.service.config import read_config_file

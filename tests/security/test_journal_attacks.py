@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from seedance.errors import SeedanceError
+from seedance.model.errors import SeedanceError
 from seedance.fix.journal import Journal, RestoreRefused
 
 from tests.conftest import run_cli

@@ -301,10 +301,10 @@ def test_trace_stream_to_dev_full_is_one_line():
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
-# -- what counts as ours (agent/output.py docstring): each marker, and what is not ------------
+# -- what counts as ours (agent/render/output.py docstring): each marker, and what is not ------------
 def _refused(path) -> bool:
-    from seedance.errors import UsageError
-    from seedance.output import prepare_output
+    from seedance.model.errors import UsageError
+    from seedance.render.output import prepare_output
     try:
         prepare_output(str(path))
     except UsageError:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.profile import pareto
 
 SEEDANCE = str(Path(sys.executable).parent / "seedance")

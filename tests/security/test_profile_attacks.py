@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.profile import fragbin, torch_snapshot
 from seedance.profile.memory import LIMITS, MAX_U64, Limits, iter_event_lines, profile_events
 from tests.conftest import BIN, ROOT

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from seedance import yamlio
-from seedance.errors import BadInput
+from seedance.files import yamlio
+from seedance.model.errors import BadInput
 from tests.conftest import BIN
 
 AS_LIMIT = 768 << 20   # a whole host check runs in 512 MiB of address space on this machine

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from seedance.commands.run import check_preload_path, parse_mem_limit, parse_size, resolve_affinity
-from seedance.errors import BadInput, UsageError
+from seedance.model.errors import BadInput, UsageError
 
 
 @pytest.mark.parametrize("text,value", [("8G", 8 << 30), ("512M", 512 << 20), ("4096", 4096), ("1GiB", 1 << 30),

@@ -70,7 +70,7 @@ def test_bash_completion_completes_commands_and_flags():
 
 
 def test_installed_completion_and_man_pages(tmp_path):
-    proc = _run([BIN / "python", "-m", "seedance.completion", "install", tmp_path])
+    proc = _run([BIN / "python", "-m", "seedance.commands.completion_files", "install", tmp_path])
     assert proc.returncode == 0, proc.stderr
     share = tmp_path / "share"
     bash = share / "bash-completion" / "completions" / "seedance-check"
@@ -138,7 +138,7 @@ def test_colour_follows_flag_terminal_and_no_color(undefined_tree):
     assert "\x1b[" not in auto_pipe.stdout  # auto on a pipe: plain
     never = run_cli("check", "--strict", "--no-progress", "--color=never", undefined_tree)
     assert "\x1b[" not in never.stdout
-    from seedance.render import use_color
+    from seedance.render.text import use_color
 
     class Terminal:
         def isatty(self):
@@ -159,8 +159,8 @@ def test_colour_follows_flag_terminal_and_no_color(undefined_tree):
 
 
 def test_sizes_human_in_the_table_exact_in_json():
-    from seedance.model import Finding, Report
-    from seedance.render import report_json, table
+    from seedance.model.report import Finding, Report
+    from seedance.render.text import report_json, table
 
     report = Report(command="check")
     held = 3 * 1024 * 1024 * 1024 + 512 * 1024 * 1024

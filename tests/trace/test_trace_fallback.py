@@ -18,7 +18,7 @@ HIDDEN = {"SEEDANCE_KERNEL_HEADERS": "/nonexistent"}
 @pytest.fixture(scope="module")
 def shim_library():
     from seedance import shim
-    from seedance.errors import NotAvailable
+    from seedance.model.errors import NotAvailable
     try:
         return shim.library_path()
     except NotAvailable as exc:

@@ -250,7 +250,7 @@ def test_private_library_of_a_program_outside_the_scan_is_a_warning():
 def test_strict_judges_extension_modules_with_their_interpreter(tmp_path):
     import sys
 
-    from seedance.render import table
+    from seedance.render.text import table
 
     tag = f"cpython-3{sys.version_info.minor}-x86_64-linux-gnu"
     site = tmp_path / "lib" / f"python3.{sys.version_info.minor}" / "site-packages"
@@ -273,8 +273,8 @@ def test_strict_judges_extension_modules_with_their_interpreter(tmp_path):
 def test_facts_without_the_new_keys_still_match_through_rule_defaults():
     """trace's observed `needed` facts carry no same_library/context: the loader rules' defaults
     keep judging them by name, as before (rules/README.md, `defaults`)."""
-    from seedance.engine import load_rules
-    from seedance.model import Fact
+    from seedance.judge.engine import load_rules
+    from seedance.model.report import Fact
 
     rules = load_rules()
     observed = {"name": "libcudart.so.12", "resolved": True, "resolved_path": "/x/libcudart.so.12",

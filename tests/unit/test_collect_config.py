@@ -3,7 +3,7 @@ import os
 import pytest
 
 from seedance.collect import config
-from seedance.engine import load_rules
+from seedance.judge.engine import load_rules
 
 
 def facts_of(tmp_path, text, name="plugins.yaml"):

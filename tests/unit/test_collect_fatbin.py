@@ -2,7 +2,7 @@ import pytest
 
 from seedance.collect import fatbin
 from seedance.elf.fatbin import FatbinEntry
-from seedance.engine import load_rules
+from seedance.judge.engine import load_rules
 
 SASS86 = FatbinEntry("sass", 86, "", False, 100)
 SASS80 = FatbinEntry("sass", 80, "", True, 100)

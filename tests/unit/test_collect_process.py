@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from seedance.collect import process
-from seedance.engine import load_rules
+from seedance.judge.engine import load_rules
 
 LIBZ = "/usr/lib/x86_64-linux-gnu/libz.so.1"
 
@@ -125,7 +125,7 @@ def test_a_kernel_thread_is_read_not_vanished():
     """A kernel thread has no maps, no exe, and its environ read fails with ESRCH, which read
     as "the process exited": a host check here said 57 processes had vanished."""
     from seedance.collect.scan import CheckOptions, Scanner
-    from seedance.errors import BadInput
+    from seedance.model.errors import BadInput
 
     pid = _a_kernel_thread()
     if pid is None:

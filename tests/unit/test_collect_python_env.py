@@ -104,7 +104,7 @@ def test_dynamic_loads_are_named_not_guessed(tmp_path):
 
 
 def test_interpreter_that_is_not_python_is_bad_input(tmp_path):
-    from seedance.errors import BadInput
+    from seedance.model.errors import BadInput
     with pytest.raises(BadInput):
         ask_interpreter("/bin/true")
     with pytest.raises(BadInput):

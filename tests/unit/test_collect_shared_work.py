@@ -14,7 +14,7 @@ import json
 import pytest
 
 from seedance.collect import closure as closure_facts
-from seedance.errors import ELFError
+from seedance.model.errors import ELFError
 from seedance.resolve import Resolver
 
 LIBDIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")

@@ -6,7 +6,7 @@ import pytest
 
 from seedance.collect import torch_ext
 from seedance.elf.reader import read_elf
-from seedance.engine import load_rules
+from seedance.judge.engine import load_rules
 
 GXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from seedance.elf import fastread, properties, reader
-from seedance.errors import ELFError
+from seedance.model.errors import ELFError
 
 ROOT = Path(__file__).resolve().parents[2]
 TREES = ["/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/lib64", sysconfig.get_paths()["purelib"]]

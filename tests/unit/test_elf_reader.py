@@ -17,7 +17,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
 from seedance.elf import is_elf, read_elf
-from seedance.errors import ELFError
+from seedance.model.errors import ELFError
 
 SYSTEM = "/usr/lib/x86_64-linux-gnu"
 

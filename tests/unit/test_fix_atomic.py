@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.fix import atomic
 
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seedance.elf.reader import read_elf
-from seedance.errors import ELFError
+from seedance.model.errors import ELFError
 from seedance.fix import dynedit
 
 SITE = Path(sysconfig.get_paths()["purelib"])

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from seedance.collect.config import early_references
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.fix import envleak
 
 

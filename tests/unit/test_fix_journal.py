@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.fix.journal import DamagedEntry, Journal, RestoreRefused, VerifyFailed, journal_root
 
 

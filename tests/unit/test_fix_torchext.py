@@ -1,7 +1,7 @@
 """torch-ext helpers: what a cached build.ninja says, and which builds a --rebuild selects."""
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.fix import torchext
 
 

@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.fix import atomic
 
 

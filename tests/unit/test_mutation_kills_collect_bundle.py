@@ -147,7 +147,7 @@ def captured(tmp_path_factory):
     if GCC is None:
         pytest.skip("gcc not installed")
     from seedance.collect.scan import CheckOptions
-    from seedance.output import prepare_output
+    from seedance.render.output import prepare_output
 
     tmp = tmp_path_factory.mktemp("bundle")
     got = Captured()
@@ -691,7 +691,7 @@ def _write(tmp_path, name, data: bytes) -> str:
 
 
 def _refused(path) -> str:
-    from seedance.errors import BadInput
+    from seedance.model.errors import BadInput
 
     with pytest.raises(BadInput) as caught:
         bundle.read_bundle(path)
@@ -749,7 +749,7 @@ def test_read_bundle_says_what_is_missing_or_wrong(tmp_path):
 
 
 def test_replay_refuses_damaged_facts_and_runtime(tmp_path):
-    from seedance.errors import BadInput, UsageError
+    from seedance.model.errors import BadInput, UsageError
 
     def replayed(name, **override):
         path = _write(tmp_path, f"{name}.tar.gz", gzip.compress(_tar(_good_members(**override))))
@@ -792,7 +792,7 @@ def test_replay_refuses_damaged_facts_and_runtime(tmp_path):
 
 
 def test_bundle_names_say_how_they_are_compressed():
-    from seedance.errors import UsageError
+    from seedance.model.errors import UsageError
 
     for name in ("a.tar.zst", "a.tar.gz", "a.tgz"):
         assert bundle.check_name(name) is None
@@ -1285,7 +1285,7 @@ def test_a_small_capture_with_python_and_a_config_that_is_not_utf8(tmp_path):
     """.tgz, --python (torch's version from that interpreter's wheel, never imported) and a
     config whose comment is not UTF-8: kept, with U+FFFD where the bytes were."""
     from seedance.collect.scan import CheckOptions, Scanner
-    from seedance.output import prepare_output
+    from seedance.render.output import prepare_output
 
     tree = tmp_path / "t"
     (tree / "seedance").mkdir(parents=True)
@@ -1414,8 +1414,8 @@ def test_runtime_major_and_static_markers_of_gcc_built_libraries(tmp_path):
 
 
 def test_a_fact_read_back_from_a_bundle(tmp_path):
-    from seedance.errors import BadInput
-    from seedance.model import Fact
+    from seedance.model.errors import BadInput
+    from seedance.model.report import Fact
 
     item = {"kind": "needed", "subject": {"path": "/a"}, "data": {"name": "libx.so"}}
     assert bundle._fact(item, "b.tar.zst") == Fact("needed", {"path": "/a"}, {"name": "libx.so"}, "")

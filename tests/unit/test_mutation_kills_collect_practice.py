@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from seedance.collect import practice, process
-from seedance.model import Fact
+from seedance.model.report import Fact
 from tests.conftest import write_ld_so_cache
 
 SITE = sysconfig.get_paths()["purelib"]

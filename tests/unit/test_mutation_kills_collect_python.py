@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import process_fixtures as F  # noqa: E402
 
 from seedance.collect import python_env as pe  # noqa: E402
-from seedance.errors import BadInput  # noqa: E402
+from seedance.model.errors import BadInput  # noqa: E402
 
 PYTHON = sys.executable
 EXT = F.EXT_SUFFIX

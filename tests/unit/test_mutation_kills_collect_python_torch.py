@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import process_fixtures as F  # noqa: E402
 
 from seedance.collect import cxxabi, torch_ext  # noqa: E402
-from seedance.errors import BadInput  # noqa: E402
+from seedance.model.errors import BadInput  # noqa: E402
 
 PYTHON = sys.executable
 GXX = __import__("shutil").which("g++")

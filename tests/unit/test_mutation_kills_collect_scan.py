@@ -27,7 +27,7 @@ from seedance.collect import config as config_mod
 from seedance.collect import fatbin as fatbin_mod
 from seedance.collect import scan
 from seedance.collect.scan import CheckOptions, Scanner
-from seedance.errors import BadInput, ELFError, UsageError
+from seedance.model.errors import BadInput, ELFError, UsageError
 from tests.conftest import ld_so_hwcaps_levels
 
 GCC = shutil.which("gcc")
@@ -549,7 +549,7 @@ def test_processes_live_and_gone():
 
 
 def test_a_rules_directory_is_read_before_any_work(tmp_path):
-    from seedance.errors import RuleError
+    from seedance.model.errors import RuleError
 
     with pytest.raises(RuleError) as err:
         Scanner(CheckOptions(targets=[str(tmp_path / "nothing-here")], rules_dir=str(tmp_path))).run()

@@ -15,7 +15,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from seedance.elf import is_elf, read_elf
-from seedance.errors import ELFError
+from seedance.model.errors import ELFError
 
 SOURCE = "".join(f"int seedance_fn_{i}(int x) {{ return x + {i}; }}\n" for i in range(12)) + \
     "#include <stdio.h>\nint seedance_say(const char *s) { return puts(s); }\n"  # a libc version need

@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from seedance.elf import build_fastelf, fatbin_payload, properties, reader
-from seedance.errors import ELFError
+from seedance.model.errors import ELFError
 from tests.conftest import ld_so_hwcaps_levels
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("readelf") is None,

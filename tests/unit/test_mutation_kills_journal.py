@@ -23,7 +23,7 @@ import tempfile
 import pytest
 
 from seedance.cli import main
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.fix.journal import Journal, RestoreRefused, VerifyFailed
 
 

@@ -16,7 +16,7 @@ import fcntl
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.fix import journal as journal_mod
 from seedance.fix.journal import DamagedEntry, Journal
 

@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import process_fixtures as F  # noqa: E402
 
-from seedance.errors import BadInput  # noqa: E402
+from seedance.model.errors import BadInput  # noqa: E402
 from seedance.resolve import Resolver  # noqa: E402
 from seedance.resolve.process import RTLD_NOW, Load, Simulator, live, why  # noqa: E402
 

@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from seedance.errors import ELFError
+from seedance.model.errors import ELFError
 from seedance.resolve import Resolver
 from seedance.resolve.ldcache import LdCache
 from tests.conftest import ld_so_cache_try, run_with_ld_so_cache, write_ld_so_cache

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.engine import load_rules
+from seedance.judge.engine import load_rules
 from seedance.plugins import host, layers
 from seedance.plugins.manifest import load_manifest
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.plugins import archive
 
 MANIFEST = b"name: tiny\nversion: 1.0.0\nseedance_version: '>=0.1,<1'\nentry:\n  module: tiny\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.plugins import host, layers
 from seedance.plugins.manifest import load_manifest
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.plugins import manifest as mf
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.plugins import store as st
 
 MANIFEST = "name: tiny\nversion: {v}\nseedance_version: '>=0.1,<1'\nentry:\n  module: tiny\n"

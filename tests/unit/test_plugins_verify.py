@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from seedance.engine import load_rules
-from seedance.model import WASTE_TRAPS, Report
+from seedance.judge.engine import load_rules
+from seedance.model.report import WASTE_TRAPS, Report
 from seedance.plugins.host import GpuHost
 from seedance.plugins.manifest import load_manifest
 from seedance.plugins.resolve import pick_version

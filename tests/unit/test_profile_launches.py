@@ -8,8 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from seedance.engine import load_rules
-from seedance.errors import BadInput
+from seedance.judge.engine import load_rules
+from seedance.model.errors import BadInput
 from seedance.profile import launches as lp
 from seedance.profile import power
 

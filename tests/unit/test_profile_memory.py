@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.profile import fragbin
 from seedance.profile.memory import AddressMap, profile_events, read_event_lines, verdict
 from seedance.profile.torch_snapshot import load_snapshot, snapshot_records

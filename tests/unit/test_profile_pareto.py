@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.profile import pareto
 
 NOTES_TABLE = "name,latency_ms,accuracy\nFP16,14.2,72.1\nW8A16,9.8,71.6\nINT8,7.1,69.3\n"

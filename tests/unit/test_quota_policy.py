@@ -1,7 +1,7 @@
 """WorkloadQuotaPolicy validation: quantities, and one line naming the field for each defect."""
 import pytest
 
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from seedance.quota.controller import load_policy_text
 from seedance.quota.policy import parse_cpu, parse_labels, parse_memory
 

@@ -10,7 +10,7 @@ import pytest
 
 from seedance.resolve import hwcaps
 from seedance.resolve.ldcache import LdCache, libcmp, parse
-from seedance.errors import BadInput
+from seedance.model.errors import BadInput
 from tests.conftest import write_ld_so_cache
 
 LDCONFIG = shutil.which("ldconfig") or "/sbin/ldconfig"

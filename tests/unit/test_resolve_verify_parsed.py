@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from seedance.errors import ELFError
+from seedance.model.errors import ELFError
 from seedance.resolve import ABIS, Resolver
 
 ABI = ABIS[(64, 62)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import BadInput, NotAvailable
+from seedance.model.errors import BadInput, NotAvailable
 from seedance.service.api import StatusServer, peer_credentials, request
 
 NOBODY = 65534

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import BadInput, UsageError
+from seedance.model.errors import BadInput, UsageError
 from seedance.service import config
 
 

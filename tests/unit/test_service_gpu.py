@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from seedance.engine import load_rules
+from seedance.judge.engine import load_rules
 from seedance.service.gpu import DeviceSample, GpuProcess, NvmlSampler, affinity_facts, process_affinity
 
 JOB, STRAY = 1001, 1002

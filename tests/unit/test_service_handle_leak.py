@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from seedance.errors import BadInput, UsageError
+from seedance.model.errors import BadInput, UsageError
 from seedance.fix import handle_leak
 from seedance.service import config
 

@@ -3,7 +3,7 @@ import urllib.request
 
 import pytest
 
-from seedance.errors import BadInput, UsageError
+from seedance.model.errors import BadInput, UsageError
 from seedance.service.metrics import MetricsServer, parse_listen, require_loopback
 
 SNAPSHOT = {

@@ -2,7 +2,7 @@
 import os
 import sqlite3
 
-from seedance.model import Finding
+from seedance.model.report import Finding
 from seedance.service.state import StateStore
 
 

@@ -1,6 +1,6 @@
 """Bench callable of the audio-encoder plugin: encode one batch of synthetic frames.
 
-`seedance bench` calls encode_batch(batch) through seedance.batching; each request is an
+`seedance bench` calls encode_batch(batch) through seedance.plugins.batching; each request is an
 integer that picks one of 64 synthetic 1024-sample frames.
 """
 import ctypes

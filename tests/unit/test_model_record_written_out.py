@@ -18,13 +18,13 @@ from seedance.collect.cuda import DriverSpec, GpuInfo
 from seedance.collect.process import Mapping, ProcessView
 from seedance.collect.scan import CheckOptions
 from seedance.collect.torch_ext import CachedBuild, TorchInstall
-from seedance.engine import Rule
-from seedance.filters import FindingFilter, Ignore
+from seedance.judge.engine import Rule
+from seedance.judge.filters import FindingFilter, Ignore
 from seedance.fix.atomic import MappedIndex
 from seedance.fix.dynedit import EditPlan, FileEdit, Patch, StrRef
 from seedance.fix.handle_leak import HandleLeakResult
 from seedance.fix.journal import UndoResult
-from seedance.model import Fact, Finding, Report, _plain
+from seedance.model.report import Fact, Finding, Report, _plain
 
 REQ = dataclasses.MISSING
 PY_TAG = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"

@@ -54,7 +54,7 @@ def write_private(path: str, data: bytes) -> None:
     is left behind.  Not an input of a check being recorded for the check cache
     (collect/inputs.py): making ~/.cache/seedance would record ~/.cache as one, which the
     next run finds changed."""
-    from .collect import inputs
+    from ..collect import inputs
 
     with inputs.paused():
         _write(path, data)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seedance.elf import read_elf
-from seedance.errors import ELFError, SeedanceError
+from seedance.model.errors import ELFError, SeedanceError
 
 EXAMPLE_SECONDS = 5
 

@@ -1,4 +1,4 @@
-"""seedance.batching: correctness, and the policies judged from outside the batcher: the
+"""seedance.plugins.batching: correctness, and the policies judged from outside the batcher: the
 batch sizes the test's own handler receives, the latencies the test's clients measure, and
 the worker thread's context switches as the kernel counts them (/proc/self/task/TID/status).
 Never the batcher's own records, and never a machine-dependent time threshold: the only time
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from seedance.batching import Batcher, BatcherClosed
+from seedance.plugins.batching import Batcher, BatcherClosed
 
 MAX_WAIT_MS = 50.0
 SPACING_S = 0.2  # 4x max_wait: low load

@@ -1,6 +1,6 @@
-"""Adaptive request batching for plugin authors (`seedance.batching`).
+"""Adaptive request batching for plugin authors (`seedance.plugins.batching`).
 
-    from seedance.batching import Batcher
+    from seedance.plugins.batching import Batcher
     with Batcher(encode_batch, max_batch_size=32, max_wait_ms=5) as batcher:
         result = batcher.submit(frame).result()
 

@@ -3,7 +3,7 @@
 shtab writes *static* completion scripts from a parser (no runtime hook such as
 argcomplete's, which would import seedance on every <TAB>); argparse-manpage writes roff
 from the same parser, so neither can drift from `--help`.  `make install` writes both into
-the venv's share/ (`python -m seedance.completion install PREFIX`); `seedance completion
+the venv's share/ (`python -m seedance.commands.completion_files install PREFIX`); `seedance completion
 bash|zsh` prints a script for `eval`/`source`.
 
 The aliases (seedance-check, seedance-plugin, ...) get their own scripts and pages, built
@@ -21,7 +21,7 @@ ALIASES = {"seedance-check": "check", "seedance-fix": "fix", "seedance-plugin": 
 
 
 def parser_for(prog: str):
-    from . import cli
+    from .. import cli
 
     if prog == "seedance":
         return cli.build_parser("seedance")
@@ -32,7 +32,7 @@ def completion_script(shell: str, prog: str = "seedance") -> str:
     import shtab
 
     if shell not in SHELLS:
-        from .errors import UsageError
+        from ..model.errors import UsageError
         raise UsageError(f"completion: unsupported shell {shell!r} (choose: {', '.join(SHELLS)})")
     parser = parser_for(prog)
     # shell function names may not hold '-': _seedance_check, not _seedance-check
@@ -42,7 +42,7 @@ def completion_script(shell: str, prog: str = "seedance") -> str:
 def manpage(prog: str = "seedance") -> str:
     from argparse_manpage.manpage import Manpage
 
-    from . import __version__
+    from .. import __version__
 
     parser = parser_for(prog)
     page = Manpage(parser)
@@ -81,7 +81,7 @@ def install(prefix: Path) -> list:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "install":
-        print("usage: python -m seedance.completion install PREFIX", file=sys.stderr)
+        print("usage: python -m seedance.commands.completion_files install PREFIX", file=sys.stderr)
         return 2
     for item in install(Path(argv[1])):
         print(f"{item.kind}: {item.path}")

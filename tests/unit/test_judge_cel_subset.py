@@ -1,4 +1,4 @@
-"""cel_subset (agent/cel_subset.py) against the real CEL binding: on every condition of
+"""cel_subset (agent/judge/cel_subset.py) against the real CEL binding: on every condition of
 rules/*.yaml (and escalate conditions), over generated contexts, an answer from the subset
 is the binding's answer; where it defers, the engine asks the binding.  The subset must
 also answer the plain cases itself, or it saves nothing."""
@@ -12,9 +12,9 @@ import sys
 import pytest
 import yaml
 
-from seedance import cel_subset
-from seedance.engine import _cel_core, default_rules_dir, load_rules
-from seedance.model import Fact
+from seedance.judge import cel_subset
+from seedance.judge.engine import _cel_core, default_rules_dir, load_rules
+from seedance.model.report import Fact
 
 VALUES = [None, True, False, 0, 1, 2, -1, 0.0, 1.5, -2.5, "", "x", "GLIBC", "danger", "healthy", "shadowed",
           "private", "node-lacks-symbol", "depends.x", "adaptive", [], [1], [12, 13], {"k": 1},
@@ -35,7 +35,7 @@ def conditions() -> list:
 
 
 def names_of(text: str) -> list:
-    from seedance.engine import _condition_names
+    from seedance.judge.engine import _condition_names
     return list(_condition_names(text))
 
 
@@ -168,7 +168,7 @@ def test_a_non_utf8_name_is_judged_not_a_crash(tmp_path):
 def test_a_condition_outside_the_subset_still_takes_a_non_utf8_string():
     """The binding's fallback: a string with a lone surrogate reaches CEL with its bytes as
     \\xNN, so a condition the subset leaves to CEL judges it instead of failing."""
-    from seedance.engine import _LazyProgram
+    from seedance.judge.engine import _LazyProgram
     program = _LazyProgram("name in ['lib\\\\xff.so']", "test")
     assert cel_subset.compile(program.text) is None
     assert program.execute({"name": "lib\udcff.so"}) is True
@@ -197,7 +197,7 @@ def test_rules_load_the_same_facts_to_the_same_findings_either_way(monkeypatch):
              Fact("cuda_runtimes", {"path": "/app"}, {"majors": [12, 13], "libraries": ["/a", "/b"]})]
     with_subset = [f.to_dict() for f in load_rules(None).evaluate(facts)]
     monkeypatch.setattr(cel_subset, "compile", lambda text: None)
-    import seedance.engine as engine
+    import seedance.judge.engine as engine
     monkeypatch.setattr(engine, "_LOADED", {})
     alone = [f.to_dict() for f in load_rules(None).evaluate(facts)]
     assert with_subset == alone and with_subset

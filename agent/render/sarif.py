@@ -2,10 +2,10 @@
 
 SARIF's shape (OASIS SARIF 2.1.0, sections 3.13 sarifLog, 3.14 run, 3.19 toolComponent,
 3.27 result, 3.49 reportingDescriptor): one run whose tool driver is named "seedance" (the
-output writer recognises such a log as ours, seedance.output), one reportingDescriptor per
+output writer recognises such a log as ours, seedance.render.output), one reportingDescriptor per
 rule that fired, one result per finding.  Severities map onto SARIF levels: fatal and error
 -> "error", warning -> "warning", info -> "note".  The finding's stable fingerprint
-(seedance.model.fingerprint) is the result's partialFingerprints entry, so a code-scanning
+(seedance.model.report.fingerprint) is the result's partialFingerprints entry, so a code-scanning
 service tracks a finding across runs as `--baseline` does.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from .model import Report, _plain
+from ..model.report import Report, _plain
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

@@ -11,7 +11,7 @@ import platform
 import socket
 from dataclasses import dataclass, field
 
-from .model import Fact, Report
+from ..model.report import Fact, Report
 
 
 @dataclass

@@ -17,7 +17,7 @@ before ruamel parses, so both libraries accept exactly what the caps allow.
 """
 from __future__ import annotations
 
-from .errors import BadInput
+from ..model.errors import BadInput
 
 MAX_BYTES = 4 << 20     # seedance's YAML files are rules, configs and manifests: kilobytes
 MAX_DEPTH = 64          # the deepest real file (rules/plugins.yaml) nests 6 levels

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from seedance.engine import load_rules
-from seedance.errors import RuleError
-from seedance.model import Fact, Report
+from seedance.judge.engine import load_rules
+from seedance.model.errors import RuleError
+from seedance.model.report import Fact, Report
 
 RULE = """
 rules:

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from seedance.preload import unsafe_reason
+from seedance.run.preload import unsafe_reason
 
 
 @pytest.fixture

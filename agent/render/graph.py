@@ -1,7 +1,7 @@
 """Pictures and trees of a closure or of a modelled process: graphviz and text.
 
 Only renders: it takes a ProcessModel (seedance.resolve.process) or a Closure and returns
-text or bytes; command modules write them through seedance.output.
+text or bytes; command modules write them through seedance.render.output.
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def render(dot_source: str, fmt: str, marker: str = "seedance check --graph"):
             if proc.stderr else "dot failed"
     data = proc.stdout
     if fmt == "svg":
-        # the marker seedance.output recognises, so a rerun may replace the picture
+        # the marker seedance.render.output recognises, so a rerun may replace the picture
         data = data.replace(b"<svg ", f"<!-- {marker} -->\n<svg ".encode(), 1)
     elif fmt == "png":
         data = _png_with_software(data, marker)
@@ -155,7 +155,7 @@ def render(dot_source: str, fmt: str, marker: str = "seedance check --graph"):
 
 
 def _png_with_software(png: bytes, marker: str) -> bytes:
-    """Insert a tEXt 'Software' chunk right after IHDR (seedance.output's PNG marker)."""
+    """Insert a tEXt 'Software' chunk right after IHDR (seedance.render.output's PNG marker)."""
     payload = b"Software\x00" + marker.encode()
     chunk = len(payload).to_bytes(4, "big") + b"tEXt" + payload + \
         zlib.crc32(b"tEXt" + payload).to_bytes(4, "big")

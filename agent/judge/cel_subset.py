@@ -11,7 +11,7 @@ types and their meaning is plain: bools for ! && ||, two values of the same type
 str, bool) for == != < <= > >=, a list or string for size(), a string for startsWith.  For
 everything else (a missing name, null, an int against a float, a non-bool operand of &&) it
 raises Defer, and the caller asks the real CEL, so the binding's own semantics (errors,
-cross-type rules) decide those cases.  tests/unit/test_cel_subset.py compares the two on
+cross-type rules) decide those cases.  tests/unit/test_judge_cel_subset.py compares the two on
 every condition of rules/ over generated contexts.
 """
 from __future__ import annotations

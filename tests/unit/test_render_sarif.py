@@ -88,8 +88,8 @@ def test_findings_of_a_real_check_are_a_valid_sarif_log(tmp_path):
 
 
 def test_severity_levels_and_an_empty_run():
-    from seedance.model import Finding, Report
-    from seedance.render_sarif import sarif_log
+    from seedance.model.report import Finding, Report
+    from seedance.render.sarif import sarif_log
 
     findings = [Finding(rule=f"r-{s}", severity=s, trap="t", layer="L2", subject={"pid": 7}, message=f"m {s}")
                 for s in ("info", "warning", "error", "fatal")]
@@ -104,9 +104,9 @@ def test_severity_levels_and_an_empty_run():
 
 
 def test_the_writer_recognises_its_sarif_as_its_own(tmp_path):
-    from seedance.model import Report
-    from seedance.output import is_ours
-    from seedance.render_sarif import sarif_text
+    from seedance.model.report import Report
+    from seedance.render.output import is_ours
+    from seedance.render.sarif import sarif_text
 
     path = tmp_path / "out.sarif"
     path.write_text(sarif_text(Report(command="check")))

@@ -1,5 +1,5 @@
 """--select, --ignore, --min-severity, --baseline, .seedance.yaml and finding fingerprints
-(issue 16, section 2): units on seedance.filters, then the real CLI on gcc-built trees."""
+(issue 16, section 2): units on seedance.judge.filters, then the real CLI on gcc-built trees."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from seedance.errors import BadInput, UsageError
-from seedance.filters import build, find_config, load_baseline
-from seedance.model import Finding, Report, fingerprint
+from seedance.model.errors import BadInput, UsageError
+from seedance.judge.filters import build, find_config, load_baseline
+from seedance.model.report import Finding, Report, fingerprint
 from tests.conftest import run_cli
 
 GCC = shutil.which("gcc")

@@ -48,7 +48,7 @@ import re
 import stat
 import sys
 
-from .errors import SeedanceError, UsageError, escape_path
+from ..model.errors import SeedanceError, UsageError, escape_path
 
 # /dev/stdout, /dev/fd/3, /proc/self/fd/3, /proc/4242/task/4242/fd/1: names of descriptors.
 _FD_PATH = re.compile(r"^/(?:dev/(?:stdout|stderr|fd/\d+)|proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd/\d+)$")

@@ -29,10 +29,10 @@ import json
 import os
 import re
 import stat
-from .record import NEW, Record
+from ..model.record import NEW, Record
 
-from .errors import BadInput, UsageError, escape_path
-from .model import SEVERITIES, SEVERITY_RANK, fingerprint
+from ..model.errors import BadInput, UsageError, escape_path
+from ..model.report import SEVERITIES, SEVERITY_RANK, fingerprint
 
 CONFIG_NAME = ".seedance.yaml"
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
@@ -217,7 +217,7 @@ def load_baseline(path: str) -> frozenset:
                                f"{MAX_BASELINE_BYTES >> 20} MiB a baseline may have")
             data = handle.read(MAX_BASELINE_BYTES + 1)  # a pipe or device: read no more than the cap
     except OSError as exc:
-        from .errors import describe_os_error
+        from ..model.errors import describe_os_error
 
         raise BadInput(f"--baseline: {describe_os_error(exc)}") from None
     if len(data) > MAX_BASELINE_BYTES:
@@ -287,7 +287,7 @@ def _sarif_fingerprints(document: dict, shown: str) -> set:
     """partialFingerprints["seedance/v1"] of every result, along the shapes SARIF 2.1.0 gives
     them: runs an array of run objects, results an array of result objects (null: the tool
     did not run), partialFingerprints an object of strings."""
-    from .render_sarif import FINGERPRINT_KEY
+    from ..render.sarif import FINGERPRINT_KEY
 
     runs = document["runs"]
     if not isinstance(runs, list):
@@ -344,10 +344,10 @@ def find_config(targets=(), cwd: str | None = None) -> str | None:
 
 
 def read_config(path: str) -> dict:
-    """The settings of a .seedance.yaml, through the bounded loader (seedance.yamlio)."""
+    """The settings of a .seedance.yaml, through the bounded loader (seedance.files.yamlio)."""
     import yaml
 
-    from . import yamlio
+    from ..files import yamlio
 
     shown = escape_path(path)
     try:
@@ -355,7 +355,7 @@ def read_config(path: str) -> dict:
     except yaml.YAMLError as exc:
         raise BadInput(f"{shown}: not valid YAML: {str(exc).splitlines()[0]}") from None
     except OSError as exc:
-        from .errors import describe_os_error
+        from ..model.errors import describe_os_error
 
         raise BadInput(describe_os_error(exc)) from None
     if document is None:

@@ -20,12 +20,13 @@ from collections.abc import Iterable, Mapping
 # a `seedance fix` start (callgrind, issue 13)
 
 from . import cel_subset
-from .errors import BadInput, RuleError
-from .model import SEVERITIES, Fact, Finding
-from .record import NEW, FrozenRecord, _new_dict
+from ..model.errors import BadInput, RuleError
+from ..model.report import SEVERITIES, Fact, Finding
+from ..model.record import NEW, FrozenRecord, _new_dict
 
 # os.path, not pathlib: pathlib (with urllib.parse) was ~3 ms of every command's start
-RULES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "rules")
+# the checkout's rules/, three levels above agent/judge/engine.py
+RULES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), "rules")
 REQUIRED = ("id", "title", "severity", "trap", "layer", "fact", "condition", "message",
             "explain", "metric", "fix")
 LAYERS = ("L1", "L2", "L3", "L4", "L5", "L6", "L7")
@@ -303,7 +304,7 @@ def _parse_rule_files(files: list) -> list:
     """[(file name, path, parsed document)]: the YAML read within yamlio's caps."""
     import yaml
 
-    from . import yamlio
+    from ..files import yamlio
 
     docs = []
     for path in files:
@@ -361,7 +362,7 @@ _CACHE_MAX = 4 << 20
 def _cache_path(directory: str) -> str | None:
     import zlib
 
-    from .private_file import cache_home
+    from ..files.private import cache_home
 
     base = cache_home()
     if base is None:
@@ -389,9 +390,9 @@ def _cache_stamp(files: list) -> list | None:
             with open(path, "rb") as handle:
                 data = handle.read(_CACHE_MAX + 1)
             stamp.append([os.path.basename(path), len(data), zlib.crc32(data)])
-        here = os.path.dirname(os.path.realpath(__file__))
-        stamp.append(_file_stamp(os.path.join(here, "engine.py")))
-        stamp.append(_file_stamp(os.path.join(here, "yamlio.py")))
+        from ..files import yamlio
+        stamp.append(_file_stamp(os.path.realpath(__file__)))
+        stamp.append(_file_stamp(os.path.realpath(yamlio.__file__)))
     except OSError:
         return None
     return stamp
@@ -417,7 +418,7 @@ def _load_shipped(directory: str, files: list) -> RuleSet | None:
 def _read_cache(cache: str, directory: str, stamp: list):
     import json
 
-    from .private_file import read_private
+    from ..files.private import read_private
 
     raw = read_private(cache, _CACHE_MAX)
     if raw is None:
@@ -446,7 +447,7 @@ def _write_cache(cache: str, directory: str, stamp: list, docs: list) -> None:
     """Best effort: a cache that cannot be written is read from YAML next time."""
     import json
 
-    from .private_file import write_private
+    from ..files.private import write_private
 
     core = _cel_core()
     try:

@@ -76,7 +76,7 @@ def test_a_repeat_check_answers_from_the_cache_with_the_same_report(tree):
     second = _check(tree)
     assert second.stats["cache"]["state"] == "hit"
     assert _plain(second) == _plain(first) == _plain(_fresh(tree))
-    from seedance import render
+    from seedance.render import text as render
     table, again = render.table(first, color=False, verbose=True), render.table(second, color=False, verbose=True)
     # the summary line differs: this run's time, and that the answer came from the cache
     assert again.splitlines()[:-1] == table.splitlines()[:-1]

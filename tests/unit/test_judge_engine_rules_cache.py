@@ -9,10 +9,11 @@ import stat
 
 import pytest
 
-from seedance import engine, yamlio
-from seedance.engine import load_rules
-from seedance.errors import RuleError
-from seedance.model import Fact
+from seedance.judge import engine
+from seedance.files import yamlio
+from seedance.judge.engine import load_rules
+from seedance.model.errors import RuleError
+from seedance.model.report import Fact
 
 SHIPPED = engine.default_rules_dir()
 

@@ -104,7 +104,7 @@ def test_terminal_columns_are_shutils(columns, monkeypatch):
     pytest, so the terminal query fails the same way for both."""
     import shutil
 
-    from seedance import terminal
+    from seedance.render import terminal
 
     if columns is None:
         monkeypatch.delenv("COLUMNS", raising=False)

@@ -9,8 +9,8 @@ import os
 import re
 
 from . import terminal
-from .errors import escape_path
-from .model import Report
+from ..model.errors import escape_path
+from ..model.report import Report
 
 SEVERITY_LABEL = {"info": "INFO", "warning": "WARN", "error": "ERROR", "fatal": "FATAL"}
 # SGR colours per severity (ECMA-48): fatal bold red, error red, warning yellow, info cyan
@@ -63,7 +63,7 @@ def report_json(report: Report) -> str:
 
 
 def write_json(report: Report, destination) -> None:
-    """Write the report through seedance.output: DESTINATION is a prepared OutputTarget
+    """Write the report through seedance.render.output: DESTINATION is a prepared OutputTarget
     (prepare it before the work, so a bad path fails first) or a path ('-' is stdout)."""
     from .output import OutputTarget, prepare_output
 

@@ -1,4 +1,4 @@
-"""FrozenRecord (agent/record.py) against the dataclasses it replaced (issue 13).
+"""FrozenRecord (agent/model/record.py) against the dataclasses it replaced (issue 13).
 
 The oracle is a real @dataclass(frozen=True) per class, with the fields the classes had as
 dataclasses (listed here, not read from the code under test), filled with the values of
@@ -15,7 +15,7 @@ import pickle
 import pytest
 
 from seedance.elf.info import ElfInfo, Symbol, VersionNeed
-from seedance.model import _plain
+from seedance.model.report import _plain
 from seedance.resolve.hwcaps import CpuCaps
 from seedance.resolve.ldcache import CacheEntry
 from seedance.resolve.resolver import ABIS, Abi, Closure, Resolution, Resolver, SymbolGap, VersionCheck
