@@ -150,10 +150,29 @@ def validate(doc, where: str) -> None:
 
     data = plain(doc)
     lines = line_map(doc)
-    validator = jsonschema.Draft202012Validator(schema())
+    validator = _strict_validator(jsonschema)(schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: (_line_for(e, lines), list(e.absolute_path)))
     if errors:
         raise BadInput(_describe(errors[0], lines, where, len(errors)))
+
+
+def _strict_validator(jsonschema):
+    """Draft 2020-12 with `pattern` read as the schema's authors meant it.
+
+    JSON Schema patterns are ECMA-262 regular expressions, where `$` matches only at the end
+    of the string.  Python's `$` also matches before a final newline, so with the stock
+    validator (re.search) a name such as "evil\\n" passed `^[a-z0-9...]+$` and reached the
+    terminal.  Here a pattern ending in `$` must match the whole string."""
+    import re
+
+    def pattern(validator, patrn, instance, schema):
+        if not validator.is_type(instance, "string"):
+            return
+        strict = patrn[:-1] + r"\Z" if patrn.endswith("$") and not patrn.endswith("\\$") else patrn
+        if not re.search(strict, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": pattern})
 
 
 def _line_for(error, lines: dict) -> int:

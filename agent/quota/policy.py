@@ -93,7 +93,7 @@ def parse_policy(document, source: str = "policy") -> Policy:
     if doc.get("kind") != KIND:
         raise BadInput(f"{source}: kind: expected {KIND!r}, got {doc.get('kind')!r}")
     name = need_map(doc.get("metadata"), "metadata").get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise BadInput(f"{source}: metadata.name: expected a lowercase DNS label, got {name!r}")
     spec = need_map(doc.get("spec"), "spec")
     unknown = set(spec) - {"workloadSelector", "quota", "burstable", "burst"}
@@ -104,9 +104,9 @@ def parse_policy(document, source: str = "policy") -> Policy:
     if not labels:
         raise BadInput(f"{source}: spec.workloadSelector.matchLabels: empty (it would select every workload)")
     for key, value in labels.items():
-        if not isinstance(key, str) or not _LABEL.match(key):
+        if not isinstance(key, str) or not _LABEL.fullmatch(key):
             raise BadInput(f"{source}: spec.workloadSelector.matchLabels: bad label key {key!r}")
-        if not isinstance(value, str) or not _LABEL.match(value):
+        if not isinstance(value, str) or not _LABEL.fullmatch(value):
             raise BadInput(f"{source}: spec.workloadSelector.matchLabels.{key}: bad label value {value!r}")
     quota = need_map(spec.get("quota"), "spec.quota")
     unknown = set(quota) - {"cpu", "memory"}
@@ -134,7 +134,7 @@ def parse_policy(document, source: str = "policy") -> Policy:
         if len(when) != 1:
             raise BadInput(f"{source}: spec.burst.whenPressureBelow: give exactly one pressure key, e.g. cpu_some_avg10")
         (key, below), = when.items()
-        if not isinstance(key, str) or not _PSI_KEY.match(key):
+        if not isinstance(key, str) or not _PSI_KEY.fullmatch(key):
             raise BadInput(f"{source}: spec.burst.whenPressureBelow: unknown pressure key {key!r} "
                            "(use <cpu|memory|io>_<some|full>_<avg10|avg60|avg300>)")
         if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below <= 100:
@@ -154,7 +154,7 @@ def parse_labels(items) -> dict:
             if not part:
                 continue
             key, sep, value = part.partition("=")
-            if not sep or not _LABEL.match(key) or not _LABEL.match(value):
+            if not sep or not _LABEL.fullmatch(key) or not _LABEL.fullmatch(value):
                 raise BadInput(f"--label {part!r}: expected KEY=VALUE (letters, digits, . _ -)")
             labels[key] = value
     return labels

@@ -139,3 +139,16 @@ def test_bare_float_range_keeps_its_spelling():
     manifest = mf.load_manifest("m.yaml", text=text)
     assert manifest.seedance_version == "0.10"
     assert manifest.depends == {"dsp-kernels": "1.50"}
+
+
+@pytest.mark.parametrize("old, new", [
+    ("name: audio-encoder", 'name: "audio-encoder\\n"'),
+    ("version: 2.0.5", 'version: "2.0.5\\n"'),
+])
+def test_a_trailing_newline_fails_the_schema_pattern(old, new):
+    """JSON Schema patterns are ECMA-262, where `$` is the end of the string; Python's `$` also
+    matched before a final newline, so "audio-encoder\\n" passed `^[a-z0-9...]$` and split the
+    rows of `plugin list`."""
+    assert old in COMPLIANT
+    with pytest.raises(BadInput):
+        mf.load_manifest("m.yaml", text=COMPLIANT.replace(old, new, 1))

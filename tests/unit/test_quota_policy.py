@@ -67,3 +67,15 @@ def test_labels():
     assert parse_labels(["app=encoder", "tier=gold,zone=a"]) == {"app": "encoder", "tier": "gold", "zone": "a"}
     with pytest.raises(BadInput):
         parse_labels(["app"])
+
+
+@pytest.mark.parametrize("field, text", [
+    ("metadata.name", GOOD.replace("metadata: {name: encoders}", 'metadata: {name: "encoders\\n"}')),
+    ("label", GOOD.replace("{app: encoder}", '{app: "encoder\\n"}')),
+    ("label", GOOD.replace("{app: encoder}", '{"app\\n": encoder}')),
+])
+def test_a_trailing_newline_is_not_a_name(field, text):
+    """Python's `$` matches before a final newline: "encoders\\n" passed the DNS-label check and
+    then split a row of `quota list`.  A name is the whole string or nothing."""
+    with pytest.raises(BadInput):
+        load_policy_text(text, "p.yaml")
