@@ -1,4 +1,4 @@
-"""Evidence bundles (issue 16): capture a check once, judge it anywhere.
+"""Evidence bundles: capture a check once, judge it anywhere.
 
 `check --bundle out.tar.zst` runs the ordinary scan (collect/scan.py) with two observers
 that record every closure and process as it is read, then writes one tar (zstd, or gzip
@@ -532,7 +532,7 @@ def _same_file(path: str, sha256) -> bool:
 
 
 def _mark_live(finding, bundle: Bundle, rederived: bool):
-    """Findings that needed live data say so in their evidence (issue 16): a process's state
+    """Findings that needed live data say so in their evidence: a process's state
     is as captured, not re-observed; a re-derived fatbin verdict cannot name kernels whose
     images were not captured (they are judged as holding kernels)."""
     why = None

@@ -111,7 +111,7 @@ def config_facts(path: str) -> list:
     try:
         with open(path, "rb") as handle:
             text = handle.read(yamlio.MAX_BYTES).decode("utf-8", "replace")
-        # Bounded (issue 10): an alias bomb or a 5000-deep file in the config dir is one
+        # Bounded: an alias bomb or a 5000-deep file in the config dir is one
         # skipped config, not a hung check.
         root = yamlio.compose(text, path)
     except BadInput as exc:

@@ -6,8 +6,8 @@ the standard abbreviation ``Ss``, the new one spells out
 string therefore has two different symbol names, and an extension built with the other
 ABI imports a name torch never exports.  We read the mangled names; nothing is demangled.
 
-torch's own ABI is decided from its c10/at/torch/caffe2-namespaced exports only (issue 11,
-item 4): libc10 of torch < 2.7 (pre-cxx11 wheels) also exports statically linked libstdc++
+torch's own ABI is decided from its c10/at/torch/caffe2-namespaced exports only:
+libc10 of torch < 2.7 (pre-cxx11 wheels) also exports statically linked libstdc++
 helpers in ``std::__cxx11`` (213 of them in torch 2.4.1's libc10, against 62 old-string
 names), so counting every export calls the old ABI new.  The namespaced exports are
 unambiguous: torch 2.4.1's libc10 has 36 old-string names and no new one; torch 2.13's
@@ -43,7 +43,8 @@ class TorchAbiCache:
         key = self._key(path)
         known = self._defined.get(key)
         if known is None:
-            # a list comprehension, not a generator: ~100k symbols of libtorch_cpu (issue 13)
+            # a list comprehension, not a generator: libtorch_cpu exports about a hundred
+            # thousand names, and a generator pays a frame resumption for each
             known = self._defined[key] = frozenset([s.name for s in info.symbols
                                                     if s.defined and s.binding != "LOCAL" and not s.hidden])
         return known
@@ -110,7 +111,7 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
     - cxx_abi: which std::string mangling its c10/at/torch imports use, against torch's;
     - torch_symbols: the c10/at/torch functions it calls that nothing in its closure defines.
       Python imports extensions with RTLD_NOW (sys.getdlopenflags()), so one such symbol
-      fails the import with "undefined symbol: _ZN3c10..." (issue 11, item 5).
+      fails the import with "undefined symbol: _ZN3c10...".
 
     ``closure_objects``: path -> ElfInfo of everything loaded with it (torch's libraries
     included); ``read_symbols(path)`` -> ElfInfo with symbols (the resolver's cached reader;
@@ -136,8 +137,8 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
     mismatch = abi_fact is not None and abi_fact.data["ext_abi"] != abi_fact.data["torch_abi"]
     missing = cache.missing(imports, ext_path, closure_objects, torch_paths, read_symbols, read_exports)
     # The rebuild command is only ever shown with a finding (a mismatch or a missing symbol);
-    # working it out asks pip's RECORDs and dpkg which package ships the file, which was a
-    # tenth of a site-packages check for torch's ~120 healthy test programs (issue 13).
+    # working it out asks pip's RECORDs and dpkg which package ships the file, reads that
+    # the healthy majority (torch's own test programs, every extension built right) never need.
     fix = rebuild_command(ext_path, torch) if mismatch or missing else ""
     if abi_fact is not None:
         abi_fact.data.update(torch_version=version, torch_source=torch_source, fix_command=fix)

@@ -4,7 +4,7 @@ The target is --arch sm_XX, else every distinct architecture NVML reports.  With
 there is no target, and no fatbin fact: we never guess a GPU.
 
 Judged per module (one fatbin container = one translation unit or device-link step, each
-registered on its own by the runtime), never per file (issue 11):
+registered on its own by the runtime), never per file:
   - a module that holds no kernel (a device-link stub, device variables only, as cuFFT
     ships) can launch nothing: it is no evidence either way and is left out;
   - when no kernel-holding module has an image for the device, nothing can launch there:
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from ..model.report import Fact
 
-# ..elf.fatbin and ..elf.fatbin_payload (a dataclass, regular expressions: ~9M instructions)
-# are imported by the functions that decode a fatbin: most checks meet none, and a
-# `seedance fix` of one library none at all (issue 13).
+# ..elf.fatbin and ..elf.fatbin_payload (a dataclass, whose methods are compiled with exec()
+# at import, and regular expressions compiled at import) are imported by the functions that
+# decode a fatbin: most checks meet none, and a `seedance fix` of one library none at all.
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 MAX_NAMED_KERNELS = 8  # kernels named in a finding; the count is always given

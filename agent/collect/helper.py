@@ -1,9 +1,10 @@
 """A forked copy of the check that runs one kind of job beside the root loop, on a second core.
 
-A check of site-packages with torch spends about a third of its time in the C++ ABI check
-of torch's extensions and test programs (reading their c10/at/torch imports and torch's
-exports), work that needs nothing the root loop computes after it but the paths of the
-closure (issue 13: "parallel scan across cores ... with a measured gain or it goes").  The
+In a check of site-packages with torch, the C++ ABI check of torch's extensions and test
+programs (reading their c10/at/torch imports and torch's exports) is a large share of the
+work, and it needs nothing the root loop computes after it but the paths of the closure.
+bench/bench_check_speed.py times the check with and without the helper (SEEDANCE_JOBS=1):
+without a gain there it has no place.  The
 loop hands each such job to this helper and carries on; the results are put back where the
 loop would have put them, so the report is the same fact for fact, in the same order.
 
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 import os
 
-# pickle and struct are imported where a helper is forked: pickle's import (~2 ms) would
-# otherwise be paid by every check, most of which never fork one
+# pickle and struct are imported where a helper is forked: pickle imports _compat_pickle,
+# copyreg and the _pickle extension, a start-up every check would otherwise pay though most
+# never fork a helper
 
 
 def cores() -> int:

@@ -13,8 +13,9 @@ import sys
 def host_facts(gpu=None) -> dict:
     """hostname, kernel, glibc, cpu and (when known) GPU/driver facts for the report.
 
-    os.uname(), not platform.uname() and socket.gethostname(): importing platform and
-    socket was ~4 ms of every check (issue 13).  platform.uname() is os.uname() with
+    os.uname(), not platform.uname() and socket.gethostname(): platform and socket are large
+    modules (socket imports selectors and enum types) that every check would import only to
+    get what os.uname() already has.  platform.uname() is os.uname() with
     'unknown' read as '', and glibc's gethostname() copies uname's nodename."""
     uname = os.uname()
     release, machine = (value if value != "unknown" else "" for value in (uname.release, uname.machine))

@@ -1,15 +1,17 @@
 """What a check covers and assumes (CheckOptions), and the GPU it judges against.
 
 Apart from scan.py so that a check answered from the cache (check_cache.py) imports
-neither the scan nor its collectors (~15 ms of a ~60 ms command, issue 13).
+neither the scan nor its collectors: their imports (the ELF reader, the resolver, every
+collector) would be most of what such a command does.
 """
 from __future__ import annotations
 
 from ..model.errors import UsageError
 
 # A scan appends itself here when this is a list (cli.console, for a `seedance check` that
-# ends the process right after): freeing a scan of /usr/lib, ~10^5 objects, took ~20 ms at
-# the end of the command, and the process exit frees the memory at once.  None (tests, the
+# ends the process right after): a scan of /usr/lib holds on the order of 10^5 objects, and
+# deallocating them one by one would delay the command's end for nothing, where the process
+# exit frees the memory at once.  None (tests, the
 # agent: processes that go on) keeps nothing.
 KEEP_UNTIL_EXIT = None
 from ..model.record import NEW, Record
@@ -32,7 +34,8 @@ class CheckOptions(Record):
         self.env = env  # the environment the resolver assumes (LD_LIBRARY_PATH, ...)
         self.python = python  # check --python: the interpreter whose torch imports extensions
         # a GpuInfo cuda.probe_nvml() gave earlier in this command: fix checks, then checks
-        # again, and NVML was probed (pynvml imported, initialised, shut down) for each (issue 13)
+        # again, and NVML would otherwise be probed (pynvml imported, nvmlInit, nvmlShutdown)
+        # for each
         self.nvml = nvml
 
     @property

@@ -24,8 +24,8 @@ from . import cuda, cxxabi, fatbin, helper, host, practice, treewalk
 from . import options as _options
 from .options import CheckOptions, gpu_context  # noqa: F401 (their home before the check cache)
 # process (pids, the host scope) and torch_ext (--python, directories, torch extensions) are
-# imported where used: with their dataclasses ~10M instructions of a `seedance fix` of one
-# library, which needs neither (callgrind, issue 13)
+# imported where used: their dataclasses compile their methods with exec() at import, a
+# start-up cost that a `seedance fix` of one library, which needs neither, should not pay
 
 
 _KIND_OF = attrgetter("kind")
@@ -65,7 +65,7 @@ class Scanner:
         self._isa_seen: set = set()  # objects whose ISA level was read
         # per path, across the closures of the scan (a path is one ElfInfo: the resolver
         # reads each file once): what is derived from an object alone is derived once, not
-        # once per root that loads it (issue 13)
+        # once per root that loads it
         self.resolver = None  # made by run(), before the targets are walked
         self._plain_files: set = set()  # ELF paths the walk saw as regular files, not links
         self._walk_sniffed: dict = {}  # (dev, inode) -> kind, for the pieces of walks this process takes
@@ -81,10 +81,10 @@ class Scanner:
 
     # --- entry point ------------------------------------------------------------------
     def run(self) -> Report:
-        # A scan builds ~10^5 objects (ElfInfos, resolutions, facts) that live until it ends,
-        # and almost none form cycles (~300 collected in a check of /usr/lib or of
-        # site-packages + CUDA): the cyclic collector's passes over them were ~10% of a
-        # check's CPU (issue 13).  It is paused for the scan and restored after; the few
+        # A scan builds on the order of 10^5 objects (ElfInfos, resolutions, facts) that live
+        # until it ends, and almost none form cycles: each pass of the cyclic collector
+        # traverses all of them to free next to nothing, and allocation triggers pass after
+        # pass as the scan grows.  It is paused for the scan and restored after; the few
         # cycles are collected then, as before, by the next pass.
         keep = _options.KEEP_UNTIL_EXIT
         if keep is not None:
@@ -161,7 +161,7 @@ class Scanner:
             from . import torch_ext
             self.facts.extend(torch_ext.torch_ext_facts(builds=self.torch_builds, torch=self.python_torch))
         findings = rules.evaluate(self.facts, strict=self.options.strict)
-        kinds = Counter(map(_KIND_OF, self.facts))  # (counted in C: ~8,000 facts of /usr/lib)
+        kinds = Counter(map(_KIND_OF, self.facts))  # counted in C: a check of /usr/lib makes thousands
         stats = {"files_scanned": self.stats["files"], "elf_objects": self.stats["elf"],
                  "closure_objects": len(self.objects_seen), "skipped": self.stats["skipped"],
                  "unreadable": self.stats["unreadable"], "processes": self.stats["processes"],
@@ -223,7 +223,8 @@ class Scanner:
         os.walk's order and choices (top-down, sorted, a symlink to a directory neither
         entered nor counted as a file), over scandir's entries: the entry type saves a stat
         for directories, and a file reached again through a link (libfoo.so.1 ->
-        libfoo.so.1.2) is sniffed once (issue 13: the walk was most of a site-packages check).
+        libfoo.so.1.2) is sniffed once (a site-packages tree holds tens of thousands of files,
+        so the walk's per-entry cost is most of its check).
 
         A big tree is shared with a forked helper (helper.share): the directory and its
         subdirectories are listed here, and the pieces after them (chunks of a directory's
@@ -243,9 +244,9 @@ class Scanner:
             pieces = self._walk_pieces(directory)
             work = [piece for piece in pieces if piece[0] != "done"]
             # A tree with few subtrees two levels down is walked here, piece after piece: the
-            # helper's fork, its copy-on-write faults and its answer cost ~10 ms, more than
-            # it saves on /usr/lib/x86_64-linux-gnu (28 subtrees, an 18 ms walk; 25 ms shared),
-            # less than on site-packages with torch (533 subtrees: 67 ms, 58 ms shared).
+            # helper's fork, its copy-on-write faults and its answer cost more than sharing
+            # saves on a tree of a few dozen subtrees (/usr/lib/x86_64-linux-gnu), less than
+            # on one of hundreds (site-packages with torch); bench/bench_walk.py times both.
             if sum(1 for piece in work if piece[0] == "tree") >= WALK_SPLIT_MIN_SUBTREES:
                 done = iter(helper.share(work, self._walk_piece, WALK_SPLIT_MIN_PIECES))
             else:
@@ -350,7 +351,7 @@ class Scanner:
             return None
         subdirs = []
         # The entries sorted out by comprehensions: the loop per entry was most of a
-        # site-packages walk (~37,000 entries, issue 13).  is_dir() answers from the
+        # site-packages walk (tens of thousands of entries, each a bytecode loop turn).  is_dir() answers from the
         # entry's type; only where it must stat and that fails does the walk take the
         # entries one by one (an entry that cannot be stat'ed is no directory).
         try:
@@ -371,7 +372,7 @@ class Scanner:
             except OSError:
                 pass
         # most of site-packages: counted, never stat'ed nor opened, nor sorted with the
-        # files that are looked at (issue 13); entry.path: joined in C
+        # files that are looked at; entry.path: joined in C
         files = [(entry.name, entry.path, entry) for entry in others
                  if not entry.name.endswith(NEVER_ELF_SUFFIXES)]
         never_elf = len(others) - len(files)
@@ -594,7 +595,7 @@ class Scanner:
         return interpreter, scope
 
     def _explain_missing(self, res) -> dict:
-        """What is known about a NEEDED that nothing in the scan resolves (issue 11, item 7)."""
+        """What is known about a NEEDED that nothing in the scan resolves."""
         why = practice.optional_plugin(res.requester)
         if why:
             return {"context": "optional-plugin", "reason": why}
@@ -668,7 +669,7 @@ class Scanner:
         imported torch first, which put libtorch_python.so (and with it libtorch, libc10)
         in the process.  ld.so then satisfies the NEEDED by SONAME.  We model exactly that
         with the torch that imports it: --python's, else the one in its own environment,
-        never the torch of seedance's own interpreter (issue 11, item 4).  When there is
+        never the torch of seedance's own interpreter.  When there is
         none, the torch NEEDED names stand in as preloads that resolve nothing: whichever
         torch the user imports provides them, so they are no loader error, and a
         torch_env fact says the extension was not judged against a torch.
@@ -758,8 +759,8 @@ class Scanner:
 
     def _torch_symbols(self, path: str):
         """``path`` read with only its c10/at/torch/caffe2 symbols: building a Symbol for each
-        of libtorch_cpu's and torch's test programs' other symbols was most of a
-        site-packages check (issue 13)."""
+        of libtorch_cpu's and torch's test programs' other symbols (hundreds of thousands,
+        none of which the C++ ABI check looks at) would be most of a site-packages check."""
         return self.resolver.read(path, symbols=cxxabi.TORCH_PREFIXES)
 
     def _torch_exports(self, path: str):
@@ -839,8 +840,8 @@ class _WalkAcc:
 HELPER_MIN_ROOTS = 64
 
 # Python sources and bytecode and C/CUDA headers: files no loader maps, ~28,000 of the 33,500
-# files of a site-packages with torch and /usr/local/cuda.  Opening each to read 4 bytes was
-# most of that walk (issue 13); they are counted as skipped without being opened.  Perl's
+# files of a site-packages with torch and /usr/local/cuda.  Opening each to read 4 bytes would
+# be most of that walk (an open, a read and a close per file); they are counted as skipped without being opened.  Perl's
 # sources (.pl, .pm, .ph), pkg-config, CMake and libtool files are text too: ~950 of the 2,736
 # files of /usr/lib/x86_64-linux-gnu (perl-base alone holds ~600).
 NEVER_ELF_SUFFIXES = (".py", ".pyc", ".pyi", ".h", ".hpp", ".cuh", ".pl", ".pm", ".ph", ".pc",
@@ -867,8 +868,7 @@ def _sniff(path: str):
         os.close(fd)
 
 
-# YAML files in a scanned directory that are seedance's or a plugin's own configs (issue 11,
-# item 8).  Other YAML (CI workflows, conda recipes) sets LD_LIBRARY_PATH from $PREFIX on
+# YAML files in a scanned directory that are seedance's or a plugin's own configs.  Other YAML (CI workflows, conda recipes) sets LD_LIBRARY_PATH from $PREFIX on
 # purpose and is none of our business.
 SEEDANCE_CONFIG_NAMES = {"agent.yaml", "shim.yaml", "manifest.yaml", "manifest.yml", "seedance.yaml",
                          "seedance.yml"}

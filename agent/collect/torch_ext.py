@@ -116,8 +116,8 @@ def torch_at(torch_dir: str, source: str = "") -> TorchInstall | None:
     """The torch install at ``torch_dir`` (a directory holding version.py), or None.
 
     Remembered while version.py and the directory listing are unchanged: a check of
-    site-packages asks once per extension and torch test program (~200 times, each reading
-    version.py and listing torch/: a twentieth of that check, issue 13)."""
+    site-packages asks once per extension and torch test program (hundreds of times, each
+    reading version.py and listing torch/, for the same answer every time)."""
     try:
         stamp = tuple((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                       for st in (os.stat(os.path.join(torch_dir, "version.py")), os.stat(torch_dir)))
@@ -224,8 +224,8 @@ def inventory(roots, ninja_only: bool = False) -> list:
     """Every cached build under the roots (a directory holding build.ninja or <name>.so).
 
     ``ninja_only``: the caller keeps only builds with a build.ninja, so a directory without
-    that file is not read at all (a site-packages checked as a directory: ~190 packages,
-    each listed for a <name>.so, issue 13)."""
+    that file is not read at all (a site-packages checked as a directory holds hundreds of
+    packages, each of which would be listed for a <name>.so)."""
     builds = []
     for root in roots:
         if not os.path.isdir(root):
@@ -245,8 +245,8 @@ def inventory(roots, ninja_only: bool = False) -> list:
 def _subdirs(path: str) -> list:
     """The names of the directories in ``path`` that are not symbolic links, sorted (what
     os.path.isdir and not os.path.islink keep of _listdir's names), from the entries' types:
-    a check of /usr/lib/x86_64-linux-gnu stat'ed its ~2,400 files one by one to find none
-    (issue 13)."""
+    scandir's d_type answers without a stat, where isdir() would stat each of the thousands
+    of files of /usr/lib/x86_64-linux-gnu one by one to find no directory."""
     names = []
     try:
         with os.scandir(path) as listing:
@@ -341,7 +341,7 @@ def build_facts(build: CachedBuild, torch: TorchInstall | None, symbols: TorchSy
 
     A build in a pyXY_tag folder is only ever loaded by a torch of that Python and CUDA tag
     (cpp_extension's _get_build_directory puts the tag in the path), so an entry for another
-    tag is not stale, it belongs to another environment (issue 11, item 9).  Otherwise it is
+    tag is not stale, it belongs to another environment.  Otherwise it is
     stale when that torch lacks c10/at/torch symbols the .so imports (the "undefined symbol:
     _ZN3c10..." of an import), mangles std::string the other way, is another release than
     the torch build.ninja names, or when the torch it was built against is gone.
@@ -561,7 +561,7 @@ def torch_not_found_fact(path: str, needs) -> Fact:
 
 
 # torch's own libraries that torch dlopens only on demand, never at `import torch`
-# (issue 11, item 7: judged as loaded in practice).  libcaffe2_nvrtc.so: CUDAHooks::nvrtc()
+# (judged as loaded in practice, collect/practice.py).  libcaffe2_nvrtc.so: CUDAHooks::nvrtc()
 # (aten/src/ATen/cuda/detail/CUDAHooks.cpp) opens it through at::DynamicLibrary on the
 # first NVRTC use (jiterator, fused kernels), which needs a GPU and so the driver's
 # libcuda.so.1 that it NEEDs; on a host without the driver it is never loaded.

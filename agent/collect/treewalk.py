@@ -1,8 +1,8 @@
 """The check's tree walk in C (elf/treewalk.c), read back into what Scanner._walk keeps.
 
-The walk was a sixth of a check of /usr/lib/x86_64-linux-gnu and a quarter of one of
-site-packages with torch (issue 13): an object per directory entry, and the listing, the
-open and the 4-byte read of each file one after another.  treewalk.c makes the same walk
+In Python the walk is a large share of a check of a big tree (/usr/lib/x86_64-linux-gnu,
+site-packages with torch): an object per directory entry, and the listing, the open and the
+4-byte read of each file one after another.  treewalk.c makes the same walk
 (scan.py's _walk_list and _walk_files say what it must keep, and the tests compare the
 two) with no Python object per entry, on this process's cores at once.  What comes back is
 a record per ELF file, per file named like a config, per error and, while the check cache
