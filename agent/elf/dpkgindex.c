@@ -1,9 +1,9 @@
 /* dpkgindex.c: the dpkg file lists (/var/lib/dpkg/info/NAME.list) read and indexed by file
  * name on a thread of their own, for collect/practice.py's _dpkg_by_name.
  *
- * Why: which Debian package ships a file is a search of every list (~740 files, ~8.5 MB
- * here).  In Python the reads were ~9 ms and each name searched ~4 ms (issue 13), in the
- * middle of a check's report.  Started when a check's root loop starts, the thread reads
+ * Why: which Debian package ships a file is a search of every list (hundreds of files,
+ * several MB), and in Python both the reads and each name's search over all of them came
+ * in the middle of a check's report.  Started when a check's root loop starts, the thread reads
  * and indexes the lists on a core the loop does not use; a lookup is then a hash probe.
  *
  * What it keeps of _dpkg_by_name: the lists in the order Python's sorted() puts their

@@ -1056,8 +1056,8 @@ int sd_fastelf_read(const char *path, struct sd_fastelf_result *out, char *strin
         return ERR;
     }
     /* Most libraries are small (569 of /usr/lib's 902 are under 64 KB): one pread into the
-     * caller's scratch buffer costs less than mmap, the page faults and munmap (measured
-     * 24-32 ms against 40 ms over /usr/lib).  A short read (the file changed under us)
+     * caller's scratch buffer costs less than mmap, the page faults and munmap (two system
+     * calls and a fault per page touched, against one copy).  A short read (the file changed under us)
      * takes the mapping path, which sees what reader.py's mmap would.  (A small regular
      * file that cannot be mapped at all, as on sysfs, is read here where reader.py says
      * "cannot map file": both reject it, with different words, and it is never an ELF.) */

@@ -235,8 +235,8 @@ def runnable_on(entries, target: int, target_variant: str = "", ptx_isa_max: tup
     """Coarse, file-level: does any module have an image for capability ``target``?
 
     Returns (ok, why).  It cannot tell a device-link stub or a kernel-less cubin from code,
-    so it is only a first look; collect.fatbin.judge decides per module and kernel (issue
-    11).  ``target_variant`` is accepted for callers that pass sm_90a: a device is a
+    so it is only a first look; collect.fatbin.judge decides per module and kernel.
+    ``target_variant`` is accepted for callers that pass sm_90a: a device is a
     capability, so the variant of the target changes nothing.
     """
     if not entries:

@@ -1,9 +1,9 @@
 /* sd_inputs_changed: the check cache's validation (agent/collect/inputs.py), in C.
  *
  * A cached check is believed only when every file and directory it read is as it was:
- * ~5,000 stat calls for a check of /usr/lib/x86_64-linux-gnu.  In Python each os.stat
- * builds a 19-field stat_result with float times (~3 us here, against ~1.2 us for the
- * system call itself), and the validation was most of a cached check (issue 13).  It lives
+ * thousands of stat calls for a check of /usr/lib/x86_64-linux-gnu.  In Python each os.stat
+ * also builds a 19-field stat_result with float times, which costs more than the system
+ * call itself, and the validation would be most of a cached check.  It lives
  * in the package's one C extension (this file is compiled with fastelf.c) so there is no
  * second build; inputs.py keeps a Python twin that the tests compare it with.
  *
@@ -72,8 +72,8 @@ static void *check_span(void *arg)
 long sd_inputs_changed(const unsigned char *blob, size_t len, size_t *validated)
 {
     /* The offsets are found first (memory only), then the stats are split between this
-     * thread and one more above SPLIT_MIN records: the system calls, ~1.2 us each, are
-     * the whole cost, and a check runs where a second core is usually idle. */
+     * thread and one more above SPLIT_MIN records: the system calls (a path walk in the
+     * kernel each) are the whole cost, and a check runs where a second core is usually idle. */
     enum { SPLIT_MIN = 1024 };
     size_t count = 0, at = 0, half_at = 0;
     struct sd_input_record rec;

@@ -65,8 +65,8 @@ def read_elf(path: str, symbols: bool | tuple = False, fatbin: bool = False) -> 
 
     ``symbols``: True reads every dynamic symbol; a tuple of name prefixes reads only the
     symbols whose names start with one of them (the C++ ABI check wants torch's c10/at
-    names out of libtorch_cpu's ~100,000: a Symbol object each was half of a check of
-    site-packages, issue 13).
+    names out of libtorch_cpu's ~100,000: a Symbol object for each of the others would be
+    most of a check of site-packages).
 
     Without fatbins the C reader (fastread.py, fastelf.c) answers when it is built: the
     same ElfInfo or the same ELFError, 2-3x faster (bench/bench_elf.py); this module stays
@@ -405,7 +405,8 @@ class _Parser:
 
     def _name_offsets(self, symtab: int, entsize: int, count: int):
         """Every symbol's st_name at once: the table copied and read as native u32 with the
-        entry's stride (one unpack per symbol cost ~1 us each over libtorch_cpu's 75,000)."""
+        entry's stride (one struct.unpack per symbol is a call and a tuple for each of
+        libtorch_cpu's tens of thousands)."""
         table = bytes(self.data[symtab:symtab + count * entsize])
         return memoryview(table).cast("I")[::entsize // 4].tolist()
 

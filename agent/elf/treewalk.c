@@ -2,8 +2,8 @@
  *
  * A check's walk is system calls: a listing per directory, an open and a 4-byte read per
  * file that may be ELF, a stat per link.  In Python each also builds objects (DirEntry,
- * str, stat_result), and the walk was a sixth of a check of /usr/lib/x86_64-linux-gnu and
- * a quarter of one of site-packages with torch (issue 13).  Here the same walk runs with no
+ * str, stat_result), which on a big tree (/usr/lib/x86_64-linux-gnu, site-packages with
+ * torch) is a large share of a check.  Here the same walk runs with no
  * object per entry and, with threads > 1, on several threads at once (the calls release
  * nothing in Python: cffi drops the GIL for the whole walk).
  *
