@@ -1,10 +1,10 @@
 """The one bounded YAML loader: every YAML file seedance reads goes through here.
 
-Why (issue 10, item 3): YAML is a graph, not a tree.  A 340-byte file of nine lines, each a
+Why: YAML is a graph, not a tree.  A 340-byte file of nine lines, each a
 list of nine aliases of the line before, is 9**9 = 387 million nodes to anything that walks
-it (the config collector, a JSON dump, a schema check): `check` hung with memory past
-1.4 GB.  And YAML nested thousands deep made the recursive composers raise RecursionError
-tracebacks.  libyaml stops at 1000 levels (yaml/_yaml.pyx: "exceeded maximum nesting
+it (the config collector, a JSON dump, a schema check): an unbounded `check` hangs while
+its memory grows past a gigabyte.  And YAML nested thousands deep makes the recursive
+composers raise RecursionError tracebacks.  libyaml stops at 1000 levels (yaml/_yaml.pyx: "exceeded maximum nesting
 depth"), the pure-Python parsers of PyYAML and ruamel.yaml never do.
 
 So before any composer or constructor sees a document, its event stream (the parsers are

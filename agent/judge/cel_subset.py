@@ -1,8 +1,8 @@
 """The part of CEL the rules' conditions use, evaluated in Python where the answer is certain.
 
-Loading the CEL binding costs ~35M instructions on a command's start (its module imports
-`logging` for pyo3-log and `datetime`), a tenth of a small `seedance fix` (callgrind, issue
-13), while the conditions in rules/*.yaml are small: names, 'strings', numbers, true/false,
+Loading the CEL binding is a large part of a short command's start (the extension module
+imports `logging` for pyo3-log and `datetime`, and logging alone pulls in threading,
+traceback and string formatting), while the conditions in rules/*.yaml are small: names, 'strings', numbers, true/false,
 ! && || == != < <= > >=, parentheses, size(x), x.size() and x.startsWith('...').
 
 compile() parses such a condition into a tree, or returns None for anything else (the rule

@@ -1,5 +1,5 @@
 """Which findings a check reports: --select, --ignore, --min-severity, --baseline, and the
-same settings from a .seedance.yaml in the project root (issue 16, section 2).
+same settings from a .seedance.yaml in the project root.
 
     # .seedance.yaml (the current directory's; the git root of the first target's only
     # with --config-from-target)

@@ -47,14 +47,13 @@ class NotAvailable(SeedanceError):
 def escape_path(value) -> str:
     """A path (or any text from outside) safe to print on one line: control characters
     (newline, CR, ESC, DEL, C1) and undecodable bytes (surrogateescape) become \\n, \\xNN,
-    so a crafted file name cannot forge a `seedance: error:` line or a table row
-    (issue 10, defect 8).  Used by render and by the CLI's error line."""
+    so a crafted file name cannot forge a `seedance: error:` line or a table row.  Used by render and by the CLI's error line."""
     if isinstance(value, bytes):
         value = value.decode("utf-8", "surrogateescape")
     text = str(value)
     # isprintable() is False for every character _UNSAFE matches (categories Cc, Cs, Zl,
-    # Zp), so printable text needs neither the pattern nor `re` (issue 13: importing re was
-    # ~5 ms of a `seedance ldd`)
+    # Zp), so printable text needs neither the pattern nor `re` (importing re also imports
+    # enum and re's own compiler and parser: a cost on every `seedance ldd` that escapes nothing)
     if text.isprintable():
         return text
     import re

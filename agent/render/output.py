@@ -1,7 +1,6 @@
 """The one writer for every path a user names for output: reports, event streams, plots,
-bundles, SARIF.  Issue 10, defect 1: the old temp-then-rename write turned /dev/null into a
-regular file, replaced symlinks, followed a planted symlink at a predictable temp name,
-overwrote an ELF that `--report-json` had swallowed, and failed on a directory only after
+bundles, SARIF.  Why not a plain temp-then-rename: that turns /dev/null into a regular file, replaces symlinks, follows a planted symlink at a predictable temp name,
+overwrites an ELF that `--report-json` has swallowed, and fails on a directory only after
 the whole scan.
 
 prepare_output() classifies the path *before* any work and raises UsageError (exit 2) for
@@ -313,8 +312,8 @@ def _replace_atomically(path: str, data: bytes) -> None:
         os.umask(umask)
         mode = 0o666 & ~umask
     # mkstemp: O_RDWR|O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, a random name: a link planted
-    # at a guessed name is never followed (issue 10, defect 1)
-    import tempfile  # here: with shutil, random and weakref it was ~8 ms of every check's start (issue 13)
+    # at a guessed name is never followed
+    import tempfile  # here: it imports shutil, random and weakref, which most commands never need
 
     fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)[:64]}.", suffix=".tmp", dir=directory)
     try:

@@ -121,7 +121,7 @@ class Step:
         if self.lines:
             self._write(f"{self.label} ...\n")
         else:
-            import threading  # only for a ticking line: ~4M instructions of every command's start
+            import threading  # only for a ticking line: a start-up cost every other command would pay
 
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._tick, name="seedance-progress", daemon=True)

@@ -17,7 +17,7 @@ SEVERITY_LABEL = {"info": "INFO", "warning": "WARN", "error": "ERROR", "fatal": 
 SEVERITY_COLOR = {"fatal": "1;31", "error": "31", "warning": "33", "info": "36"}
 COLOR_CHOICES = ("auto", "always", "never")
 # a rule with more rows than this, for one cause, is folded to its first FOLD_SHOWN rows and a
-# count (issue 16: --strict on a big tree reads like a summary; --verbose shows every one)
+# count (so --strict on a big tree reads like a summary; --verbose shows every one)
 FOLD_AFTER = 5
 FOLD_SHOWN = 3
 
@@ -91,7 +91,7 @@ def table(report: Report, width: int | None = None, color: bool = False, verbose
     if findings:
         shown = findings if verbose else _folded(_grouped(findings))
         # paths and messages come from files on disk: control characters are escaped so a
-        # crafted name cannot forge a row or an error line (issue 10, defect 8)
+        # crafted name cannot forge a row or an error line
         rows = [(f"{SEVERITY_LABEL[f.severity]} {f.layer}", f.rule, _subject(f.subject),
                  humanize_sizes(escape_path(f.message)), escape_path(f.fix) if f.fix else f.fix, f.severity)
                 for f in shown]
@@ -118,7 +118,7 @@ SYMBOL_CAUSES = {"node-lacks-symbol": "missing from a version node their provide
 
 def _grouped(findings: list) -> list:
     """One row per library, rule and cause for symbol findings, with a count: --strict on a
-    Python tree would otherwise print one line per C-API symbol (issue 11, item 5).  The
+    Python tree would otherwise print one line per C-API symbol.  The
     JSON report keeps every finding."""
     groups: dict = {}
     order = []
