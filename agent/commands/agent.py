@@ -158,7 +158,7 @@ def execute_install(args) -> int:
     return 0
 
 
-# -- lifecycle (issue 16): systemctl --user when a user manager runs the unit, else the socket --
+# -- lifecycle: systemctl --user when a user manager runs the unit, else the socket ------------
 EXIT_NOT_RUNNING = 3  # systemctl status / LSB: "program is not running"
 STOP_TIMEOUT_S = 20.0  # the unit's TimeoutStopSec
 

@@ -41,7 +41,7 @@ def configure_parser(sub):
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="ELF file, directory (scanned recursively) or seedance YAML config")
-    # several PIDs after one --pid, as `trace --pid A B` takes them (issue 16); repeatable too
+    # several PIDs after one --pid, as `trace --pid A B` takes them; repeatable too
     parser.add_argument("--pid", type=_pid, nargs="+", action="extend", default=[], metavar="PID",
                         help="check running processes: --pid A B, or --pid A --pid B")
     parser.add_argument("--arch", metavar="sm_XX", help="GPU architecture to check fatbins against (default: NVML)")
@@ -50,8 +50,8 @@ def configure_parser(sub):
                              "the CUDA version nvidia-smi prints (12.4) (default: NVML)")
     parser.add_argument("--strict", action="store_true",
                         help="also report strict-only rules; exit 1 on warnings too")
-    # a required argument: an optional one swallowed the next word, so
-    # `check --report-json ./py` overwrote the target ./py (issue 10, defect 1)
+    # a required argument: an optional one swallows the next word, so
+    # `check --report-json ./py` would overwrite the target ./py
     parser.add_argument("--report-json", metavar="FILE",
                         help="write the seedance.report/v1 JSON to FILE ('-': stdout)")
     parser.add_argument("--force", action="store_true",
@@ -62,7 +62,7 @@ def configure_parser(sub):
     parser.add_argument("--python", metavar="PATH",
                         help="judge torch extensions against the torch this interpreter imports "
                              "(default: the torch in each extension's own environment)")
-    # issue 12: the process model (seedance.resolve.process): loads in order, in one process
+    # the process model (seedance.resolve.process): loads in order, in one process
     parser.add_argument("--imports", metavar="A,B,C",
                         help="predict what `import A, B, C` loads in --python's interpreter (default python3) "
                              "and whether it fails, without importing anything")
@@ -86,7 +86,7 @@ def configure_parser(sub):
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                         help="colour severities: auto (a terminal, unless NO_COLOR is set), always, never")
     parser.add_argument("--plugin", metavar="NAME", help="seven-layer check of an installed plugin (L1 kernel/driver .. L7 manifest)")
-    # issue 16: evidence bundles and CI formats (collect/bundle.py, filters.py, render_sarif.py)
+    # evidence bundles and CI formats (collect/bundle.py, judge/filters.py, render/sarif.py)
     parser.add_argument("--bundle", metavar="FILE.tar.zst",
                         help="also capture the evidence of this check into a bundle (.tar.zst or .tar.gz; "
                              "secrets redacted); see docs/bundle.md")
@@ -157,7 +157,7 @@ def execute(args) -> int:
         from ..collect.check_cache import run_cached
         report = run_cached(options, progress, disabled=args.no_cache)
     if args.pid:
-        # issue 12: the process model on each live link map (copies already shadowed)
+        # the process model on each live link map (copies already shadowed)
         from ..judge.engine import load_rules
         from .process_check import live_findings
         rules = load_rules(args.rules)
@@ -214,7 +214,7 @@ def _finding_filter(args):
 
 class _RuleIds:
     """The ids of the rules, loaded when a filter names one: loading the rules to check names
-    nobody gave was ~3 ms of a check answered from the cache (issue 13)."""
+    nobody gave would parse every rules/*.yaml file in a check answered from the cache."""
 
     def __init__(self, rules_dir):
         self._rules_dir, self._ids = rules_dir, None
@@ -292,7 +292,7 @@ def format_explanation(res) -> str:
     else:
         lines.append("=> not found")
     # the name and the paths come from files on disk: a NEEDED holding a newline or an
-    # escape sequence must not forge a line of this output (issue 10, defect 8)
+    # escape sequence must not forge a line of this output
     from ..model.errors import escape_path
 
     return "".join(escape_path(line) + "\n" for line in lines)

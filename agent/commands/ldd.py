@@ -113,7 +113,7 @@ def execute(args) -> int:
 
 def render(closure) -> str:
     """ldd's lines; names and paths from the file are escaped (a newline in a DT_NEEDED or
-    a directory name cannot forge a line, issue 10 defect 8)."""
+    a directory name cannot forge a line)."""
     lines = []
     for name, path, _res in closure.load_order:
         if path is None:

@@ -71,7 +71,7 @@ def configure_parser(sub) -> None:
                         help="installed plugin (default: all), or a plugin directory/archive")
     verify.add_argument("--strict", action="store_true",
                         help="warnings count as failures; affinity-unset for any manifest without device_affinity")
-    # a required argument ('-' for stdout): an optional one swallows the next word (issue 10)
+    # a required argument ('-' for stdout): an optional one swallows the next word
     verify.add_argument("--report-json", metavar="FILE",
                         help="write the seedance.report/v1 JSON to FILE ('-': stdout)")
     verify.add_argument("--json", action="store_true", help="the report on stdout (same as --report-json -)")

@@ -8,7 +8,7 @@ Events stream as lines (or JSONL with --json) to stdout or, as strace and bpftra
 it, to -o FILE; findings come from the same rules as `seedance check` and print as they
 are raised.  While the stream (or --report-json -) owns stdout, the traced command's
 stdout goes to stderr, so `seedance trace --json -- ./app | jq` never sees the program's
-own lines (issue 10, defect 7).  Without eBPF (no bcc, not root, no
+own lines.  Without eBPF (no bcc, not root, no
 kernel headers, lockdown), --backend auto says why in one line and traces a launched
 command through the shim's LD_AUDIT module instead.  Ctrl-C detaches every probe.
 """

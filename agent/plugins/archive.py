@@ -10,9 +10,9 @@ usually wrap their content in NAME-VERSION/).  Everything is unpacked by one ext
   ever goes through a symlink or over an existing entry (a duplicate member is refused);
 - symlinks are created as given, and once everything is unpacked each one is resolved
   (realpath) against the final tree and must land inside the root.  Checking each link
-  lexically when it is made is not enough (issue 10 item 2): `l1 -> ..`, then
-  `lK -> l(K-1)/..` each look harmless but together climb to /, and a member under
-  l15/... was written outside the store;
+  lexically when it is made is not enough: `l1 -> ..`, then `lK -> l(K-1)/..` each look
+  harmless but together climb to /, and a member under l15/... would be written outside
+  the store;
 - hard links, devices, FIFOs and sockets are refused; setuid, setgid and sticky bits are
   dropped (modes are masked to 0755);
 - member count and bytes actually written are capped.
@@ -417,7 +417,7 @@ def _type_name(mode: int) -> str:
 def source_dirs(extra: str | None = None) -> list:
     """--from DIR first, then SEEDANCE_PLUGIN_PATH (colon-separated).  When that variable
     is unset, the built-in examples `make install` built (seedance.plugins.resolve) are the
-    default source, so the README's workflow runs from a fresh clone (issue 16); setting
+    default source, so the README's workflow runs from a fresh clone; setting
     it, even empty, replaces them."""
     dirs = []
     if extra:

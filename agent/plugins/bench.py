@@ -7,7 +7,8 @@ warm-up rounds, then 5 measured rounds at each.  Pass criteria (notes, chapter 3
 P99 std/mean over the measured rounds < 8%, and throughput drift, round 5 against
 round 1, < 2.5%.
 
-Noise (issue 16: the compliant example failed with P99 cv 50% on a loaded 2-core host):
+Noise (on a loaded 2-core host another process's threads share the bench's CPUs, and the
+P99 of an unpinned run varies by half from one run to the next):
 the bench pins itself and the batcher's worker to the idlest CPU (os.sched_setaffinity;
 threads inherit it), repeats a failing phase up to twice more and keeps its steadiest
 attempt, and records what the machine did meanwhile: the load average and how long the

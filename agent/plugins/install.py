@@ -48,7 +48,7 @@ class Installed:
     path: str
     as_dependency: bool
     lines: list
-    waste_traps: list = field(default_factory=list)  # "rule: message", installed over (issue 16)
+    waste_traps: list = field(default_factory=list)  # "rule: message", installed over
 
 
 @dataclass
@@ -142,8 +142,8 @@ def _install_one(path: Path, manifest: Manifest, text: str, options: InstallOpti
                 f"refusing to install {manifest.ident}: {len(blocking)} error/fatal finding(s), "
                 f"first: {worst.severity.upper()} {worst.layer}: {worst.message.replace(str(root), shown)} "
                 f"(use --force to install anyway)", lines)
-        # the waste traps are printed on every install (issue 16: installing the legacy
-        # plugin used to say nothing of them); --strict refuses them as verify --strict fails
+        # the waste traps are printed on every install (an install that says nothing of them
+        # hides what --force let in); --strict refuses them as verify --strict fails
         traps = [f"{f.rule}: {f.message.replace(str(root), shown)}" for f in check.findings
                  if f.is_waste_trap]
         if traps and options.strict and not options.force:
@@ -178,8 +178,8 @@ def uninstall(name: str, version: str | None = None, store: Store | None = None,
     """Returns (removed, dependents): installed plugins whose ranges named the removed one.
 
     Refuses (BadInput) when an installed plugin needs what would be removed, i.e. no
-    remaining version of NAME satisfies its range, unless FORCE: issue 16 found an
-    uninstall that removed both versions of a dependency and broke two plugins with a note."""
+    remaining version of NAME satisfies its range, unless FORCE: removing both versions of a
+    dependency with only a note would leave the plugins that need it broken."""
     store = store or Store()
     if not store.root.is_dir():
         raise BadInput(f"plugin {name} is not installed (the store {store.root} is empty)")

@@ -85,7 +85,7 @@ def load_document(text: str, where: str):
     from ..files import yamlio
 
     try:
-        doc = yamlio.roundtrip_load(_yaml(), text, where)  # bounded (issue 10)
+        doc = yamlio.roundtrip_load(_yaml(), text, where)  # bounded: aliases and nesting capped
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f" line {mark.line + 1}" if mark else ""

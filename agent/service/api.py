@@ -6,7 +6,7 @@ file modes do not hold against root-owned sockets handed around, a chmod by mist
 process that inherited a descriptor.  One request per connection: a JSON line
 {"op": "status" | "reload" | "ping"}, answered by one JSON line.
 
-Robustness (issue 10 item 4): the accept loop only accepts; each connection is answered on
+Robustness: the accept loop only accepts; each connection is answered on
 its own thread (at most MAX_CLIENTS at once, more are told "busy"), so one slow client
 never blocks another.  Each connection has one deadline for the whole request
 (REQUEST_DEADLINE_S), not a timeout per recv: a client dribbling one byte every 1.5 s is
@@ -73,7 +73,8 @@ class StatusServer:
         os.chmod(self.path, 0o600)
         sock.listen(16)
         # Blocking accept, no polling timeout: an idle agent must not wake up just to look
-        # (each wake-up of a Python thread costs ~2 ms of CPU on a busy VM).  stop() wakes it.
+        # (each wake-up schedules a thread and takes the GIL, CPU a busy host's own work
+        # wants).  stop() wakes it.
         self._sock = sock
         self._thread = threading.Thread(target=self._serve, name="seedance-status", daemon=True)
         self._thread.start()

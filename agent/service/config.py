@@ -172,7 +172,7 @@ def build_config(file_values: Mapping, flags: Mapping, env: Mapping[str, str] = 
             merged["otlp_endpoint"] = endpoint
             source["otlp_endpoint"] = "env"
     for key in ("metrics", "otlp_endpoint", "rules_dir", "handle_mode"):
-        # A number or a list here reached the servers as-is and crashed a reload (issue 10).
+        # A number or a list here would reach the servers as-is and crash a reload.
         value = merged.get(key)
         if value is not None and not isinstance(value, str) and not (key == "metrics" and value is False):
             raise UsageError(f"{key.replace('_', '-')}: expected text, not {value!r}")

@@ -1,6 +1,6 @@
 """GPU telemetry from NVML, and the live facts of the affinity trap.
 
-The live trap (issue 6, product notes chapter 1): a process binds device 0 while another
+The live trap (product notes chapter 1): a process binds device 0 while another
 job already keeps device 0 busy, and the other devices sit idle.  The agent does not judge
 this itself: it offers a `plugin_affinity` fact (the kind rules/plugins.yaml's
 `affinity-unset` reads) for each such process, and the rule engine raises the finding, as

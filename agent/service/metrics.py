@@ -6,8 +6,8 @@ Prometheus agent or an authenticating proxy (deploy/).  Values are read from the
 snapshot at scrape time (a custom collector), so an idle agent does no metric work.
 
 Served the way prometheus_client's own start_http_server serves (ThreadingWSGIServer: a
-daemon thread per request), plus what it lacks (issue 10 item 4: one local user opening a
-connection and sending nothing stalled every scrape): a socket timeout per read, one
+daemon thread per request), plus what it lacks (without it one local user opening a
+connection and sending nothing stalls every scrape): a socket timeout per read, one
 deadline for the whole connection, and at most MAX_CLIENTS connections at once.
 """
 from __future__ import annotations

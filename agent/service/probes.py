@@ -1,8 +1,8 @@
 """The trace probes as the agent runs them: `seedance trace --json` host-wide, as a child.
 
 Why a child process and not TraceSession in a thread: bcc compiles the probes with LLVM,
-which peaks near 150 MB in whatever process does it (the probes give ~100 MB back right
-after: probes/loader.py release_compiler_memory), and TraceSession owns its own
+which peaks at well over a hundred MB in whatever process does it (the probes give most
+of it back right after: probes/loader.py release_compiler_memory), and TraceSession owns its own
 loop and signal handlers (main thread only).  A child keeps the agent small, lets the
 probes' own SIGTERM handling detach every uprobe, and a crash in it costs the agent
 nothing: the agent notices, logs it, and starts it again on the next poll.

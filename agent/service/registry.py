@@ -1,4 +1,4 @@
-"""The agent's view of the shim's instance registry (seedance.shim, issue 4).
+"""The agent's view of the shim's instance registry (seedance.shim).
 
 GC needs four things from it: the slots with their identity (pid + start time) and
 liveness, the allocations a slot still holds, reclaiming a dead slot, and how many slots
@@ -52,8 +52,9 @@ class ShimRegistry:
     def scan(self) -> list[InstanceSlot]:
         """The occupied slots.
 
-        Each slot is ~350 KB, so reading every slot's state touches one page per slot; on a
-        VM whose idle pages have gone cold that is ~100 us a page, 25 ms a pass.  That is
+        Each slot spans many pages, so reading every slot's state touches one page per slot;
+        on a VM whose idle pages have gone cold each touch can be a fault the hypervisor
+        serves, for each of the SD_MAX_SLOTS slots on every pass.  That is
         why the agent re-reads an empty registry with backoff (daemon.IDLE_SCAN_MAX_S).
         """
         instances = self._registry.instances()

@@ -1,8 +1,8 @@
 """The agent's periodic check runs here: a spawned child with an address-space cap and a deadline.
 
 A fresh interpreter per check (spawn): the check's caches never inflate the agent's RSS,
-and a crash in it cannot take the agent down.  Issue 10 item 3: a hostile file made the
-child grow to 3 GB and never finish, so the child now sets RLIMIT_AS on itself before the
+and a crash in it cannot take the agent down.  A hostile file (a YAML alias bomb, say) can
+make a check grow by gigabytes and never finish, so the child sets RLIMIT_AS on itself before the
 check runs (a MemoryError becomes a failed scan, not a host swapping) and the agent kills it
 once its deadline passes.  The result comes back over a pipe as ("ok", value) or
 ("error", one line).

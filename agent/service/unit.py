@@ -180,7 +180,7 @@ def describe_command(words: list[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-# -- lifecycle without a user manager (issue 16) -----------------------------------------------
+# -- lifecycle without a user manager ----------------------------------------------------------
 # `seedance agent stop|status|reload|uninstall --user` go through `systemctl --user` when a
 # user manager runs the unit, and otherwise straight to the agent: its status socket names
 # the process (SO_PEERCRED gives the kernel's word for the listening pid, so a stale or

@@ -252,7 +252,7 @@ class LiveFacts:
         return facts
 
     def _needed_fact(self, proc, requester, name, observed, info: FileInfo, source) -> Fact:
-        # The keys rules/loader.yaml reads since issue 11 (closure.py's needed facts):
+        # The keys rules/loader.yaml reads (closure.py's needed facts):
         # same_library by the check's own comparison (a vendored hashed name is its plain
         # name), and context "" because a load seen live is the load in practice, not a
         # standalone view that needed-via-loader and its siblings correct.  Without them

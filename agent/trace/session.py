@@ -71,7 +71,7 @@ class TraceSession:
                  on_tick=None, cuda_events=True, buffer_pages=256, child_stdout=None):
         self.pids = [int(p) for p in pids]
         # a descriptor to give the launched command as its stdout (2 when the JSON stream
-        # owns ours: the program must never write into it, issue 10 defect 7)
+        # owns ours: the program must never write into it)
         self.child_stdout = child_stdout
         self.command = list(command or [])
         self.duration = duration
