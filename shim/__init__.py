@@ -1,4 +1,4 @@
-"""seedance.shim: the Python side of libseedance_shim.so (issue 4).
+"""seedance.shim: the Python side of libseedance_shim.so.
 
 The C library (shim/src/, built at install time into ``libseedance_shim.so`` next to
 this file) is preloaded into wrapped programs; this package reads what it shares.

@@ -2,8 +2,9 @@
 
 ABI mode (ffi.dlopen) with the cdef taken from shim/include/seedance_shim.h, the same
 header the C code is compiled with, pre-parsed into _shim_cffi.py by the build
-(build_shim.write_ffi_module; cffi's out-of-line ABI mode: about 3 ms to import where
-parsing costs 50 ms or more, issue 13); without that module (a tree never built) the
+(build_shim.write_ffi_module; cffi's out-of-line ABI mode: importing the serialised types
+is cheap, where parsing the cdef runs pycparser over the whole header at every start);
+without that module (a tree never built) the
 header is parsed here.  On first use the binding refuses a library built
 from another version (its ABI number and its version string are compiled in), and says
 how to fix it: psutil's __init__ does the same against its C extension.

@@ -52,8 +52,8 @@ FFI_MODULE = HERE / "_shim_cffi.py"
 def ffi_module_source() -> str:
     """cffi's out-of-line ABI module for the cdef region: the parsed types, serialised.
 
-    Parsing the cdef costs 50-150 ms at every `seedance run` (issue 13); importing the
-    serialised form costs about 3 ms.  It is generated from the header by every build
+    Parsing the cdef runs pycparser (a lexer and parser in pure Python) over the header at
+    every `seedance run`; importing the serialised form only builds the types.  It is generated from the header by every build
     (setup.py calls write_ffi_module(); cffi is a build requirement, pyproject.toml) and
     never kept in git; tests/shim/test_build.py fails when a built copy is stale."""
     import tempfile
@@ -149,7 +149,7 @@ def make_build_ext(base):
                         self.copy_file(regular, inplace, level=self.verbose)
 
         def build_launcher(self, ext):
-            """seedance-run, next to the library (issue 13): same compiler, same version."""
+            """seedance-run, next to the library: same compiler, same version."""
             out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
             macros = [*ext.define_macros, ("SD_PYTHON", f'"{sys.executable}"'),
                       ("SD_PYTHON_SAFE_PATH", f'"{SAFE_PATH_FLAG}"')]

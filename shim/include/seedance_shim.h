@@ -53,7 +53,7 @@
 #define SD_EV_REMAP 5
 #define SD_EV_NOTE 6
 #define SD_EV_CONTEXT 7
-#define SD_EV_LAUNCH 8     /* a kernel or graph launch: api, lib, result (issue 14) */
+#define SD_EV_LAUNCH 8     /* a kernel or graph launch: api, lib, result */
 #define SD_EV_OBJSEARCH 16
 #define SD_EV_OBJOPEN 17
 #define SD_EV_SYMBIND 18

@@ -9,7 +9,7 @@
 
 /* The configuration, read once from the environment in the constructor (before main):
  * a program that changes SEEDANCE_* later (unsetenv("SEEDANCE_MEM_LIMIT"),
- * setenv("SEEDANCE_DISABLE", "1")) before its first CUDA call changes nothing (issue 10).
+ * setenv("SEEDANCE_DISABLE", "1")) before its first CUDA call changes nothing.
  * Strings are copied: the environment they came from may be freed or rewritten. */
 struct sd_config {
     int disable;            /* SEEDANCE_DISABLE=1 */

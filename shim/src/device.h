@@ -7,7 +7,7 @@
 SD_HIDDEN void sd_device_resolve(void);
 SD_HIDDEN int sd_device_visible(CUdevice dev);
 SD_HIDDEN int sd_logical_to_physical(int ordinal);
-/* on every allocation: inline (issue 13) */
+/* on every allocation: inline, so the hot path makes no call */
 static inline int sd_current_device(void)
 {
     CUresult (*get)(CUdevice *) = (CUresult(*)(CUdevice *))sd_real(SD_HOOK_cuCtxGetDevice);

@@ -136,7 +136,7 @@ __attribute__((constructor)) static void sd_constructor(void)
         sd_strip_env("LD_PRELOAD");
         sd_strip_env("LD_AUDIT");
     }
-    /* An inherited SEEDANCE_DISABLE=1 drops quota and affinity: never silently (issue 10).
+    /* An inherited SEEDANCE_DISABLE=1 drops quota and affinity: never silently.
      * `seedance run` says so itself for the program it starts (its direct child). */
     if (preloaded && sd_cfg.disable && !(sd_cfg.owner_pid && sd_cfg.owner_pid == (int)getppid()))
         sd_say(sd_cfg.mem_limit[0] || sd_cfg.affinity[0]

@@ -1,5 +1,5 @@
 /*
- * launch.c: kernel and graph launches, timestamped per calling library (issue 14).
+ * launch.c: kernel and graph launches, timestamped per calling library.
  *
  * The profiler (seedance profile launches) needs, per library, when each launch was
  * made.  The hot path stays what the allocation path is: the real call first, then one
@@ -19,7 +19,8 @@ static inline CUresult launched(int api, void *caller, CUresult r)
     struct sd_slot *s = sd_slot;
     if (SD_LIKELY(s != NULL) && r == CUDA_SUCCESS) {
         /* a plain relaxed load and store, not a locked add: launches come in storms, and
-         * a lock-prefixed add on the shared slot cost ~10 ns a launch (bench_profiler.py);
+         * a lock-prefixed add on the shared slot makes every launch wait for exclusive
+         * ownership of its cache line (bench/bench_profiler.py times both);
          * concurrent launchers of one process may lose a count, which only a statistic
          * (api_calls) would show, never a decision */
         __atomic_store_n(&s->api_calls[api], __atomic_load_n(&s->api_calls[api], __ATOMIC_RELAXED) + 1,

@@ -1,8 +1,9 @@
 /*
- * launcher.c: `seedance-run`, the fast front end of `seedance run` (issue 13).
+ * launcher.c: `seedance-run`, the fast front end of `seedance run`.
  *
- * `seedance run` in Python costs a Python start-up per program (tens to hundreds of
- * milliseconds); the shim by raw LD_PRELOAD costs about a millisecond.  This small
+ * `seedance run` in Python costs a Python start-up per program (the interpreter, site and
+ * the CLI's imports); the shim by raw LD_PRELOAD costs only ld.so loading one more library,
+ * orders of magnitude less (bench/bench_shim.py times both).  This small
  * program, built with the shim and installed next to it, runs the common case itself
  * with every check `seedance run` makes, and hands everything else to the Python
  * implementation unchanged (execv, same arguments):
@@ -61,7 +62,7 @@
 #define SD_PYTHON_SAFE_PATH "-P"
 #endif
 /* what `python -m seedance` runs (agent/__main__.py), given to -c: -m would import runpy
- * and search sys.path for the package first (~5 ms a command) */
+ * and search sys.path for the package first, on every command */
 #define SD_PYTHON_ENTRY "from seedance.cli import console; console(front_end=False)"
 #define STR2(x) #x
 #define STR(x) STR2(x)
@@ -117,7 +118,7 @@ __attribute__((format(printf, 1, 2), noreturn)) static void usage_error(const ch
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    for (char *p = text; *p; p++) /* one line, always (issue 10, defect 8) */
+    for (char *p = text; *p; p++) /* one line, always: a control character cannot forge another */
         if ((unsigned char)*p < 0x20)
             *p = ' ';
     fprintf(stderr, "seedance: error: run: %s\n", text);
@@ -738,8 +739,8 @@ static void env_set_list_front(const char *var, const char *value)
 }
 
 /* Installed as `seedance` itself (the venv's bin/seedance links here, Makefile): a Python
- * console script pays a Python start-up (~20 ms) before it can exec this launcher, ten
- * times the run it wraps (issue 13).  As `seedance`, this program takes `seedance run ...`
+ * console script pays a whole Python start-up before it can exec this launcher, many times
+ * what the run it wraps costs.  As `seedance`, this program takes `seedance run ...`
  * itself and hands every other command to the Python CLI unchanged, which is what the
  * console script ran (cli.console, as `python -m seedance` runs it). */
 static int front_end(int *argc, char ***argv)

@@ -447,7 +447,7 @@ static int reclaim_locked(void *base, int i)
 }
 
 /* For readers (seedance run after the program, the agent): the slots of one group and
- * what a slot holds, without a Python loop over 256 slots x 8192 records (issue 13). */
+ * what a slot holds, without a Python loop over every slot's every record. */
 SD_EXPORT int seedance_group_slots(void *base, int group, int *out, int max)
 {
     int n = 0;
@@ -624,7 +624,8 @@ static int sd_overflow_index = -1;   /* this process's entry in sd_group->overfl
 /* Join (or create) the quota group of this run.  `slotted`: this process has a registry
  * slot; without one (registry full) it still shares the group's quota through an
  * overflow entry: every process of the run is held to the same quota, never to a
- * private one of its own (issue 10: --mem-limit 1000 once let 5400 bytes out). */
+ * private one of its own (with one each, N processes of a run could together allocate
+ * N times --mem-limit). */
 static void attach_group(void *base, int pid, uint64_t start, int slotted)
 {
     uint64_t limits[SD_MAX_DEVICES] = {0};
@@ -1011,7 +1012,7 @@ int sd_record_take(uint64_t key, uint64_t *size, int *device)
     *device = r->device;
     /* The driver has just freed this pointer for us, so no other thread can hold the
      * same record now: a release store retires it (one locked instruction fewer than a
-     * CAS on the hot path, issue 13). */
+     * CAS on the hot path). */
     __atomic_store_n(&r->ptr, (uint64_t)SD_RECORD_TOMBSTONE, __ATOMIC_RELEASE);
     return 1;
 }

@@ -26,7 +26,7 @@ SD_HIDDEN void sd_audit_event(uint32_t kind, uint32_t obj, uint32_t obj2, uint32
                               const char *text);
 SD_HIDDEN uint32_t sd_lib_index_slow(void *caller, unsigned bucket, uint64_t addr);
 /* return address -> calling library index: a direct-mapped cache of packed (address,
- * index) words; a hit is one relaxed load, inline on every allocation (issue 13); dladdr
+ * index) words; a hit is one relaxed load, inline on every allocation; dladdr
  * only the first time a call site is seen (registry.c) */
 SD_HIDDEN extern uint64_t sd_lib_cache[256];
 static inline uint32_t sd_lib_index(void *caller)
