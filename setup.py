@@ -6,7 +6,7 @@ installed import names are all under ``seedance`` so nothing generic such as ``a
 """
 from setuptools import setup
 
-# The CUDA preload shim (issue 4): a plain C library built through setuptools' compiler
+# The CUDA preload shim: a plain C library built through setuptools' compiler
 # at install time (also for `pip install -e .`); shim/build_shim.py holds the details.
 import importlib.util as _ilu
 import os as _os
@@ -16,7 +16,7 @@ _spec = _ilu.spec_from_file_location(
     "_seedance_build_shim", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "shim", "build_shim.py"))
 _build_shim = _ilu.module_from_spec(_spec)
 _spec.loader.exec_module(_build_shim)
-# The C ELF reader (issue 13): a cffi extension (agent/elf/build_fastelf.py); optional:
+# The C ELF reader: a cffi extension (agent/elf/build_fastelf.py); optional:
 # without a compiler read_elf uses the Python reader, with the same answers.
 _spec = _ilu.spec_from_file_location(
     "_seedance_build_fastelf", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "agent", "elf",
@@ -75,14 +75,14 @@ setup(
         "nvidia-ml-py>=12",
         "prometheus_client>=0.20",
         # fatbin images are LZ4 (CUDA <= 12) or Zstandard (CUDA 12.8+/13) compressed: reading
-        # their kernels needs both (issue 11); pure-Python LZ4 remains the fallback
+        # their kernels needs both; pure-Python LZ4 remains the fallback
         "zstandard>=0.20",
         "lz4>=4",
         # closure pictures (check --graph) and call graphs (profile calls): the Python
         # package writes DOT, Debian's graphviz renders it (Makefile APT_PACKAGES)
         "graphviz>=0.20",
         # completion scripts and man pages generated from the parsers (`seedance completion`,
-        # make install): static scripts, no import of seedance on every <TAB> (issue 16)
+        # make install): static scripts, no import of seedance on every <TAB>
         "shtab>=1.6",
         "argparse-manpage>=4",
     ],

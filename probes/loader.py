@@ -184,7 +184,7 @@ def compile_program(host: HostLoader, filter_pids: bool, cuda_events: bool = Tru
 
 
 def release_compiler_memory() -> None:
-    """Give back what compiling left resident: ~100 of the ~140 MB a compile leaves.
+    """Give back what compiling left resident: most of the memory a compile leaves.
 
     clang and LLVM run inside this process (libbcc links libclang-cpp and libLLVM), and
     their code pages and freed heap stay resident long after the one compile they serve;
@@ -222,7 +222,7 @@ def attach_loader(bpf, host: HostLoader) -> list:
     """dlopen/dlmopen/dlsym in libc (or libdl), the error constructors and
     _dl_debug_state in ld.so.  Returns what was attached, as 'path:symbol'.
 
-    Every uprobe costs ~0.1 s to detach on 6.x kernels (an RCU grace period each), so the
+    Every uprobe's detach waits out an RCU grace period on 6.x kernels, one after another, so the
     set is kept to what the facts need: dlvsym (rare) is not probed."""
     plan = [
         (host.dl_library, "dlopen", "sd_dlopen", False),

@@ -1,9 +1,9 @@
-"""Replace setuptools' editable-install import hook with a minimal one (issue 13).
+"""Replace setuptools' editable-install import hook with a minimal one.
 
 `pip install -e .` puts a .pth in site-packages that imports setuptools' generic finder at
 every interpreter start; that finder imports pathlib (and with it re, fnmatch, urllib.parse),
-which was 20-60 ms of every `seedance` command's start on this machine, more than the
-work of a `seedance ldd`.  The mapping it serves (import name -> directory, from setup.py's
+modules that every `seedance` command's start would then pay for, more than the work of a
+`seedance ldd` itself.  The mapping it serves (import name -> directory, from setup.py's
 package_dir) is read from the finder setuptools generated, so this stays in step with
 setup.py; the replacement only uses importlib machinery that is already loaded at start-up.
 
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     os.replace(tmp, target)
     # its bytecode written now: this module is imported by every interpreter start of the
     # venv, and with PYTHONDONTWRITEBYTECODE set (as on these machines) a stale .pyc is
-    # never replaced, so each start compiled it again (~2 ms of every seedance command)
+    # never replaced, so each start would compile it again from source
     import py_compile
 
     py_compile.compile(target, doraise=True)
