@@ -53,9 +53,10 @@ def ffi_module_source() -> str:
     """cffi's out-of-line ABI module for the cdef region: the parsed types, serialised.
 
     Parsing the cdef runs pycparser (a lexer and parser in pure Python) over the header at
-    every `seedance run`; importing the serialised form only builds the types.  It is generated from the header by every build
-    (setup.py calls write_ffi_module(); cffi is a build requirement, pyproject.toml) and
-    never kept in git; tests/shim/test_build.py fails when a built copy is stale."""
+    every `seedance run`; importing the serialised form only builds the types.  It is
+    generated from the header by every build (setup.py calls write_ffi_module(); cffi is a
+    build requirement, pyproject.toml) and never kept in git; tests/shim/test_build.py fails
+    when a built copy is stale."""
     import tempfile
 
     from cffi import FFI

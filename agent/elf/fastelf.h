@@ -2,8 +2,9 @@
  *
  * Why: a check of /usr/lib parses hundreds of objects, and in Python the header,
  * program-header, section-name, PT_DYNAMIC, verneed, verdef and note parsing is a
- * struct.unpack and an object per field, a large share of the command.  The Python reader stays the reference: the tests compare the two
- * on every ELF of the host and on thousands of mutated files.
+ * struct.unpack and an object per field, a large share of the command.  The Python reader
+ * stays the reference: the tests compare the two on every ELF of the host and on thousands
+ * of mutated files.
  *
  * The region between the cdef markers is parsed by cffi (agent/elf/build_fastelf.py), so
  * the Python side can never disagree with this layout.

@@ -89,7 +89,7 @@ def zstd_frame(src: bytes, size: int) -> bytes:
 def decode(stored: bytes, codec: str, size: int) -> bytes:
     if codec == CODEC_LZ4:
         try:
-            import lz4.block  # the C decoder when installed: the pure-Python one is a bytecode loop per token
+            import lz4.block  # the C decoder when installed; the pure-Python one loops per token
         except ImportError:
             return lz4_block(stored, size)
         try:

@@ -4,8 +4,9 @@ Why: YAML is a graph, not a tree.  A 340-byte file of nine lines, each a
 list of nine aliases of the line before, is 9**9 = 387 million nodes to anything that walks
 it (the config collector, a JSON dump, a schema check): an unbounded `check` hangs while
 its memory grows past a gigabyte.  And YAML nested thousands deep makes the recursive
-composers raise RecursionError tracebacks.  libyaml stops at 1000 levels (yaml/_yaml.pyx: "exceeded maximum nesting
-depth"), the pure-Python parsers of PyYAML and ruamel.yaml never do.
+composers raise RecursionError tracebacks.  libyaml stops at 1000 levels (yaml/_yaml.pyx:
+"exceeded maximum nesting depth"), the pure-Python parsers of PyYAML and ruamel.yaml never
+do.
 
 So before any composer or constructor sees a document, its event stream (the parsers are
 iterative state machines: they never recurse, whatever the nesting) is walked once with

@@ -2,8 +2,9 @@
 
 Loading the CEL binding is a large part of a short command's start (the extension module
 imports `logging` for pyo3-log and `datetime`, and logging alone pulls in threading,
-traceback and string formatting), while the conditions in rules/*.yaml are small: names, 'strings', numbers, true/false,
-! && || == != < <= > >=, parentheses, size(x), x.size() and x.startsWith('...').
+traceback and string formatting), while the conditions in rules/*.yaml are small: names,
+'strings', numbers, true/false, ! && || == != < <= > >=, parentheses, size(x), x.size() and
+x.startsWith('...').
 
 compile() parses such a condition into a tree, or returns None for anything else (the rule
 keeps its CEL program).  evaluate() answers only where the operands have one of the plain

@@ -47,7 +47,8 @@ class NotAvailable(SeedanceError):
 def escape_path(value) -> str:
     """A path (or any text from outside) safe to print on one line: control characters
     (newline, CR, ESC, DEL, C1) and undecodable bytes (surrogateescape) become \\n, \\xNN,
-    so a crafted file name cannot forge a `seedance: error:` line or a table row.  Used by render and by the CLI's error line."""
+    so a crafted file name cannot forge a `seedance: error:` line or a table row.  Used by
+    render and by the CLI's error line."""
     if isinstance(value, bytes):
         value = value.decode("utf-8", "surrogateescape")
     text = str(value)

@@ -1,7 +1,8 @@
 """The one writer for every path a user names for output: reports, event streams, plots,
-bundles, SARIF.  Why not a plain temp-then-rename: that turns /dev/null into a regular file, replaces symlinks, follows a planted symlink at a predictable temp name,
-overwrites an ELF that `--report-json` has swallowed, and fails on a directory only after
-the whole scan.
+bundles, SARIF.  Why not a plain temp-then-rename: that turns /dev/null into a regular
+file, replaces symlinks, follows a planted symlink at a predictable temp name, overwrites
+an ELF that `--report-json` has swallowed, and fails on a directory only after the whole
+scan.
 
 prepare_output() classifies the path *before* any work and raises UsageError (exit 2) for
 what can never be written.  What is written where:
