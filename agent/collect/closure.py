@@ -12,12 +12,12 @@ import os
 from ..model.report import Fact
 from ..model.record import Record, _new_dict, _new_object
 from ..resolve.names import same_library
-from . import cuda
+from . import cuda, inputs
 
 
 def _stat_or_none(path: str):
     try:
-        return os.stat(path)
+        return inputs.stat(path)
     except OSError:
         return None
 

@@ -14,6 +14,7 @@ import re
 
 from ..model.report import Fact
 from ..run.preload import unsafe_reason
+from . import inputs
 
 # Keys whose value the loader consumes.  Environment-style names are matched in any case.
 LOADER_ENV = {"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT"}
@@ -75,7 +76,7 @@ def _preload_problems(value: str) -> tuple:
     for item in re.split(r"[:\s]+", value.strip()):
         if not item or "$" in item or "/" not in item:
             continue  # lazy references and bare names (searched in system dirs) are fine here
-        if not os.path.exists(item):
+        if not inputs.exists(item):
             missing.append(item)
             continue
         why = writable_by_others(item)
@@ -157,7 +158,7 @@ def _walk(path: str, node, key, facts: list, depth: int) -> None:
 def config_files(directory: str) -> list:
     """*.yaml / *.yml under a seedance config directory (plugins/ included), sorted."""
     found = []
-    for base, dirs, files in os.walk(directory, followlinks=False):
+    for base, dirs, files in inputs.walk(directory, followlinks=False):
         dirs.sort()
         if base[len(directory):].count(os.sep) > 4:
             dirs[:] = []

@@ -20,6 +20,7 @@ import os
 
 from ..elf.reader import read_elf
 from ..model.report import Fact
+from . import inputs
 
 # The names are read in cxx_mangling.py, which torch_ext.py (imported here) uses too; they are
 # offered here as well, where the C++ ABI check's callers have always found them.
@@ -185,4 +186,4 @@ def _real_dir(path: str) -> str:
     """realpath's directory, once per path per process: torch's libraries are asked about
     for every extension and test program (a check runs in its own process; the agent's
     scans run in a child each)."""
-    return os.path.dirname(os.path.realpath(path))
+    return os.path.dirname(inputs.realpath(path))

@@ -1,19 +1,20 @@
-"""What a check read from the file system, recorded as it reads it (issue 13: the check cache).
+"""What a check read from the file system, recorded as it reads it (the check cache's inputs).
 
 A check's report is a function of the files and directories it looked at, its options, the
-environment and this host (CPU, glibc, GPU).  To know the first part without asking every
-collector to declare its reads, the recorder sees them where they happen:
+environment and this host (CPU, glibc, GPU).  The first part is recorded where it happens:
 
-- ``os.stat`` and ``os.lstat`` are wrapped while recording: the resolver, the walk,
-  ``os.path.exists/isfile/isdir/islink/realpath`` and every collector go through them, so
-  each answer (a stat result, or the errno of a path that is not there) is kept as it was
-  *before* the file was read;
+- the code a check runs (the resolver, the walk, the collectors) asks this module, not
+  ``os``, whether a path is there and what it is: ``inputs.stat``, ``lstat``, ``exists``,
+  ``isfile``, ``isdir``, ``islink``, ``samefile``, ``realpath`` and ``walk`` answer as their
+  ``os`` and ``os.path`` namesakes do and, while a check is recorded, keep each answer (a
+  stat result, or the errno of a path that is not there) as it was *before* the file was read;
 - an audit hook (PEP 578) sees ``open`` (``open()``, ``os.open``), ``os.listdir`` and
   ``os.scandir``; the file or directory is stat'ed then, before it is read or listed (a
   file changed after that stat is seen as changed on the next run, never the other way).
 
-The C reader opens files itself, but only paths the resolver has stat'ed first.  A forked
-helper (helper.py) records in its own copy and sends its records back with its answer.
+The C reader opens files itself, but only paths the resolver has stat'ed first; the C walk
+hands what it stat'ed, listed and opened to note_walk().  A forked helper (helper.py) records
+in its own copy and sends its records back with its answer.
 
 A recorded input is (path, follow-links, identity) where identity is (dev, inode, mode, size,
 mtime_ns, ctime_ns) or the errno.  ``changed()`` stats them all again: one difference, one
@@ -32,7 +33,6 @@ _state = {"on": False, "hooked": False, "opaque": None}
 _OPAQUE = ("subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.exec", "ctypes.dlopen")
 _records: dict = {}  # (path, follow) -> identity tuple | errno int
 _skip = {"prefixes": _IGNORED}  # paths under these are not recorded (a tuple, for str.startswith)
-_real = {"stat": os.stat, "lstat": os.lstat}
 
 
 def identity(st) -> tuple:
@@ -82,7 +82,7 @@ def _stat_now(path: str, follow: bool) -> None:
     if (known is not None and not is_weak(known)) or path.startswith(_skip["prefixes"]):
         return  # (a directory only stat'ed before is listed now: its whole identity counts)
     try:
-        st = (_real["stat"] if follow else _real["lstat"])(path)
+        st = os.stat(path, follow_symlinks=follow)
     except OSError as exc:
         _records[(path, follow)] = exc.errno or -1
     except ValueError:  # an embedded NUL: no file
@@ -91,25 +91,139 @@ def _stat_now(path: str, follow: bool) -> None:
         _records[(path, follow)] = identity(st)
 
 
-def _wrapped(name: str, follow: bool):
-    real = _real[name]
-
-    def recorded(path, *args, **kwargs):
-        if not _state["on"] or args or kwargs.get("dir_fd") is not None:
-            return real(path, *args, **kwargs)
-        where = _path_of(path)
-        try:
-            st = real(path, *args, **kwargs)
-        except OSError as exc:
-            if where is not None:
-                _note(where, follow and kwargs.get("follow_symlinks", True), exc.errno or -1)
-            raise
+def _note_stat(path, follow: bool, dir_fd=None):
+    """os.stat or os.lstat of ``path``, its answer noted: a directory weakly (weak_identity),
+    anything else whole, an error by its errno."""
+    where = _path_of(path) if dir_fd is None else None
+    try:
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+    except OSError as exc:
         if where is not None:
-            _note(where, follow and kwargs.get("follow_symlinks", True),
-                  weak_identity(st) if _stat.S_ISDIR(st.st_mode) else identity(st))
-        return st
-    recorded.__wrapped__ = real
-    return recorded
+            _note(where, follow, exc.errno or -1)
+        raise
+    if where is not None:
+        _note(where, follow, weak_identity(st) if _stat.S_ISDIR(st.st_mode) else identity(st))
+    return st
+
+
+def stat(path, *, dir_fd=None, follow_symlinks: bool = True):
+    """os.stat(path), an input of the check being recorded (a path relative to ``dir_fd``
+    is not: it names no file on its own)."""
+    if not _state["on"]:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+    return _note_stat(path, follow_symlinks, dir_fd)
+
+
+def lstat(path, *, dir_fd=None):
+    """os.lstat(path), an input of the check being recorded."""
+    if not _state["on"]:
+        return os.lstat(path, dir_fd=dir_fd)
+    return _note_stat(path, False, dir_fd)
+
+
+def exists(path) -> bool:
+    """os.path.exists(path), recorded."""
+    try:
+        stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def isfile(path) -> bool:
+    """os.path.isfile(path), recorded."""
+    try:
+        st = stat(path)
+    except (OSError, ValueError):
+        return False
+    return _stat.S_ISREG(st.st_mode)
+
+
+def isdir(path) -> bool:
+    """os.path.isdir(path), recorded."""
+    try:
+        st = stat(path)
+    except (OSError, ValueError):
+        return False
+    return _stat.S_ISDIR(st.st_mode)
+
+
+def islink(path) -> bool:
+    """os.path.islink(path), recorded."""
+    try:
+        st = lstat(path)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return _stat.S_ISLNK(st.st_mode)
+
+
+def samefile(first, second) -> bool:
+    """os.path.samefile(first, second), both recorded."""
+    return os.path.samestat(stat(first), stat(second))
+
+
+def realpath(path) -> str:
+    """os.path.realpath(path): each component on the way lstat'ed as posixpath.realpath does
+    it (non-strict), and recorded; the links among them read with os.readlink."""
+    if not _state["on"]:
+        return os.path.realpath(path)
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        return os.fsencode(realpath(os.fsdecode(path)))
+    resolved, _ok = _join_real("", path, {})
+    return os.path.abspath(resolved)
+
+
+def _join_real(path: str, rest: str, seen: dict) -> tuple:
+    """posixpath._joinrealpath, non-strict, for str paths: the one place the components of a
+    path are lstat'ed on its way to its real path."""
+    if rest.startswith("/"):
+        rest, path = rest[1:], "/"
+    while rest:
+        name, _, rest = rest.partition("/")
+        if not name or name == ".":
+            continue
+        if name == "..":
+            if path:
+                path, name = os.path.split(path)
+                if name == "..":
+                    path = os.path.join(path, "..", "..")
+            else:
+                path = ".."
+            continue
+        newpath = os.path.join(path, name)
+        try:
+            is_link = _stat.S_ISLNK(lstat(newpath).st_mode)
+        except OSError:
+            is_link = False
+        if not is_link:
+            path = newpath
+            continue
+        if newpath in seen:
+            path = seen[newpath]
+            if path is not None:
+                continue
+            return os.path.join(newpath, rest), False  # a loop of links: the rest as it is
+        seen[newpath] = None
+        path, ok = _join_real(path, os.readlink(newpath), seen)
+        if not ok:
+            return os.path.join(path, rest), False
+        seen[newpath] = path
+    return path, True
+
+
+def walk(top: str, followlinks: bool = False):
+    """os.walk(top, followlinks=followlinks) (top-down), recorded: each directory is listed
+    through os.scandir (the audit hook records the listing) and, unless links are followed,
+    lstat'ed before it is entered, as os.walk's os.path.islink does."""
+    if not _state["on"] or followlinks:
+        yield from os.walk(top, followlinks=followlinks)
+        return
+    for base, dirs, files in os.walk(top, followlinks=True):
+        # os.walk(followlinks=True) does not ask islink: ask it here, for each directory it
+        # is about to enter, and prune the links as os.walk(followlinks=False) would
+        yield base, dirs, files
+        dirs[:] = [name for name in dirs if not islink(os.path.join(base, name))]
 
 
 def _audit(event: str, args) -> None:
@@ -145,15 +259,12 @@ def start(skip: tuple = ()) -> None:
     if not _state["hooked"]:
         sys.addaudithook(_audit)  # (a hook cannot be removed: it does nothing while off)
         _state["hooked"] = True
-    os.stat = _wrapped("stat", True)
-    os.lstat = _wrapped("lstat", False)
     _state["on"] = True
 
 
 def stop() -> dict:
     """Stop recording; {(path, follow): identity or errno}."""
     _state["on"] = False
-    os.stat, os.lstat = _real["stat"], _real["lstat"]
     return dict(_records)
 
 
@@ -261,7 +372,7 @@ def changed_python(blob: bytes, count: int) -> str | None:
         if b"\0" in raw:
             return _verdict(blob, -2, index, count)
         try:
-            st = (_real["stat"] if follow else _real["lstat"])(raw)
+            st = os.stat(raw, follow_symlinks=bool(follow))
         except OSError as exc:
             if err != (exc.errno or -1):
                 return _verdict(blob, index, index, count)
@@ -303,7 +414,7 @@ def newest_change(records: dict) -> int:
 
 def note_walk(items) -> None:
     """What the C walk (elf/treewalk.c) stat'ed, listed and opened: (path, identity or errno,
-    weak) each, as the wrapped os.stat and the audit hook would have noted them (a whole
+    weak) each, as inputs.stat and the audit hook would have noted them (a whole
     identity replaces a weak one, as a listing after a stat does)."""
     if not _state["on"]:
         return

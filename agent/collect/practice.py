@@ -24,6 +24,8 @@ import fnmatch
 import os
 import re
 
+from . import inputs
+
 _SITE_DIRS = ("site-packages", "dist-packages")
 
 # Packages whose Python code loads site-packages/nvidia/*/lib before their own libraries.
@@ -90,7 +92,7 @@ def _cuda_toolkit_lib(name: str) -> str | None:
         if root:
             for sub in ("lib64", "targets/x86_64-linux/lib"):
                 candidate = os.path.join(root, sub, name)
-                if os.path.isfile(candidate):
+                if inputs.isfile(candidate):
                     return candidate
     return None
 
@@ -100,7 +102,7 @@ def _jdk_home(path: str) -> str | None:
     directory = os.path.dirname(os.path.abspath(path))
     for _ in range(4):
         for server in ("lib/server/libjvm.so", "jre/lib/amd64/server/libjvm.so"):
-            if os.path.isfile(os.path.join(directory, server)):
+            if inputs.isfile(os.path.join(directory, server)):
                 return directory
         parent = os.path.dirname(directory)
         if parent == directory:
@@ -132,7 +134,7 @@ def preload_plan(path: str, missing: set) -> dict:
         if home is not None:
             for server in ("lib/server/libjvm.so", "jre/lib/amd64/server/libjvm.so"):
                 jvm = os.path.join(home, server)
-                if os.path.isfile(jvm):
+                if inputs.isfile(jvm):
                     plan[jvm] = ("the java launcher (libjli, LoadJavaVM) loads " + jvm +
                                  " RTLD_GLOBAL before any JDK library", package_of(jvm) or "")
                     break
@@ -179,7 +181,7 @@ def _driver_installed(resolver=None) -> bool:
         known = False
         for directory in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
                           "/usr/lib/wsl/lib"):
-            if os.path.exists(os.path.join(directory, "libcuda.so.1")):
+            if inputs.exists(os.path.join(directory, "libcuda.so.1")):
                 known = True
         if not known and resolver is not None:
             try:
@@ -342,8 +344,6 @@ def _dpkg_by_name_c(name: str):
     if packages is None or packages[0] is not handle:
         names = [ffi.string(lib.sd_dpkg_name(handle, i)).decode("ascii") for i in range(count)]
         packages = _DPKG["c_packages"] = (handle, [n[: -len(".list")].split(":", 1)[0] for n in names])
-        from . import inputs
-
         if inputs.recording():
             seen = []
             for i, path in enumerate([DPKG_INFO] + [os.path.join(DPKG_INFO, n) for n in names]):
@@ -412,7 +412,7 @@ def _canonical(path: str) -> str:
     head, tail = os.path.split(path)
     real = _REAL_DIRS.get(head)
     if real is None:
-        real = _REAL_DIRS[head] = os.path.realpath(head)
+        real = _REAL_DIRS[head] = inputs.realpath(head)
     return os.path.join(real, tail)
 
 
@@ -436,7 +436,7 @@ def dpkg_files_of(package: str) -> list:
         with open(os.path.join(DPKG_INFO, package + ".list"), encoding="utf-8", errors="replace") as handle:
             return [line.rstrip("\n") for line in handle if line.strip()]
     except OSError:
-        for name in _info_names() if os.path.isdir(DPKG_INFO) else ():
+        for name in _info_names() if inputs.isdir(DPKG_INFO) else ():
             if name.startswith(package + ":") and name.endswith(".list"):
                 with open(os.path.join(DPKG_INFO, name), encoding="utf-8", errors="replace") as handle:
                     return [line.rstrip("\n") for line in handle if line.strip()]
@@ -527,7 +527,7 @@ def installed_copies(name: str, requester: str, tree_index: dict) -> list:
         if path is not None and path not in found:
             found.append(path)
     for _package, path in _dpkg_by_name(name):
-        if os.path.exists(path) and not any(os.path.samefile(path, p) for p in found if os.path.exists(p)):
+        if inputs.exists(path) and not any(inputs.samefile(path, p) for p in found if inputs.exists(p)):
             found.append(path)
     return found[:5]
 

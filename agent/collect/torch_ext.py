@@ -22,7 +22,7 @@ from ..model.record import NEW, Record
 from ..elf.reader import read_elf
 from ..model.errors import ELFError
 from ..model.report import Fact
-from . import cxx_mangling
+from . import cxx_mangling, inputs
 
 _TAG = re.compile(r"^py(\d)(\d+)([a-z]*)_(cpu|cu\d+|rocm\d+)$")
 _VERSION = re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.M)
@@ -79,7 +79,7 @@ class TorchInstall(Record):
         lib = os.path.join(self.path, "lib")
         names = ("libc10.so", "libtorch_cpu.so", "libtorch.so", "libtorch_python.so",
                  "libtorch_cuda.so", "libc10_cuda.so")
-        return [os.path.join(lib, n) for n in names if os.path.exists(os.path.join(lib, n))]
+        return [os.path.join(lib, n) for n in names if inputs.exists(os.path.join(lib, n))]
 
     def describe(self) -> str:
         return f"torch {self.version} ({self.accelerator}, {self.python_tag})"
@@ -120,7 +120,7 @@ def torch_at(torch_dir: str, source: str = "") -> TorchInstall | None:
     reading version.py and listing torch/, for the same answer every time)."""
     try:
         stamp = tuple((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                      for st in (os.stat(os.path.join(torch_dir, "version.py")), os.stat(torch_dir)))
+                      for st in (inputs.stat(os.path.join(torch_dir, "version.py")), inputs.stat(torch_dir)))
     except OSError:
         stamp = None
     known = _TORCH_AT.get((torch_dir, source)) if stamp is not None else None
@@ -158,7 +158,7 @@ def torch_beside(path: str, levels: int = 6) -> TorchInstall | None:
     directory = os.path.dirname(os.path.abspath(path))
     for _ in range(levels):
         candidate = os.path.join(directory, "torch")
-        if os.path.isdir(os.path.join(candidate, "lib")) and os.path.isfile(os.path.join(candidate, "version.py")):
+        if inputs.isdir(os.path.join(candidate, "lib")) and inputs.isfile(os.path.join(candidate, "version.py")):
             return torch_at(candidate, source="beside it")
         parent = os.path.dirname(directory)
         if parent == directory:
@@ -183,7 +183,7 @@ def torch_for_python(python: str, timeout: float = 60) -> TorchInstall:
 
     from ..model.errors import BadInput
 
-    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+    if not inputs.isfile(python) or not os.access(python, os.X_OK):
         raise BadInput(f"--python {python}: not an executable file")
     try:
         proc = subprocess.run([python, "-c", _LOCATE], capture_output=True, timeout=timeout,
@@ -228,16 +228,16 @@ def inventory(roots, ninja_only: bool = False) -> list:
     packages, each of which would be listed for a <name>.so)."""
     builds = []
     for root in roots:
-        if not os.path.isdir(root):
+        if not inputs.isdir(root):
             continue
         for entry in _subdirs(root):
             full = os.path.join(root, entry)
             if _TAG.match(entry):
                 for name in _subdirs(full):
                     build_dir = os.path.join(full, name)
-                    if not ninja_only or os.path.isfile(os.path.join(build_dir, "build.ninja")):
+                    if not ninja_only or inputs.isfile(os.path.join(build_dir, "build.ninja")):
                         builds.append(_read_build(build_dir, name, entry))
-            elif not ninja_only or os.path.isfile(os.path.join(full, "build.ninja")):
+            elif not ninja_only or inputs.isfile(os.path.join(full, "build.ninja")):
                 builds.append(_read_build(full, entry, None))
     return [b for b in builds if b.ninja or b.library]
 
@@ -283,7 +283,7 @@ def _read_build(build_dir: str, name: str, tag: str | None) -> CachedBuild:
         return build
     for candidate in (f"{name}.so", *[n for n in _listdir(build_dir) if n.endswith(".so")]):
         full = os.path.join(build_dir, candidate)
-        if os.path.isfile(full):
+        if inputs.isfile(full):
             build.library = full
             break
     return build
@@ -302,7 +302,7 @@ def _read_setup_build(build: CachedBuild) -> None:
     lib_dirs = [os.path.join(os.path.dirname(build.path), n) for n in _listdir(os.path.dirname(build.path))
                 if n.startswith("lib.")]
     for lib_dir in lib_dirs:
-        for base, _dirs, files in os.walk(lib_dir):
+        for base, _dirs, files in inputs.walk(lib_dir):
             for file_name in sorted(files):
                 if file_name.endswith(".so") and file_name.split(".", 1)[0] == build.name:
                     build.library = os.path.join(base, file_name)
@@ -455,13 +455,13 @@ def rebuild_command(ext_path: str, torch: TorchInstall | None, name: str | None 
     setup.py build is rebuilt by its own project, with --no-build-isolation so that the
     build sees this environment's torch instead of a fresh one pip would download."""
     python = torch.source[len("--python "):] if torch and torch.source.startswith("--python ") else "python"
-    real = os.path.realpath(ext_path)
+    real = inputs.realpath(ext_path)
     for root in cache_roots():
-        if real.startswith(os.path.realpath(root) + os.sep):
-            rel = os.path.relpath(real, os.path.realpath(root)).split(os.sep)
+        if real.startswith(inputs.realpath(root) + os.sep):
+            rel = os.path.relpath(real, inputs.realpath(root)).split(os.sep)
             cached = rel[1] if _TAG.match(rel[0]) and len(rel) > 1 else rel[0]
             return f"seedance fix torch-ext --clean-cache --rebuild {cached}"
-    if os.path.isfile(os.path.join(os.path.dirname(real), "build.ninja")):
+    if inputs.isfile(os.path.join(os.path.dirname(real), "build.ninja")):
         # a cpp_extension.load() build directory outside the default roots: fix torch-ext
         # finds it (and cpp_extension rebuilds it in place) with TORCH_EXTENSIONS_DIR at its parent
         build_dir = os.path.dirname(real)
@@ -469,7 +469,7 @@ def rebuild_command(ext_path: str, torch: TorchInstall | None, name: str | None 
                 f"--rebuild {os.path.basename(build_dir)}")
     project = _project_of(real)
     if project is not None:
-        if os.path.isfile(os.path.join(project, "setup.py")):
+        if inputs.isfile(os.path.join(project, "setup.py")):
             return f"cd {project} && {python} setup.py build_ext --inplace --force"
         return f"{python} -m pip install --no-build-isolation --no-deps --force-reinstall {project}"
     from .practice import package_of
@@ -489,7 +489,7 @@ def _project_of(path: str, levels: int = 6) -> str | None:
     for _ in range(levels):
         if os.path.basename(directory) in ("site-packages", "dist-packages"):
             return None
-        if any(os.path.isfile(os.path.join(directory, n)) for n in ("setup.py", "pyproject.toml")):
+        if any(inputs.isfile(os.path.join(directory, n)) for n in ("setup.py", "pyproject.toml")):
             return directory
         parent = os.path.dirname(directory)
         if parent == directory:
@@ -500,18 +500,18 @@ def _project_of(path: str, levels: int = 6) -> str | None:
 
 def builds_in(directory: str) -> list:
     """Builds when ``directory`` is a cache root, a pyXY_tag folder or one build directory."""
-    if os.path.isfile(os.path.join(directory, "build.ninja")):
+    if inputs.isfile(os.path.join(directory, "build.ninja")):
         name = os.path.basename(os.path.normpath(directory))
         parent = os.path.basename(os.path.dirname(os.path.normpath(directory)))
         return [_read_build(directory, name, parent if _TAG.match(parent) else None)]
     base = os.path.basename(os.path.normpath(directory))
     if _TAG.match(base):
         return [b for b in (_read_build(os.path.join(directory, n), n, base) for n in _listdir(directory)
-                            if os.path.isdir(os.path.join(directory, n))) if b.ninja or b.library]
+                            if inputs.isdir(os.path.join(directory, n))) if b.ninja or b.library]
     found = [b for b in inventory([directory], ninja_only=True) if b.ninja]
     build = os.path.join(directory, "build")  # a setup.py project: build/temp.<platform>/build.ninja
     for entry in _listdir(build):
-        if entry.startswith("temp.") and os.path.isfile(os.path.join(build, entry, "build.ninja")):
+        if entry.startswith("temp.") and inputs.isfile(os.path.join(build, entry, "build.ninja")):
             found.append(_read_build(os.path.join(build, entry), entry, None))
     return found
 
@@ -578,6 +578,6 @@ def lazily_loaded_by_torch(path: str, name: str) -> str | None:
     if reason is None or name != "libcuda.so.1":
         return None
     lib_dir = os.path.dirname(os.path.abspath(path))
-    if not os.path.isfile(os.path.join(os.path.dirname(lib_dir), "version.py")):
+    if not inputs.isfile(os.path.join(os.path.dirname(lib_dir), "version.py")):
         return None  # not inside a torch install
     return reason.format(name=name)

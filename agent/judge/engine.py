@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 # a `seedance fix` start (callgrind, issue 13)
 
 from . import cel_subset
+from ..collect import inputs
 from ..model.errors import BadInput, RuleError
 from ..model.report import SEVERITIES, Fact, Finding
 from ..model.record import NEW, FrozenRecord, _new_dict
@@ -34,7 +35,7 @@ LAYERS = ("L1", "L2", "L3", "L4", "L5", "L6", "L7")
 
 def default_rules_dir() -> str:
     """rules/ beside the package in a checkout; the installed copy otherwise."""
-    if os.path.isdir(RULES_DIR):
+    if inputs.isdir(RULES_DIR):
         return RULES_DIR
     from importlib.resources import files
     return str(files("seedance") / "rules_data")
@@ -256,7 +257,7 @@ _LOADED: dict = {}
 
 
 def _identity(path: str) -> tuple:
-    st = os.stat(path)
+    st = inputs.stat(path)
     return (os.path.basename(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -285,12 +286,12 @@ def load_rules(directory=None) -> RuleSet:
     if not files:
         raise RuleError(f"{directory}: no rule files (*.yaml)")
     try:
-        key = (os.path.realpath(directory), tuple(_identity(path) for path in files))
+        key = (inputs.realpath(directory), tuple(_identity(path) for path in files))
     except OSError:
         key = None  # vanished while listed: read now, and let the reader report it
     if key is not None and key in _LOADED:
         return _LOADED[key]
-    shipped = key is not None and key[0] == os.path.realpath(default_rules_dir())
+    shipped = key is not None and key[0] == inputs.realpath(default_rules_dir())
     ruleset = _load_shipped(key[0], files) if shipped else None
     if ruleset is None:
         ruleset = _load_rule_files(files)
@@ -371,12 +372,12 @@ def _cache_path(directory: str) -> str | None:
     # one file per rules directory and per copy of this code: two installations sharing a
     # rules directory (a checkout and a copy of it, a bench's baseline) would otherwise
     # replace each other's cache on every run
-    who = os.fsencode(directory) + b"\0" + os.fsencode(os.path.realpath(__file__))
+    who = os.fsencode(directory) + b"\0" + os.fsencode(inputs.realpath(__file__))
     return os.path.join(base, f"rules-{zlib.crc32(who):08x}.json")
 
 
 def _file_stamp(path: str) -> list:
-    st = os.stat(path)
+    st = inputs.stat(path)
     return [path, st.st_size, st.st_mtime_ns]
 
 
@@ -391,8 +392,8 @@ def _cache_stamp(files: list) -> list | None:
                 data = handle.read(_CACHE_MAX + 1)
             stamp.append([os.path.basename(path), len(data), zlib.crc32(data)])
         from ..files import yamlio
-        stamp.append(_file_stamp(os.path.realpath(__file__)))
-        stamp.append(_file_stamp(os.path.realpath(yamlio.__file__)))
+        stamp.append(_file_stamp(inputs.realpath(__file__)))
+        stamp.append(_file_stamp(inputs.realpath(yamlio.__file__)))
     except OSError:
         return None
     return stamp
@@ -565,7 +566,7 @@ def _cel_core_path() -> str | None:
     for directory in (spec.submodule_search_locations or []) if spec else []:
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             path = os.path.join(directory, "cel" + suffix)
-            if os.path.exists(path):
+            if inputs.exists(path):
                 return path
     return None
 

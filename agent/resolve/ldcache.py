@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import struct
 
+from ..collect import inputs
 from ..model.errors import BadInput
 from ..model.record import FrozenRecord
 
@@ -450,7 +451,7 @@ _LOADED: dict = {}  # path -> (cache_stamp, LdCache)
 def cache_stamp(path: str):
     """What invalidates a parsed cache: ldconfig rewrites the file (new inode, mtime)."""
     try:
-        st = os.stat(path)
+        st = inputs.stat(path)
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)

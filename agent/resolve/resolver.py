@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import stat as _stat
 
+from ..collect import inputs as _inputs
 from ..elf import fastread as _fastread
 from ..elf.info import ElfInfo
 from ..model.errors import ELFError
@@ -234,7 +235,7 @@ class Resolver:
         except KeyError:
             pass
         try:
-            result = os.stat(host)
+            result = _inputs.stat(host)
         except (OSError, ValueError):
             result = None
         self._stat[host] = result

@@ -3,6 +3,7 @@ did not change answers from the last report, and any change to what the check re
 it check again.  The oracle is always a fresh, uncached check of the same tree."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -199,9 +200,9 @@ def test_the_c_validator_agrees_with_the_python_one(tmp_path):
     inputs.start()
     try:
         for path in files:
-            os.stat(path)
-        os.lstat(tmp_path)
-        os.path.exists(tmp_path / "missing")
+            inputs.stat(path)
+        inputs.lstat(tmp_path)
+        inputs.exists(tmp_path / "missing")
         with open(files[0], "rb"):
             pass
     finally:
@@ -300,7 +301,7 @@ def test_the_c_validator_splits_big_records_and_still_names_the_first_change(tmp
     inputs.start()
     try:
         for path in files:
-            os.stat(path)
+            inputs.stat(path)
     finally:
         records = inputs.stop()
     blob = inputs.encode(records)
@@ -341,15 +342,15 @@ VALIDATORS = _validators()
 
 
 def test_a_directory_only_stat_ed_is_what_it_is_a_listed_one_is_what_it_holds(tmp_path):
-    """os.path.realpath lstats every directory on the way (/tmp among them, whose times move
+    """inputs.realpath lstats every directory on the way (/tmp among them, whose times move
     with every file made in it): such a directory counts by dev, inode and mode; one the
     check listed counts whole (inputs.weak_identity)."""
     busy = tmp_path / "busy"
     busy.mkdir()
     inputs.start()
     try:
-        os.path.realpath(busy / "x")
-        os.path.isdir(busy)
+        inputs.realpath(busy / "x")
+        inputs.isdir(busy)
     finally:
         records = inputs.stop()
     assert inputs.is_weak(records[(str(busy), True)]) and inputs.is_weak(records[(str(busy), False)])
@@ -364,7 +365,7 @@ def test_a_directory_only_stat_ed_is_what_it_is_a_listed_one_is_what_it_holds(tm
         assert inputs.changed(blob, len(records), use_c=use_c) is not None
     inputs.start()
     try:
-        os.path.isdir(tmp_path / "gone")
+        inputs.isdir(tmp_path / "gone")
         os.listdir(tmp_path / "gone")
     finally:
         records = inputs.stop()
@@ -373,3 +374,44 @@ def test_a_directory_only_stat_ed_is_what_it_is_a_listed_one_is_what_it_holds(tm
     (tmp_path / "gone" / "another").write_text("a new entry")
     for use_c in VALIDATORS:
         assert inputs.changed(blob, len(records), use_c=use_c) == f"{tmp_path / 'gone'}: changed"
+
+
+def test_the_recorded_path_questions_answer_as_os_path_does(tmp_path):
+    """inputs.realpath, walk, islink, samefile: os.path's and os.walk's answers, each path
+    they looked at recorded (a link loop, '..' through a link, a relative path, a link to a
+    directory that a walk does not enter)."""
+    (tmp_path / "real" / "sub" / "deep").mkdir(parents=True)
+    (tmp_path / "real" / "file").write_text("x")
+    (tmp_path / "link").symlink_to("real")
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    (tmp_path / "real" / "sub" / "up").symlink_to("..")
+    asked = [tmp_path / "link" / "file", tmp_path / "loop1" / "x", tmp_path / "link" / "sub" / "up" / "..",
+             tmp_path / "missing" / "..", "relative/../x", b"/usr/../usr/lib"]
+    inputs.start()
+    try:
+        for path in asked:
+            assert inputs.realpath(path) == os.path.realpath(path), path
+        walked = [(base, sorted(dirs), sorted(files)) for base, dirs, files in inputs.walk(str(tmp_path))]
+        assert inputs.islink(tmp_path / "link") and not inputs.islink(tmp_path / "real")
+        assert inputs.samefile(tmp_path / "link" / "file", tmp_path / "real" / "file")
+    finally:
+        records = inputs.stop()
+    assert walked == [(base, sorted(dirs), sorted(files)) for base, dirs, files in os.walk(str(tmp_path))]
+    for path in (tmp_path / "link", tmp_path / "loop1", tmp_path / "loop2", tmp_path / "real" / "sub" / "up",
+                 tmp_path / "missing", tmp_path / "real" / "sub" / "deep"):
+        assert (str(path), False) in records, path
+    assert records[(str(tmp_path / "missing"), False)] == errno.ENOENT
+    assert (os.path.join(os.getcwd(), "relative"), False) in records
+    assert (str(tmp_path / "link" / "file"), True) in records
+
+
+def test_a_stat_outside_the_recorders_questions_is_not_an_input(tmp_path):
+    """The recorder sees what a check asks through it, not every os.stat of the process."""
+    inputs.start()
+    try:
+        os.stat(tmp_path)
+        assert not inputs.exists(tmp_path / "missing")
+    finally:
+        records = inputs.stop()
+    assert list(records) == [(str(tmp_path / "missing"), True)]

@@ -175,9 +175,6 @@ def _command_importers() -> list:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="profile/live.py and trace/audit.py still take EventDrain, "
-                                       "check_preload_path and report_and_release from commands/run.py, "
-                                       "which is being split apart separately")
 def test_only_the_command_line_imports_the_commands():
     assert _command_importers() == []
 
@@ -311,11 +308,6 @@ def test_the_patch_finder_leaves_own_state_alone(source):
     assert _patches(source) == []
 
 
-# Known, and owned elsewhere: the check cache's recorder swaps os.stat and os.lstat for the
-# time of a check to learn which paths the check looked at.
-_KNOWN_PATCHES = ("agent/collect/inputs.py",)
-
-
 def _tree_patches() -> list:
     found = []
     for path in sorted(ROOT.joinpath("agent").rglob("*.py")) + sorted(ROOT.joinpath("shim").glob("*.py")):
@@ -324,13 +316,7 @@ def _tree_patches() -> list:
 
 
 def test_no_module_patches_another_package_or_freezes_the_collector():
-    assert [f for f in _tree_patches() if not f.startswith(_KNOWN_PATCHES)] == []
-
-
-@pytest.mark.xfail(strict=True, reason="collect/inputs.py replaces os.stat and os.lstat while the "
-                                       "check cache records what a check looked at")
-def test_the_check_cache_records_without_patching_os():
-    assert [f for f in _tree_patches() if f.startswith(_KNOWN_PATCHES)] == []
+    assert _tree_patches() == []
 
 
 # --- generated files ---------------------------------------------------------------------
