@@ -20,7 +20,7 @@ from ..model.errors import BadInput, ELFError, describe_os_error
 from ..model.report import Fact, Report
 from . import closure as closure_facts
 from . import config as config_collect
-from . import cuda, cxxabi, fatbin, helper, host, practice, treewalk
+from . import cuda, cxxabi, fatbin, helper, host, inputs, practice, treewalk
 from . import options as _options
 from .options import CheckOptions, gpu_context  # noqa: F401 (their home before the check cache)
 # process (pids, the host scope) and torch_ext (--python, directories, torch extensions) are
@@ -190,7 +190,7 @@ class Scanner:
     def _expand(self, target: str) -> tuple:
         """An explicit target: a file (ELF or YAML config) or a directory scanned recursively."""
         try:
-            st = os.stat(target)
+            st = inputs.stat(target)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise BadInput(f"{target}: symbolic link loop") from None
@@ -396,7 +396,7 @@ class Scanner:
                 plain = False
             if not plain:
                 try:
-                    st = os.stat(path)
+                    st = inputs.stat(path)
                 except OSError as exc:
                     if exc.errno == errno.ELOOP:
                         stats["unreadable"] += 1
@@ -419,7 +419,7 @@ class Scanner:
                     sniffed[(st.st_dev, st.st_ino)] = kind
             if kind == "elf" and st is None:
                 try:
-                    st = os.stat(path)
+                    st = inputs.stat(path)
                 except OSError as exc:
                     stats["unreadable"] += 1  # vanished or unreadable since it was listed
                     acc.errors.append({"path": path, "error": describe_os_error(exc)})
@@ -445,7 +445,7 @@ class Scanner:
         for path in host.ld_cache_paths():
             self.stats["files"] += 1
             try:
-                st = os.stat(path)
+                st = inputs.stat(path)
             except OSError:
                 self.stats["skipped"] += 1
                 continue
@@ -459,7 +459,7 @@ class Scanner:
             self._process(pid, explicit=False)
         configs = []
         for directory in host.config_dirs():
-            if os.path.isdir(directory):
+            if inputs.isdir(directory):
                 configs.extend(config_collect.config_files(directory))
         return roots, configs
 
@@ -638,7 +638,7 @@ class Scanner:
         for dependent in practice.dpkg_dependents(package)[:20]:
             candidates += practice.dpkg_files_of(dependent)
         for candidate in candidates:
-            if read >= 400 or not os.path.isfile(candidate) or candidate == requester:
+            if read >= 400 or not inputs.isfile(candidate) or candidate == requester:
                 continue
             if candidate.startswith(("/usr/share/", "/etc/", "/usr/include/")):
                 continue
@@ -685,11 +685,11 @@ class Scanner:
 
             self.facts.append(torch_ext.torch_not_found_fact(path, missing))
             return tuple(sorted(missing))
-        if not any(os.path.exists(os.path.join(torch_lib, n)) for n in missing):
+        if not any(inputs.exists(os.path.join(torch_lib, n)) for n in missing):
             return ()
         for name in ("libtorch_python.so", "libtorch.so", "libc10.so"):
             candidate = os.path.join(torch_lib, name)
-            if os.path.exists(candidate):
+            if inputs.exists(candidate):
                 # `import torch` finished loading all of it before the extension: the whole
                 # closure is in the namespace, not just the one library (LD_PRELOAD semantics
                 # would search the extension's NEEDED before the preload's own dependencies)
@@ -910,8 +910,8 @@ def _interpreter_for(path: str) -> str | None:
             candidates.append(sys.executable)
         candidates += [f"/usr/bin/{name}", f"/usr/local/bin/{name}"]
         for candidate in candidates:
-            real = os.path.realpath(candidate)
-            if os.path.isfile(real) and _sniff(real) == "elf":
+            real = inputs.realpath(candidate)
+            if inputs.isfile(real) and _sniff(real) == "elf":
                 return real
         return None
     site = practice.site_packages_of(path)
@@ -924,8 +924,8 @@ def _interpreter_for(path: str) -> str | None:
         return _interpreter_for(os.path.join(site, f"_.cpython-3{minor}.so"))
     if os.sep + "auto" + os.sep in path and path.endswith(".so"):  # Perl XS: .../auto/Mod/Mod.so
         for candidate in ("/usr/bin/perl", "/usr/local/bin/perl"):
-            if os.path.isfile(candidate):
-                return os.path.realpath(candidate)
+            if inputs.isfile(candidate):
+                return inputs.realpath(candidate)
     return None
 
 
@@ -937,8 +937,8 @@ def _unique_roots(found, plain=frozenset()) -> list:
     for path, st in found:
         key = (st.st_dev, st.st_ino)
         current = chosen.get(key)
-        if current is None or (current not in plain and os.path.islink(current)
-                               and (path in plain or not os.path.islink(path))):
+        if current is None or (current not in plain and inputs.islink(current)
+                               and (path in plain or not inputs.islink(path))):
             chosen[key] = path
     return sorted(chosen.values())
 
