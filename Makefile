@@ -15,7 +15,7 @@ APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64
 install: $(STAMP) $(SHARE_STAMP)
 
 # Completion scripts and man pages generated from the parsers (shtab, argparse-manpage), and
-# the example plugins built into the default plugin source (issue 16), all under .venv/share:
+# the example plugins built into the default plugin source, all under .venv/share:
 #   source .venv/share/bash-completion/completions/seedance ; man -M .venv/share/man seedance
 $(VENV)/share/seedance/.completion-installed: $(STAMP) $(wildcard agent/cli.py agent/commands/completion_files.py agent/commands/*.py)
 	$(BIN)/python -m seedance.commands.completion_files install $(VENV) >/dev/null
@@ -59,15 +59,14 @@ $(STAMP): setup.py requirements-test.txt $(wildcard shim/src/*.c shim/src/*.h sh
 	$(BIN)/pip install -q $(PIP_FIND) --upgrade pip setuptools wheel
 	$(BIN)/pip install -q $(PIP_FIND) -r requirements-test.txt
 	$(BIN)/pip install -q $(PIP_FIND) -e .
-	@# setuptools' editable hook imports pathlib at every start (20-60 ms a command): same mapping, lighter hook
+	@# setuptools' editable hook imports pathlib at every start of every command: same mapping, lighter hook
 	$(BIN)/python tools/fast_editable.py
 	@# bytecode written now: with PYTHONDONTWRITEBYTECODE set (as on these machines) an editable
-	@# install never caches it, and every command compiled its ~50 modules again (~0.13 s of a
-	@# 0.35 s check of /usr/lib, issue 13)
+	@# install never caches it, and every command would compile its modules again from source
 	$(BIN)/python -m compileall -q agent shim >/dev/null
 	@# bcc is pure Python over libbcc (ctypes): expose only Debian's bcc package to the venv.
 	@# (site-packages is asked of the venv here, inside the recipe: it may not exist at parse time)
-	@# seedance-run, the C front end of `seedance run` built with the shim (issue 13), on the venv's PATH
+	@# seedance-run, the C front end of `seedance run` built with the shim, on the venv's PATH
 	ln -sfn $(CURDIR)/shim/seedance-run $(BIN)/seedance-run
 	@# ... and `seedance` itself: as that name the launcher takes `seedance run` and execs
 	@# the Python CLI for every other command (pip's script would start Python first)
@@ -92,7 +91,7 @@ bench: install
 bench-churn: install
 	$(BIN)/python bench/bench_agent_churn.py
 
-# Mutation testing (issue 17), bench time, not CI: hours on two cores.  Scores per module go to
+# Mutation testing, bench time, not CI: hours on two cores.  Scores per module go to
 # bench/mutation-results.json; survivors are explained in bench/mutation-survivors.md.
 # `make mutate MUTATE="elf resolve"` for some modules; MUTATE_ARGS="--sample 200" for an estimate.
 MUTATE ?=
