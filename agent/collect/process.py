@@ -33,21 +33,57 @@ class Mapping(Record):
 
 
 class ProcessView(Record):
-    """What /proc says of one process."""
-    _fields = ("pid", "exe", "root", "environ", "mappings")
+    """What /proc says of one process.
 
-    def __init__(self, pid: int, exe: str | None, root: str, environ: dict = NEW, mappings: list = NEW):
+    A process in a container (another mount namespace) or a chroot sees its own root: its
+    maps, exe and environ name files inside that root.  ``foreign`` says so; ``in_root``
+    turns a path /proc printed into the name the process itself uses, and ``root_dir`` is
+    the directory (/proc/PID/root) that such names are resolved in, never the host's /."""
+    _fields = ("pid", "exe", "root", "environ", "mappings", "foreign", "container", "comm")
+
+    def __init__(self, pid: int, exe: str | None, root: str, environ: dict = NEW, mappings: list = NEW,
+                 foreign: bool = False, container=None, comm: str = ""):
         self.pid = pid
         self.exe = exe
         self.root = root
         self.environ = {} if environ is NEW else environ
         self.mappings = [] if mappings is NEW else mappings  # one Mapping per distinct file
+        self.foreign = foreign  # another root or mount namespace than ours
+        self.container = container  # container.ContainerIdentity, or None
+        self.comm = comm
+
+    @property
+    def root_dir(self) -> str:
+        return f"/proc/{self.pid}/root" if self.foreign else "/"
+
+    def in_root(self, path: str) -> str:
+        """The path as the process names it.  The kernel prints maps and exe relative to the
+        reader's root where the file is reachable from it: a chroot at /srv/c in our mount
+        namespace shows /srv/c/lib/libc.so.6, which the process calls /lib/libc.so.6.  A
+        container in its own mount namespace is printed from its own root already."""
+        prefix = self.root.rstrip("/")
+        if prefix and path.startswith(prefix + "/"):
+            return path[len(prefix):]
+        return path
 
     def host_path(self, path: str) -> str:
-        """The path as seen from here, through the process's root (containers, chroots)."""
-        if self.root in ("", "/"):
+        """A host path for ``path`` (as /proc printed it), resolved inside the process's root:
+        a symlink in a container never leads to a host file."""
+        if not self.foreign:
             return path
-        return f"/proc/{self.pid}/root{path}"
+        from . import rootfs
+        try:
+            return rootfs.host_path(self.root_dir, self.in_root(path))
+        except OSError:
+            return f"{self.root_dir}{self.in_root(path)}"
+
+    def where(self) -> str:
+        """' in podman container 415b9f57acdc (web)', or '' for a host process."""
+        if self.container is not None:
+            return " in " + self.container.short()
+        if self.root not in ("", "/"):
+            return f" chrooted in {self.root}"
+        return ""
 
 
 def _proc(pid: int, name: str) -> str:
@@ -91,7 +127,36 @@ def read_process(pid: int) -> ProcessView:
         raise
     if exe and exe.endswith(DELETED):
         exe = exe[: -len(DELETED)]
-    return ProcessView(pid=pid, exe=exe, root=root, environ=environ, mappings=parse_maps(maps))
+    foreign = root not in ("", "/") or not _same_mount_ns(pid)
+    identity = None
+    if foreign or exe is not None:
+        from . import container
+        identity = container.identify(pid)
+        foreign = foreign or identity is not None and not identity.monitor
+    return ProcessView(pid=pid, exe=exe, root=root, environ=environ, mappings=parse_maps(maps),
+                       foreign=foreign, container=identity, comm=_comm(pid))
+
+
+_OWN_MNT_NS: list = []
+
+
+def _same_mount_ns(pid: int) -> bool:
+    """True when ``pid`` shares our mount namespace (its paths are ours); unreadable counts
+    as shared, as before namespaces were looked at."""
+    try:
+        if not _OWN_MNT_NS:
+            _OWN_MNT_NS.append(os.stat("/proc/self/ns/mnt").st_ino)
+        return os.stat(_proc(pid, "ns/mnt")).st_ino == _OWN_MNT_NS[0]
+    except OSError:
+        return True
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(_proc(pid, "comm"), "rb") as handle:
+            return handle.read(64).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
 
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
@@ -134,39 +199,92 @@ def is_library(path: str) -> bool:
 
 
 def mapped_lib_facts(view: ProcessView) -> list:
-    """A fact per mapped shared object (and the executable): deleted, replaced or ok."""
+    """A fact per mapped shared object (and the executable): deleted, replaced or ok,
+    judged inside the process's own root."""
     facts = []
-    for mapping in view.mappings:
-        if not (is_library(mapping.path) or mapping.path == view.exe):
-            continue
-        state, disk_inode = _disk_state(view, mapping)
-        facts.append(Fact("mapped_lib", {"pid": view.pid, "path": mapping.path},
-                          {"deleted": state == "deleted", "replaced": state == "replaced",
-                           "state": state, "mapped_inode": mapping.inode, "disk_inode": disk_inode,
-                           "exe": view.exe},
-                          source="collect.process"))
+    subject_extra = {"container": view.container.subject()} if view.container is not None else {}
+    restart = restart_hint(view)
+    root = None
+    try:
+        for mapping in view.mappings:
+            if not (is_library(mapping.path) or mapping.path == view.exe):
+                continue
+            if root is None:
+                root = _open_root(view)
+            state, disk_inode = _disk_state(view, mapping, root)
+            facts.append(Fact("mapped_lib", {"pid": view.pid, "path": mapping.path, **subject_extra},
+                              {"deleted": state == "deleted", "replaced": state == "replaced",
+                               "state": state, "mapped_inode": mapping.inode, "disk_inode": disk_inode,
+                               "exe": view.exe, "where": view.where(), "restart": restart},
+                              source="collect.process"))
+    finally:
+        if root is not None and root is not False:
+            root.close()
     return facts
 
 
-def _disk_state(view: ProcessView, mapping: Mapping) -> tuple:
-    # The kernel marks a mapping "(deleted)" once its inode is unlinked; when a file is
-    # back under the same name, the library was replaced (an upgrade renames a new file
-    # over the old one), otherwise it is gone.
+def restart_hint(view: ProcessView) -> str:
+    """The restart that makes this process map the files on disk: its container's or pod's
+    where it has one, the seedance agent only where the process is the agent itself."""
+    if view.container is not None:
+        return view.container.restart()
+    argv = _cmdline(view.pid)
+    if any(os.path.basename(a) == "seedance" for a in argv[:3]) and "agent" in argv:
+        return "systemctl --user restart seedance-agent"
+    comm = view.comm or os.path.basename(view.exe or "") or "?"
+    return f"restart pid {view.pid} ({comm})"
+
+
+def _cmdline(pid: int) -> list:
     try:
-        on_disk = os.stat(view.host_path(mapping.path))
-    except FileNotFoundError:
-        return "deleted", None
+        with open(_proc(pid, "cmdline"), "rb") as handle:
+            return [a.decode("utf-8", "replace") for a in handle.read(4096).split(b"\0") if a]
     except OSError:
+        return []
+
+
+def _open_root(view: ProcessView):
+    """A rootfs.Root on the process's root, False when it cannot be opened (gone, or not ours)."""
+    from . import rootfs
+    try:
+        return rootfs.Root(view.root_dir)
+    except OSError:
+        return False
+
+
+def _disk_state(view: ProcessView, mapping: Mapping, root) -> tuple:
+    # The kernel marks a mapping "(deleted)" once its inode is unlinked: only then is a file
+    # gone, or replaced when a file is back under the same name (an upgrade renames a new file
+    # over the old one).  The name is looked up where the process looks it up, in its own root,
+    # so a container's or chroot's files are never judged by the host's.
+    name = view.in_root(mapping.path)
+    on_disk = None
+    if root:
+        try:
+            on_disk = root.stat(name)
+        except FileNotFoundError:
+            on_disk = None
+        except OSError:
+            return ("deleted" if mapping.deleted else "unknown"), None
+    elif root is False:
         return ("deleted" if mapping.deleted else "unknown"), None
-    if mapping.deleted:
-        return "replaced", on_disk.st_ino
-    # Compare like with like: stat through map_files gives the mapped file as this kernel
-    # view sees it (overlayfs reports other inode numbers in maps than stat does).
     try:
+        # the mapped file itself, as this kernel view sees it: overlayfs reports other inode
+        # numbers in maps than a stat of its path does
         mapped = os.stat(f"/proc/{view.pid}/map_files/{mapping.range}")
-        same = (mapped.st_dev, mapped.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+        mapped_id = (mapped.st_dev, mapped.st_ino)
     except OSError:
-        same = on_disk.st_ino == mapping.inode
+        mapped_id = None
+    if on_disk is None:
+        if mapping.deleted:
+            return "deleted", None
+        # the name is missing in its root although the kernel says the mapped file still has
+        # a link: a path we cannot place (a lazily unmounted or bind-hidden file), not a deletion
+        return "unknown", None
+    if mapped_id is not None:
+        same = mapped_id == (on_disk.st_dev, on_disk.st_ino)
+    else:
+        same = not mapping.deleted and on_disk.st_ino == mapping.inode
     return ("ok" if same else "replaced"), on_disk.st_ino
 
 
@@ -207,8 +325,9 @@ def preload_facts(view: ProcessView) -> list:
     for item in value.replace(":", " ").split():
         if "/" not in item:
             continue
-        path = view.host_path(item)
-        if not os.path.exists(path):
+        # the process names its preloads inside its own root
+        path = view.host_path(item) if view.foreign else item
+        if not (_exists_in_root(view, item) if view.foreign else os.path.exists(path)):
             missing.append(item)
             continue
         why = config.writable_by_others(path)
@@ -221,6 +340,14 @@ def preload_facts(view: ProcessView) -> list:
                   "expands_early": False, "variables": [], "preload_missing": bool(missing),
                   "preload_writable": bool(writable), "use": "preload"},
                  source="collect.process")]
+
+
+def _exists_in_root(view: ProcessView, path: str) -> bool:
+    from . import rootfs
+    try:
+        return rootfs.exists(view.root_dir, path)
+    except OSError:
+        return False
 
 
 def all_pids() -> list:

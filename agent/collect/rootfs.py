@@ -47,6 +47,10 @@ MAX_LINK_HOPS = 40  # include/linux/namei.h MAXSYMLINKS: the kernel's ELOOP afte
 READ_CAP = 16 << 20  # read(): an ld.so.conf, environ or maps larger than this is not honest
 LIST_CAP = 100_000  # listdir(): names per directory
 
+# A path every open fails on with ENOENT (a fd number is never negative), for a caller that
+# must hand a path to a tool when the name did not resolve inside the root: never a host file
+NOWHERE = "/proc/self/fd/-1"
+
 _SYS_OPENAT2 = 437  # the same number on every architecture (the unified table from 5.1)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10

@@ -76,13 +76,19 @@ def execute(args) -> int:
     from ..resolve import Resolver
 
     env = _parse_env(args.env)
-    if not os.path.exists(args.file):
+    root, path = _in_process_root(args.file)
+    if root != "/":
+        # a file under /proc/PID/root (a container's, a chroot's) loads that root's
+        # libraries, found through its own ld.so.cache; it is resolved inside that root
+        _check_in_root(root, path, args.file)
+        args.file = path
+    elif not os.path.exists(args.file):
         if os.path.lexists(args.file):
             raise BadInput(f"{args.file}: dangling symbolic link or symbolic link loop")
         raise BadInput(f"{args.file}: no such file or directory")
-    if os.path.isdir(args.file):
+    elif os.path.isdir(args.file):
         raise BadInput(f"{args.file}: is a directory")
-    resolver = Resolver(env=env, secure=args.secure)
+    resolver = Resolver(env=env, secure=args.secure, root=root)
     info = resolver.read(args.file)
     # As ld.so --verify decides for ldd: no PT_DYNAMIC (or no loader for the ABI) is "not a
     # dynamic executable"; a dynamic object without DT_NEEDED is "statically linked"
@@ -109,6 +115,36 @@ def execute(args) -> int:
     else:
         sys.stdout.write(render(closure))
     return 0
+
+
+def _in_process_root(file: str) -> tuple:
+    """('/proc/PID/root', '/path/inside') for a file named through a process's root, else
+    ('/', file)."""
+    import os
+    import re
+
+    match = re.match(r"^/proc/(\d+|self)/root(/.*)?$", os.path.normpath(file) if file.startswith("/proc/") else file)
+    if match is None:
+        return "/", file
+    return f"/proc/{match.group(1)}/root", match.group(2) or "/"
+
+
+def _check_in_root(root: str, path: str, shown: str) -> None:
+    import errno
+    import stat
+
+    from ..collect import rootfs
+
+    try:
+        st = rootfs.stat(root, path)
+    except FileNotFoundError:
+        raise BadInput(f"{shown}: no such file or directory") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BadInput(f"{shown}: symbolic link loop") from None
+        raise BadInput(f"{shown}: {(exc.strerror or 'cannot open').lower()}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise BadInput(f"{shown}: is a directory")
 
 
 def render(closure) -> str:

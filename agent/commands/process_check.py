@@ -184,8 +184,8 @@ def live_findings(pid: int, rules, strict: bool = False) -> list:
         view = read_process(pid)
     except (ProcessGone, PermissionError, OSError):
         return []
-    if view.root not in ("", "/") or view.exe is None:
-        return []  # a container's files are judged by the scan through /proc/PID/root
+    if view.exe is None:
+        return []
     _model, facts = _live(pid, view, [], [])
     return rules.evaluate(facts, strict=strict)
 
@@ -203,25 +203,34 @@ def _pid(args, lines: list):
         raise BadInput(f"process {pid}: no such process") from None
     except PermissionError:
         raise BadInput(f"process {pid}: permission denied") from None
-    if view.root not in ("", "/") or view.exe is None:
-        raise BadInput(f"process {pid}: no executable on this root to model")
+    if view.exe is None:
+        raise BadInput(f"process {pid}: no executable to model (a kernel thread)")
     return _live(pid, view, args.then_dlopen, lines)
 
 
 def _live(pid: int, view, then_dlopen, lines: list):
+    from ..model.errors import BadInput, ELFError
     from ..model.report import Fact
     from ..resolve import Resolver
     from ..resolve.process import Load, live
 
+    # The process's own loader environment and root: a container's or chroot's ld.so reads
+    # its /etc/ld.so.cache and its libraries, so the model resolves inside /proc/PID/root
+    # (an absolute symlink there starts again at that root, never at the host's /).
     env = {k: v for k, v in view.environ.items() if k in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
-    resolver = Resolver(env=env)
-    sim, shadowed = live(resolver, view.exe, [m.path for m in view.mappings if not m.deleted])
-    lines.append(f"process {pid} ({view.exe}): {len(sim.model.link_map)} objects in its link map")
+    resolver = Resolver(env=env, root=view.root_dir)
+    exe = view.in_root(view.exe)
+    try:
+        sim, shadowed = live(resolver, exe, [view.in_root(m.path) for m in view.mappings if not m.deleted])
+    except ELFError as exc:
+        raise BadInput(f"process {pid}{view.where()}: {exc.message}") from None
+    lines.append(f"process {pid} ({exe}){view.where()}: {len(sim.model.link_map)} objects in its link map")
+    where = {"container": view.container.subject()} if view.container is not None else {}
     facts = []
     for shadow in shadowed:
         lines.append(f"  already shadowed: {shadow.name} needed by {shadow.requester} is {shadow.used}; "
                      f"alone it finds {shadow.alone}")
-        facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester}, {
+        facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester, **where}, {
             "event": "shadowed", "importer": "", "module": shadow.requester, "name": shadow.name,
             "how": f"mapped in process {pid}", "why_args": f"--pid {pid}",
             "used": shadow.used, "alone": shadow.alone, "loaded_by": shadow.loaded_by,
@@ -236,7 +245,7 @@ def _live(pid: int, view, then_dlopen, lines: list):
             lines.append(f"    {shadow.name} => {shadow.used} (already loaded; alone it finds {shadow.alone})")
         for shadow in step.shadowed:
             missing = ", ".join(s or f"@{v}" for s, v in shadow.missing)  # a version node alone: "@VER"
-            facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester}, {
+            facts.append(Fact("process-load", {"pid": pid, "path": shadow.requester, **where}, {
                 "event": "shadowed", "importer": lib, "module": lib, "name": shadow.name,
                 "how": f"dlopen in process {pid}", "why_args": f"--pid {pid}",
                 "used": shadow.used, "alone": shadow.alone, "loaded_by": shadow.loaded_by,
@@ -245,7 +254,7 @@ def _live(pid: int, view, then_dlopen, lines: list):
                 "the copy already loaded serves it", "consequence": step.shadow_consequence(missing) if missing
                 else "binds to the loaded copy", "error": step.error or ""}, source="process"))
         if not step.ok and not step.shadowed:
-            facts.append(Fact("process-load", {"pid": pid, "path": lib}, {
+            facts.append(Fact("process-load", {"pid": pid, "path": lib, **where}, {
                 "event": "failed", "importer": lib, "module": lib, "error": step.error or "",
                 "how": f"dlopen in process {pid}", "why_args": f"--pid {pid}", "then": "",
                 "order_hint": ""}, source="process"))

@@ -186,7 +186,7 @@ class Simulator:
         """Objects already in the process (a live link map, the modules an interpreter loads
         at start-up) in order; they join the link map without being judged again."""
         for path in paths:
-            if self._known(path) is None and os.path.exists(path):
+            if self._known(path) is None and os.path.exists(self.resolver._host(path)):  # inside its root
                 self._add(path, label, label)
 
     # --- one dlopen ----------------------------------------------------------------------
@@ -202,7 +202,7 @@ class Simulator:
                 if path is None:
                     return self._record(LoadStep(load, False, f"{target}: cannot open shared object file: "
                                                                 "No such file or directory", (), (), (), (), ()))
-        elif not os.path.exists(path):
+        elif not os.path.exists(self.resolver._host(path)):
             return self._record(LoadStep(load, False, f"{target}: cannot open shared object file: "
                                                       "No such file or directory", (), (), (), (), ()))
         known = self._known(path)
