@@ -17,6 +17,7 @@ examples:
   seedance check ./build --arch sm_90             a tree of binaries, for an H100/H200
   seedance check --pid 4242                       what a running process really loaded
   seedance check --pid 4242 4243                  several processes, as trace --pid takes them
+  seedance check --container web                  a running container (podman, docker or crictl names it)
   seedance check --strict --report-json r.json /opt/app
   seedance check --json ./libkernels.so | jq '.findings[].rule'
   seedance check --explain libcudart.so.12 ./libkernels.so
@@ -44,6 +45,9 @@ def configure_parser(sub):
     # several PIDs after one --pid, as `trace --pid A B` takes them; repeatable too
     parser.add_argument("--pid", type=_pid, nargs="+", action="extend", default=[], metavar="PID",
                         help="check running processes: --pid A B, or --pid A --pid B")
+    parser.add_argument("--container", action="append", default=[], metavar="NAME",
+                        help="check a running container's first process, as --pid of the pid podman, "
+                             "docker or crictl gives for NAME (repeatable; docs/containers.md)")
     parser.add_argument("--arch", metavar="sm_XX", help="GPU architecture to check fatbins against (default: NVML)")
     parser.add_argument("--driver-version", metavar="VERSION",
                         help="the driver to judge against: a driver version (535.104.05), a branch (535) or "
@@ -129,6 +133,13 @@ def execute(args) -> int:
     if args.bundle is not None and args.from_bundle is not None:
         raise UsageError("--bundle and --from-bundle: capture or replay, not both")
     args.report_target = prepare_output(json_to, force=args.force) if json_to is not None else None
+    for name in args.container:  # a container is checked as its first process, in its own root
+        from ..collect.container import pid_of
+        from ..model.errors import BadInput
+        pid, why = pid_of(name)
+        if pid is None:
+            raise BadInput(f"--container {name}: {why}")
+        args.pid.append(pid)
     _only_for_the_scan(args)
     if args.plugin:
         from ..plugins.layers import main_for_check

@@ -226,7 +226,13 @@ class Resolver:
     def _host(self, path: str) -> str:
         if self.root == "/" or not path.startswith("/"):
             return path
-        return os.path.join(self.root, path.lstrip("/"))
+        # resolved inside the root, as its own ld.so would: an absolute symlink in a
+        # container or image starts again at its root, never at the host's
+        from ..collect import rootfs
+        try:
+            return rootfs.host_path(self.root, path)
+        except OSError:  # a link loop, a file as a directory: as ld.so, it does not open
+            return rootfs.NOWHERE + path
 
     def _stat_of(self, path: str):
         host = self._host(path)
