@@ -107,6 +107,13 @@ def configure_parser(sub):
     parser.add_argument("--min-severity", metavar="LEVEL", help="drop findings below info|warning|error|fatal")
     parser.add_argument("--baseline", metavar="PREVIOUS.json",
                         help="report only findings whose fingerprint is not in this earlier report (or SARIF)")
+    parser.add_argument("--image", metavar="PATH",
+                        help="check a container image without running it: an OCI layout directory, an "
+                             "oci-archive or a docker-archive tar (docs/containers.md, Images)")
+    parser.add_argument("--root", metavar="DIR",
+                        help="check an unpacked root filesystem as its own ld.so would load it")
+    parser.add_argument("--platform", metavar="OS/ARCH",
+                        help="with --image: the manifest of a multi-platform index (default linux/amd64)")
     parser.add_argument("--config-from-target", action="store_true",
                         help="apply a .seedance.yaml found in the checked tree (its git root); by default only "
                              "the current directory's applies, as the tree's author wrote the other")
@@ -162,7 +169,9 @@ def execute(args) -> int:
                            rules_dir=args.rules, python=args.python)
     progress = Progress(enabled=wanted(args))
     finding_filter = _finding_filter(args)  # a bad --select/--baseline/.seedance.yaml fails first
-    if args.from_bundle is not None or args.bundle is not None:
+    if args.image is not None or args.root is not None:
+        report = _image(args, options)
+    elif args.from_bundle is not None or args.bundle is not None:
         report = _bundle(args, options, progress)
     else:
         from ..collect.check_cache import run_cached
@@ -253,6 +262,21 @@ def _bundle(args, options, progress):
     report, summary = bundle.capture(options, target, progress, with_binaries=args.with_binaries)
     sys.stderr.write(bundle.describe(summary))
     return report
+
+
+def _image(args, options):
+    """check --image / --root: the image's own view, never the host's (collect/image.py)."""
+    from ..collect import image
+
+    if args.image is not None and args.root is not None:
+        raise UsageError("--image and --root: one at a time")
+    if args.targets or args.pid or args.bundle or args.from_bundle:
+        raise UsageError("--image/--root take no TARGET, --pid or bundle")
+    if args.image is not None:
+        return image.check_image(args.image, options, platform=args.platform)
+    if args.platform:
+        raise UsageError("--platform: only with --image")
+    return image.check_root(args.root, options)
 
 
 def _named_unreadable(targets, problems) -> list:

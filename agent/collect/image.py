@@ -1,0 +1,344 @@
+"""check --image / check --root: a container image judged as its own ld.so would load it,
+without running anything in it.
+
+The image's layers become a tree (collect/layers.py) laid out in a private staging
+directory with every symlink re-rooted, and the resolver reads it with ``root=`` set: the
+image's /etc/ld.so.cache, its default directories, and the config's Env (LD_LIBRARY_PATH;
+PATH to find the Entrypoint/Cmd program).  Every ELF object of the image is a root of the
+check, the entry program first.  The facts are the scan's (collect/closure.py, cuda.py)
+with the paths of the image, and every fact's subject carries ``image_path`` and the
+``layer`` that brought the file in.  The CUDA runtime is judged against the driver the
+NVIDIA container toolkit mounts from the host (--driver-version, else this host's NVML);
+the driver libraries themselves (libcuda.so.1, libnvidia-ml.so.1) are the toolkit's to
+bring, so the image lacking them is no finding, and a libcuda.so baked into the image is
+(rule image-libcuda-baked).
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import time
+
+from ..model.errors import BadInput, ELFError
+from ..model.report import Fact, Report
+from . import cuda, layers, oci
+from . import closure as closure_facts
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# what the NVIDIA container toolkit mounts from the host (CUDA-FACTS "Containers"): a NEEDED
+# of one of these that the image lacks resolves once the container starts with GPUs
+INJECTED = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
+            "libcudadebugger.so", "libnvidia-opencl.so", "libnvidia-gpucomp.so")
+_COMPAT = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
+
+
+class _Source:
+    """What was checked: the tree, its staging directory, the environment and command."""
+
+    def __init__(self, tree, shadow: str, env: dict, command: list, scope: dict):
+        self.tree = tree
+        self.shadow = shadow
+        self.env = env
+        self.command = command
+        self.scope = scope
+
+
+def check_image(path: str, options, platform: str | None = None) -> Report:
+    """Read, verify and apply the image's layers, then judge it."""
+    started = time.monotonic()
+    caps = layers.Caps()
+    image, store = oci.open_image(path, platform)
+    staging = layers.make_staging()
+    try:
+        try:
+            tree = layers.Tree(staging)
+            budget = layers._Budget(caps, path)
+            for index, layer in enumerate(image.layers):
+                if image.kind != "docker-archive":
+                    # the stored (compressed) bytes against the manifest's digest, before
+                    # anything of the layer is used
+                    handle = layer.open()
+                    if handle is None:
+                        raise BadInput(f"{path}: missing blob {layer.digest}")
+                    with handle:
+                        oci.verify_stream(handle, layer.digest, path, "layer",
+                                          layer.size if isinstance(layer.size, int) else None)
+                layers.apply_layer(tree, layer, index, budget, path)
+        finally:
+            store.close()
+        shadow = os.path.join(staging, "root")
+        layers.materialize(tree, shadow, path)
+        scope = {"image": path, "image_kind": image.kind, "platform": image.platform,
+                 "layers": [layer.digest for layer in image.layers],
+                 "entrypoint": image.command, "env_path": image.env.get("PATH", DEFAULT_PATH),
+                 "ld_library_path": image.env.get("LD_LIBRARY_PATH", "")}
+        source = _Source(tree, shadow, image.env, image.command, scope)
+        return _judge(source, options, started)
+    finally:
+        layers.remove_staging(staging)
+
+
+def check_root(directory: str, options) -> Report:
+    """An unpacked root filesystem: the same check, with no layers and no image config
+    (the environment is taken as empty: PATH the default, no LD_LIBRARY_PATH)."""
+    started = time.monotonic()
+    if not os.path.isdir(directory):
+        raise BadInput(f"{directory}: not a directory")
+    tree = layers.from_directory(directory, layers.Caps())
+    staging = layers.make_staging()
+    try:
+        shadow = os.path.join(staging, "root")
+        layers.materialize(tree, shadow, directory)
+        scope = {"root": directory, "env_path": DEFAULT_PATH, "ld_library_path": ""}
+        return _judge(_Source(tree, shadow, {}, [], scope), options, started)
+    finally:
+        layers.remove_staging(staging)
+
+
+# --- the judgement ---------------------------------------------------------------------------
+def _judge(source: _Source, options, started: float) -> Report:
+    from ..judge.engine import load_rules
+    from ..resolve import ABIS, Resolver
+    from . import host
+    from .options import gpu_context
+
+    rules = load_rules(options.rules_dir)
+    gpu = gpu_context(options)
+    env = {"LD_LIBRARY_PATH": source.env["LD_LIBRARY_PATH"]} if source.env.get("LD_LIBRARY_PATH") else {}
+    resolver = Resolver(env=env, root=source.shadow)
+    dedup = closure_facts.FactDedup()
+    dedup.stat_of = resolver._stat_of  # identities of the image's files, not the host's
+    entry = _entry_program(source)
+    roots = ([entry] if entry else []) + [p for p in _elf_files(source) if p != entry]
+    facts, errors = [], []
+    runtime_memo: dict = {}
+    static_seen: set = set()
+    compat = _compat_version(source)
+    counts = {"elf": 0, "skipped": 0, "unreadable": 0}
+    objects_seen: set = set()
+    for path in roots:
+        try:
+            info = resolver.read(path)
+            if (info.elf_class, info.machine) not in ABIS:
+                counts["skipped"] += 1
+                continue
+            result = resolver.closure(path)
+            gaps = resolver.version_gaps(result)
+        except (ELFError, OSError) as exc:
+            counts["unreadable"] += 1
+            errors.append({"path": path, "error": str(exc).replace(source.shadow, "")})
+            continue
+        except RecursionError:
+            counts["unreadable"] += 1
+            errors.append({"path": path, "error": "dependency chain too deep"})
+            continue
+        counts["elf"] += 1
+        objects_seen.update(result.objects)
+        closure_facts.note_needed(result, dedup)
+        facts.extend(closure_facts.version_facts(result, dedup))
+        facts.extend(closure_facts.gap_facts(result, gaps, dedup))
+        runtimes = closure_facts.closure_runtimes(result, runtime_memo)
+        closure_facts.note_runtime_mix(result, runtimes, dedup)
+        facts.extend(_driver_facts(runtimes, gpu, dedup, compat))
+        facts.extend(_static_runtime_facts(result.objects, gpu, static_seen, source, compat))
+    facts.extend(closure_facts.needed_facts(dedup, lambda res: _explain_missing(res, source)))
+    facts.extend(closure_facts.runtime_mix_facts(dedup))
+    facts.extend(_libcuda_facts(source, resolver))
+    facts = [_with_image_subject(fact, source.tree) for fact in facts]
+    findings = rules.evaluate(facts, strict=options.strict)
+    scope = dict(source.scope, entry_program=entry, driver_version=gpu.driver_version,
+                 gpu_targets=[label for _n, _v, label, _s in gpu.targets])
+    stats = {"files_scanned": len(roots), "elf_objects": counts["elf"], "closure_objects": len(objects_seen),
+             "skipped": counts["skipped"], "unreadable": counts["unreadable"],
+             "special_files_left_out": source.tree.skipped_special, "facts": len(facts),
+             "errors": errors, "duration_s": round(time.monotonic() - started, 3)}
+    report = Report(command="check", host=host.host_facts(gpu), stats=stats, extra={"scope": scope})
+    report.add(findings)
+    return report
+
+
+def _staged(source: _Source, path: str) -> str:
+    return source.shadow + path
+
+
+def _elf_files(source: _Source) -> list:
+    """Image paths of every regular file that starts with the ELF magic."""
+    found = []
+    for path, node in source.tree.walk():
+        if node.kind != "file" or node.size < 4:
+            continue
+        try:
+            with open(node.blob.path, "rb") as handle:
+                if handle.read(4) == layers.ELF_MAGIC:
+                    found.append(path)
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def _entry_program(source: _Source) -> str | None:
+    """The image path of the program the container starts (Entrypoint, else Cmd), found on
+    the image's PATH as execvp would; a #! script's interpreter.  Never run."""
+    if not source.command:
+        return None
+    word = source.command[0]
+    candidates = [word] if "/" in word else [
+        posixpath.join(d or ".", word) for d in source.env.get("PATH", DEFAULT_PATH).split(":")]
+    for candidate in candidates:
+        if not candidate.startswith("/"):
+            candidate = "/" + candidate
+        try:
+            canonical, node = source.tree.lookup(candidate)
+        except layers.SymlinkLoop:
+            continue
+        if node is None or node.kind != "file":
+            continue
+        try:
+            with open(node.blob.path, "rb") as handle:
+                head = handle.read(256)
+        except OSError:
+            continue
+        if head.startswith(b"#!"):
+            interpreter = head[2:].split(b"\n", 1)[0].strip().split(b" ", 1)[0]
+            try:
+                canonical, node = source.tree.lookup(interpreter.decode("utf-8", "replace"))
+            except layers.SymlinkLoop:
+                return None
+            return canonical if node is not None else None
+        return canonical
+    return None
+
+
+def _explain_missing(res, source: _Source) -> dict:
+    name = res.name
+    if name.startswith(INJECTED):
+        return {"context": "injected",
+                "reason": f"{name} is mounted from the host by the NVIDIA container toolkit"}
+    removed = [(path, layer) for path, layer in source.tree.removed.items()
+               if posixpath.basename(path) == name]
+    if removed:
+        path, layer = sorted(removed)[0]
+        return {"removed_by_layer": layer, "removed_path": path,
+                "where": f"; {path} was removed by a whiteout in layer {layer}"}
+    return {}
+
+
+def _compat_version(source: _Source) -> str | None:
+    """A cuda-compat libcuda on the image's LD_LIBRARY_PATH (its version), else None."""
+    for directory in (d for d in source.env.get("LD_LIBRARY_PATH", "").split(":") if d):
+        if posixpath.basename(posixpath.normpath(directory)) != "compat":
+            continue
+        try:
+            _canonical, node = source.tree.lookup(directory)
+        except layers.SymlinkLoop:
+            continue
+        if node is None or node.kind != "dir":
+            continue
+        versions = [m.group(1) for m in map(_COMPAT.match, node.children) if m]
+        if versions:
+            return max(versions, key=cuda.version_tuple)
+    return None
+
+
+def _driver_facts(runtimes: dict, gpu, dedup, compat) -> list:
+    """cuda_driver facts for the image's shared runtimes, against the host's driver (the
+    one the toolkit injects) or the image's own cuda-compat on its LD_LIBRARY_PATH."""
+    if not gpu.driver_version:
+        return []
+    facts = []
+    for path, (major, requester) in runtimes.items():
+        if requester == path or not dedup.first(dedup.drivers, (requester, path)):
+            continue
+        fact = cuda.driver_fact(requester, path, major, gpu.driver_version, gpu.driver_source, compat=compat)
+        if fact is not None:
+            facts.append(fact)
+    return facts
+
+
+def _static_runtime_facts(objects: dict, gpu, seen: set, source: _Source, compat) -> list:
+    if not gpu.driver_version:
+        return []
+    facts = []
+    for path, info in objects.items():
+        if path in seen:
+            continue
+        seen.add(path)
+        if info is not None and not any(n in info.section_names for n in (".nv_fatbin", "__nv_relfatbin")):
+            continue
+        try:
+            found = cuda.static_runtime(_staged(source, path), info)
+        except OSError:
+            continue
+        if not found or found["major"] is None:
+            continue
+        fact = cuda.driver_fact(path, path, found["major"], gpu.driver_version, gpu.driver_source,
+                                linkage="static", compat=compat,
+                                extra={"static_marker": found["marker"], "toolkit_release": found["release"],
+                                       "version_source": found["version_source"]})
+        if fact is not None:
+            facts.append(fact)
+    return facts
+
+
+def _libcuda_facts(source: _Source, resolver) -> list:
+    """image_libcuda facts: each regular libcuda.so* file in the image.  On the loader's
+    path (the image's ld.so.cache, LD_LIBRARY_PATH or a default directory) ld.so takes it
+    before the copy the toolkit mounts, and a version other than the host kernel module's
+    fails cuInit with CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803).  The toolkit's link-time
+    stubs (…/stubs/libcuda.so) are for the linker only and are left alone unless the
+    loader's path reaches them."""
+    from ..resolve import ABIS
+
+    searched = set()
+    for directory in source.env.get("LD_LIBRARY_PATH", "").split(":"):
+        if directory:
+            searched.add(_canonical_dir(source, directory))
+    for abi in ABIS.values():
+        for directory in abi.system_dirs:
+            searched.add(_canonical_dir(source, directory))
+    try:
+        cached = {_canonical_dir(source, posixpath.dirname(e.path)) for e in resolver.ldcache().entries
+                  if e.name.startswith("libcuda.so")}
+    except (OSError, ValueError, BadInput):
+        cached = set()
+    facts = []
+    for path, node in source.tree.walk():
+        name = posixpath.basename(path)
+        if node.kind != "file" or not name.startswith("libcuda.so"):
+            continue
+        directory = posixpath.dirname(path)
+        on_path = directory in searched or directory in cached
+        stub = posixpath.basename(directory) == "stubs"
+        if stub and not on_path:
+            continue
+        compat = posixpath.basename(directory) == "compat"
+        facts.append(Fact("image_libcuda", {"path": path},
+                          {"name": name, "on_loader_path": on_path, "in_ld_cache": directory in cached,
+                           "compat": compat, "layer": node.layer,
+                           "remove": f"RUN rm -f {directory}/libcuda.so*"},
+                          source="collect.image"))
+    return facts
+
+
+def _canonical_dir(source: _Source, directory: str) -> str:
+    try:
+        canonical, _node = source.tree.lookup(directory)
+    except layers.SymlinkLoop:
+        return posixpath.normpath(directory)
+    return canonical
+
+
+def _with_image_subject(fact: Fact, tree) -> Fact:
+    """The fact's subject with image_path and the digest of the layer that brought it in."""
+    path = fact.subject.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        return fact
+    try:
+        _canonical, node = tree.lookup(path)
+    except layers.SymlinkLoop:
+        node = None
+    subject = dict(fact.subject, image_path=path)
+    if node is not None and node.layer:
+        subject["layer"] = node.layer
+    return Fact(fact.kind, subject, fact.data, fact.source)
