@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..model.report import Fact
-from ..model.record import Record, _new_dict, _new_object
+from ..model.record import Record
 from ..resolve.names import same_library
 from . import cuda, inputs
 
@@ -185,10 +185,9 @@ def version_facts(closure, dedup: FactDedup) -> list:
         if key in versions:
             continue
         versions.add(key)
-        # the Fact made as its __init__ makes it, without the call (~5,500 of them in a check
-        # of /usr/lib, issue 13)
-        fact = _new_object(Fact)
-        _new_dict(fact, "__dict__", {
+        # the Fact as its __init__ makes it, without the call: one per version a library
+        # needs, thousands in a check of a system library directory
+        fact = Fact._build({
             "kind": "version_need", "subject": {"path": check.requester},
             "data": {"file": check.file, "version": check.version, "weak": bool(check.weak),
                      "provider": check.provider, "defined": bool(check.defined),

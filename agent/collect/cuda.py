@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from ..model.record import NEW, FrozenRecord, Record, _new_dict
+from ..model.record import NEW, FrozenRecord, Record, set_fields
 
 from ..model.report import Fact
 
@@ -63,7 +63,7 @@ class DriverSpec(FrozenRecord):
     _fields = ("text", "kind", "version", "cuda")
 
     def __init__(self, text: str, kind: str, version: tuple, cuda: tuple | None):
-        _new_dict(self, "__dict__", {"text": text, "kind": kind, "version": version, "cuda": cuda})
+        set_fields(self, {"text": text, "kind": kind, "version": version, "cuda": cuda})
 
     def meets(self, required: str) -> bool:
         """Is this driver at least ``required`` (a full driver version from NVIDIA's table)?"""

@@ -312,6 +312,4 @@ def _info(path: str, out, raw: bytes, vn_counts):
                   flags_1=out.flags_1, version_needs=tuple(version_needs), version_defs=version_defs,
                   build_id=build_id, has_sections=bool(out.has_sections), has_dynamic=bool(out.has_dynamic),
                   section_names=section_names)
-    info = object.__new__(ElfInfo)
-    object.__setattr__(info, "__dict__", fields)
-    return info
+    return ElfInfo._build(fields)

@@ -7,7 +7,7 @@ record.py says what these frozen records keep of the dataclasses they were).
 """
 from __future__ import annotations
 
-from ..model.record import FrozenRecord, _new_dict
+from ..model.record import FrozenRecord, set_fields
 
 DF_1_NODEFLIB = 0x800
 # Symbol.binding and Symbol.type: the names of st_info's two halves, as both readers spell them
@@ -22,7 +22,7 @@ class VersionNeed(FrozenRecord):
     _fields = ("file", "versions")
 
     def __init__(self, file: str, versions: tuple):  # versions: of (name, weak)
-        _new_dict(self, "__dict__", {"file": file, "versions": versions})
+        set_fields(self, {"file": file, "versions": versions})
 
 
 class Symbol(FrozenRecord):
@@ -32,7 +32,7 @@ class Symbol(FrozenRecord):
     # (not a default version)
     def __init__(self, name: str, defined: bool, binding: str, type: str, version: str | None = None,
                  hidden: bool = False):
-        _new_dict(self, "__dict__", {"name": name, "defined": defined, "binding": binding, "type": type,
+        set_fields(self, {"name": name, "defined": defined, "binding": binding, "type": type,
                                      "version": version, "hidden": hidden})
 
 
@@ -60,7 +60,7 @@ class ElfInfo(FrozenRecord):
                   "interpreter": interpreter}
         for name, default in self.DEFAULTS.items():
             values[name] = rest.get(name, default)
-        _new_dict(self, "__dict__", values)
+        set_fields(self, values)
 
     @property
     def nodeflib(self) -> bool:

@@ -28,7 +28,7 @@ import struct
 import sys
 
 from ..model.errors import ELFError
-from ..model.record import FrozenRecord, Record, _new_dict
+from ..model.record import FrozenRecord, Record, set_fields
 from .atomic import file_identity
 
 DT_NULL, DT_NEEDED, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ = 0, 1, 4, 5, 6, 10
@@ -299,7 +299,7 @@ class Patch(FrozenRecord):
     _fields = ("offset", "data")
 
     def __init__(self, offset: int, data: bytes):
-        _new_dict(self, "__dict__", {"offset": offset, "data": data})
+        set_fields(self, {"offset": offset, "data": data})
 
 
 class EditPlan(Record):

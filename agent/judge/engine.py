@@ -23,7 +23,7 @@ from . import cel_subset
 from ..collect import inputs
 from ..model.errors import BadInput, RuleError
 from ..model.report import SEVERITIES, Fact, Finding
-from ..model.record import NEW, FrozenRecord, _new_dict
+from ..model.record import NEW, FrozenRecord, set_fields
 
 # os.path, not pathlib: pathlib (with urllib.parse) was ~3 ms of every command's start
 # the checkout's rules/, three levels above agent/judge/engine.py
@@ -55,7 +55,7 @@ class Rule(FrozenRecord):
                  message: str, explain: str, metric: str, fix: str, evidence: tuple = (),
                  strict_only: bool = False, maturity: str = "stable", source: str = "", program=None,
                  names: tuple = (), memo: dict = NEW, escalate=None, escalate_program=None, defaults=None):
-        _new_dict(self, "__dict__", {
+        set_fields(self, {
             "id": id, "title": title, "severity": severity, "trap": trap, "layer": layer, "fact": fact,
             "condition": condition, "message": message, "explain": explain, "metric": metric, "fix": fix,
             "evidence": evidence, "strict_only": strict_only, "maturity": maturity, "source": source,

@@ -2,25 +2,45 @@
 (the resolver's and the ELF reader's results, facts, findings, rules, fix plans).
 
 Importing dataclasses imports inspect (with ast, dis, tokenize, linecache), and each
-@dataclass compiles its methods with exec(): ~47M instructions for the import and ~3M a class
-(callgrind), a quarter of a small `seedance fix` and ~15 ms of each `seedance ldd` start
-(issue 13).  A subclass lists its fields in ``_fields`` (__init__ order); when some are left
-out of == and hash() like dataclasses.field(compare=False), the others in ``_compared``;
-when some are left out of repr() (field(repr=False)), the others in ``_shown``.  It writes
-its own ``__init__`` (a default_factory is the NEW marker: a new container per instance,
-while an explicit None stays None, as with dataclasses).  The behaviour is the generated
-one: equality only with the same class over the compared fields, and the same repr.
-FrozenRecord (frozen=True) hashes the compared fields and raises AttributeError on
-assignment; Record (a plain @dataclass) is mutable and unhashable.  Instances keep a
-__dict__, as the dataclasses had.
+@dataclass compiles its methods with exec(): a noticeable part of the start of every short
+command (`seedance ldd`, a `seedance fix` of one library).  A subclass lists its fields in
+``_fields`` (__init__ order); when some are left out of == and hash() like
+dataclasses.field(compare=False), the others in ``_compared``; when some are left out of
+repr() (field(repr=False)), the others in ``_shown``.  It writes its own ``__init__`` (a
+default_factory is the NEW marker: a new container per instance, while an explicit None
+stays None, as with dataclasses), which ends with ``set_fields(self, {...every field...})``.
+The behaviour is the generated one: equality only with the same class over the compared
+fields, and the same repr.  FrozenRecord (frozen=True) hashes the compared fields and raises
+AttributeError on assignment; Record (a plain @dataclass) is mutable and unhashable.
+Instances keep a __dict__, as the dataclasses had.
+
+How an instance gets its fields is this module's business alone: a record's own __init__
+calls set_fields(), and code that makes records by the thousand in a loop (the resolver's
+version checks, the facts of a closure, the C reader's ElfInfo) calls ``Cls._build(values)``,
+which makes the instance without running __init__.
 """
 from __future__ import annotations
 
+# the instance's __dict__ set in one step: a frozen record's own __setattr__ refuses
+# assignment, and one dict built by the caller is cheaper than a store per field
 _new_dict = object.__setattr__
-# A record made without its __init__, where one is built per NEEDED or verneed in a hot loop:
-# _new_object(cls), then _new_dict(obj, "__dict__", {...every field...}), which is what the
-# __init__ of FrozenRecord and Record leaves (the resolver's VersionChecks, version facts)
 _new_object = object.__new__
+
+
+def set_fields(record, values: dict) -> None:
+    """For a record class's own __init__: ``values`` (every field by name, in ``_fields``
+    order) become the fields of ``record``, a frozen one included."""
+    _new_dict(record, "__dict__", values)
+
+
+def _build(cls, values: dict):
+    """An instance of ``cls`` whose fields are ``values`` (every field by name, in
+    ``_fields`` order, each as __init__ would have made it), made without running __init__:
+    for loops that make thousands of records whose fields are already at hand."""
+    record = _new_object(cls)
+    _new_dict(record, "__dict__", values)
+    return record
+
 
 NEW = object()  # a default meaning "a new empty list/dict for this instance" (default_factory)
 
@@ -34,6 +54,8 @@ class FrozenRecord:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         _complete(cls)
+
+    _build = classmethod(_build)
 
     def _key(self) -> tuple:
         values = self.__dict__
@@ -69,9 +91,7 @@ class FrozenRecord:
         unknown = set(changes) - set(self._fields)
         if unknown:
             raise TypeError(f"{self.__class__.__name__} has no field {sorted(unknown)[0]!r}")
-        copy = object.__new__(self.__class__)
-        _new_dict(copy, "__dict__", {**self.__dict__, **changes})
-        return copy
+        return self.__class__._build({**self.__dict__, **changes})
 
 
 def _complete(cls) -> None:
@@ -93,6 +113,8 @@ class Record:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         _complete(cls)
+
+    _build = classmethod(_build)
 
     def __eq__(self, other):
         if other.__class__ is self.__class__:

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Mapping  # not typing's alias: typing was ~12M instructions of a fix's start (issue 13)
 
-from .record import NEW, FrozenRecord, Record, _new_dict
+from .record import NEW, FrozenRecord, Record, set_fields
 
 SEVERITIES = ("info", "warning", "error", "fatal")
 SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
@@ -29,7 +29,7 @@ class Fact(FrozenRecord):
     _fields = ("kind", "subject", "data", "source")
 
     def __init__(self, kind: str, subject: Mapping[str, Any], data: Mapping[str, Any], source: str = ""):
-        _new_dict(self, "__dict__", {"kind": kind, "subject": subject, "data": data, "source": source})
+        set_fields(self, {"kind": kind, "subject": subject, "data": data, "source": source})
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "subject": dict(self.subject), "data": _plain(self.data),
@@ -42,7 +42,7 @@ class Finding(FrozenRecord):
 
     def __init__(self, rule: str, severity: str, trap: str, layer: str, subject: Mapping[str, Any],
                  message: str, evidence: Mapping[str, Any] = NEW, fix: str = "", title: str = ""):
-        _new_dict(self, "__dict__", {"rule": rule, "severity": severity, "trap": trap, "layer": layer,
+        set_fields(self, {"rule": rule, "severity": severity, "trap": trap, "layer": layer,
                                      "subject": subject, "message": message,
                                      "evidence": {} if evidence is NEW else evidence, "fix": fix,
                                      "title": title})

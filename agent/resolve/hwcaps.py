@@ -9,7 +9,7 @@ sets for this CPU; tests compare what we derive from /proc/cpuinfo with it.
 from __future__ import annotations
 
 import os
-from ..model.record import FrozenRecord
+from ..model.record import FrozenRecord, set_fields
 
 # x86-64 psABI micro-architecture levels, as cpuinfo flag names (lzcnt is "abm").
 _LEVEL_FLAGS = {
@@ -27,7 +27,7 @@ class CpuCaps(FrozenRecord):
     _fields = ("hwcaps_subdirs", "legacy_subdirs", "platform", "hwcap_bits")
 
     def __init__(self, hwcaps_subdirs: tuple, legacy_subdirs: tuple, platform: str, hwcap_bits: int):
-        object.__setattr__(self, "__dict__", {
+        set_fields(self, {
             "hwcaps_subdirs": hwcaps_subdirs,  # glibc-hwcaps subdirectory names, best first
             "legacy_subdirs": legacy_subdirs,  # legacy subdirectories ("tls/haswell/...") in search order, '' excluded
             "platform": platform,  # $PLATFORM

@@ -22,7 +22,7 @@ import struct
 
 from ..collect import inputs
 from ..model.errors import BadInput
-from ..model.record import FrozenRecord
+from ..model.record import FrozenRecord, set_fields
 
 MAGIC_OLD = b"ld.so-1.7.0"
 MAGIC_NEW = b"glibc-ld.so.cache1.1"
@@ -56,7 +56,7 @@ class CacheEntry(FrozenRecord):
     _fields = ("name", "path", "flags", "hwcap", "hwcaps_subdir")
 
     def __init__(self, name: str, path: str, flags: int, hwcap: int, hwcaps_subdir: str | None):
-        object.__setattr__(self, "__dict__", {"name": name, "path": path, "flags": flags, "hwcap": hwcap,
+        set_fields(self, {"name": name, "path": path, "flags": flags, "hwcap": hwcap,
                                               "hwcaps_subdir": hwcaps_subdir})  # for glibc-hwcaps entries
 
 

@@ -32,7 +32,7 @@ from ..collect import inputs as _inputs
 from ..elf import fastread as _fastread
 from ..elf.info import ElfInfo
 from ..model.errors import ELFError
-from ..model.record import FrozenRecord, Record, _new_dict, _new_object
+from ..model.record import FrozenRecord, Record, set_fields
 from . import hwcaps as _hwcaps
 from . import tokens
 from .ldcache import LdCache, cache_stamp
@@ -65,7 +65,7 @@ class Abi(FrozenRecord):
     _fields = ("name", "elf_class", "machine", "system_dirs", "lib", "rtld")
 
     def __init__(self, name: str, elf_class: int, machine: int, system_dirs: tuple, lib: str, rtld: str):
-        object.__setattr__(self, "__dict__", {
+        set_fields(self, {
             "name": name, "elf_class": elf_class, "machine": machine,
             "system_dirs": system_dirs,  # each ending in '/', as in glibc's SYSTEM_DIRS
             "lib": lib,  # $LIB
@@ -87,7 +87,7 @@ class Resolution(FrozenRecord):
 
     def __init__(self, name: str, requester: str, path: str | None, source: str, tried: tuple,
                  search_order: tuple, soname: str | None):
-        object.__setattr__(self, "__dict__", {
+        set_fields(self, {
             "name": name,  # the NEEDED string
             "requester": requester,  # path of the object whose NEEDED it is
             "path": path,  # the path ld.so would open (not realpath'd), or None
@@ -102,7 +102,7 @@ class VersionCheck(FrozenRecord):
 
     def __init__(self, requester: str, file: str, version: str, weak: bool, provider: str | None,
                  defined: bool, provider_versions: tuple):
-        object.__setattr__(self, "__dict__", {
+        set_fields(self, {
             "requester": requester, "file": file, "version": version, "weak": weak,
             "provider": provider,  # resolved path providing `file`
             # ld.so accepts the requirement: the provider's verdef defines `version`, or the
@@ -864,27 +864,26 @@ class Resolver:
                         groups.append(known)
                     continue
                 start = len(checks)
-                # each VersionCheck made as its __init__ makes it, without the call (~7,500
-                # checks in a check of /usr/lib, issue 13)
+                # each VersionCheck as its __init__ makes it, without the call: one per
+                # version each NEEDED asks for, thousands in a check of a library directory
+                build = VersionCheck._build
                 requester, file = obj.path, need.file
                 if provider is None or provider.info is None:
                     for version, weak in need.versions:
-                        check = _new_object(VersionCheck)
-                        _new_dict(check, "__dict__", {
+                        check = build({
                             "requester": requester, "file": file, "version": version, "weak": weak,
                             "provider": None, "defined": False, "provider_versions": ()})
                         checks.append(check)
                 else:
-                    # what does not change from one version to the next, looked up once
-                    # (~10% of a `seedance ldd`'s closure went to this loop, issue 13)
+                    # what does not change from one version to the next, looked up once: the
+                    # loop runs for every version of every NEEDED of the closure
                     defs = provider.info.version_defs
                     any_version = not _has_verdef(provider.info)
                     soname, provider_versions = provider.info.soname, tuple(defs)
                     provider_path = provider.path
                     defined_set = self._version_set(provider_versions)
                     for version, weak in need.versions:
-                        check = _new_object(VersionCheck)
-                        _new_dict(check, "__dict__", {
+                        check = build({
                             "requester": requester, "file": file, "version": version, "weak": weak,
                             "provider": provider_path,
                             "defined": version in defined_set or any_version or version == soname,
@@ -1153,7 +1152,7 @@ class SymbolGap(FrozenRecord):
     _fields = ("requester", "symbol", "version", "provider")
 
     def __init__(self, requester: str, symbol: str, version: str, provider: str):
-        object.__setattr__(self, "__dict__", {"requester": requester, "symbol": symbol, "version": version,
+        set_fields(self, {"requester": requester, "symbol": symbol, "version": version,
                                               "provider": provider})
 
 

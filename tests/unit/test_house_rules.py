@@ -319,6 +319,61 @@ def test_no_module_patches_another_package_or_freezes_the_collector():
     assert _tree_patches() == []
 
 
+# --- hand-written records ----------------------------------------------------------------
+
+RECORD_MODULE = "agent/model/record.py"
+_RECORD_INTERNALS = ("_new_dict", "_new_object")
+
+
+def _record_tricks(source: str, where: str = "<source>") -> list:
+    """Lines that give an object its __dict__ wholesale (object.__setattr__(x, "__dict__", ...))
+    or import the record module's private makers: how a record gets its fields is
+    model/record.py's business (set_fields in a record's __init__, Cls._build elsewhere)."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "__setattr__" and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id == "object" and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value == "__dict__":
+            found.append(f"{where}:{node.lineno}: object.__setattr__(..., '__dict__', ...)")
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name in _RECORD_INTERNALS:
+                    found.append(f"{where}:{node.lineno}: imports {alias.name}")
+        elif isinstance(node, ast.Attribute) and node.attr in _RECORD_INTERNALS:
+            found.append(f"{where}:{node.lineno}: uses {node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("source", [
+    "def f(x):\n    object.__setattr__(x, '__dict__', {})\n",
+    "from ..model.record import FrozenRecord, _new_dict\n",
+    "from seedance.model.record import _new_object as make\n",
+    "from ..model import record\nrecord._new_dict(x, '__dict__', {})\n",
+])
+def test_the_record_trick_finder_finds_tricks(source):
+    assert _record_tricks(source)
+
+
+@pytest.mark.parametrize("source", [
+    "from ..model.record import FrozenRecord, set_fields\nclass A(FrozenRecord):\n"
+    "    def __init__(self, a):\n        set_fields(self, {'a': a})\n",
+    "fact = Fact._build({'kind': 'k'})\n",
+    "object.__setattr__(x, 'name', 1)\n",
+])
+def test_the_record_trick_finder_leaves_plain_code_alone(source):
+    assert _record_tricks(source) == []
+
+
+def test_only_the_record_module_gives_records_their_fields():
+    found = []
+    for path in sorted(ROOT.joinpath("agent").rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        if where != RECORD_MODULE:
+            found += _record_tricks(path.read_text(), where)
+    assert found == []
+
+
 # --- generated files ---------------------------------------------------------------------
 
 def test_git_holds_no_cffi_output():
