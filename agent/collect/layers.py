@@ -346,7 +346,7 @@ class _Decoded:
                 self._out += self._decoder.decompress(data)
 
     def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0 or size > MAX_HEADER_BYTES + _CHUNK:
+        if size is None or size < 0 or size > MAX_HEADER_BYTES:
             raise BadInput(f"{self.where}: a tar header of the layer is larger than "
                            f"{MAX_HEADER_BYTES} bytes (cap: header bytes)")
         self._fill(size)
