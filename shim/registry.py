@@ -15,6 +15,7 @@ from pathlib import Path
 from ..model.errors import NotAvailable
 from .binding import binding
 from .events import EVENT_STRUCT, event_to_dict
+from .pidns import ProcessTable, own_pid_namespace
 
 STATES = {0: "free", 1: "claiming", 2: "live", 3: "exited"}
 RECORD_STRUCT = struct.Struct("<QQiHH")
@@ -70,6 +71,11 @@ class Instance:
     exited_ns: int
     events_dropped: int = 0
     extra: dict = field(default_factory=dict)
+    # pid and ppid above are as the process saw them, in its own pid namespace; a reader in
+    # another one (the host agent, for a container's process) finds it by these:
+    pid_namespace: tuple[int, int] = (0, 0)   # (st_dev, st_ino) of its /proc/self/ns/pid; 0: unknown
+    host_pid: int | None = None               # its pid in the reader's namespace; None: ended or unseen
+    host_ppid: int = 0                        # its parent's, 0 when unknown
 
 
 def registry_path() -> Path:
@@ -97,14 +103,19 @@ class Registry:
         self.header = self.ffi.cast("struct sd_header *", self.base)
         ffi = self.ffi
         if self.header.magic != self.lib.SD_MAGIC or \
-                self.header.abi_version != self.lib.SD_ABI_VERSION:
-            raise NotAvailable(f"{path}: registry of another seedance version (ABI {self.header.abi_version})")
+                self.header.abi_version != self.lib.SD_ABI_VERSION or \
+                self.header.slot_size != ffi.sizeof("struct sd_slot") or \
+                self.header.group_size != ffi.sizeof("struct sd_group"):
+            raise NotAvailable(f"{path}: registry of another seedance version (ABI {self.header.abi_version}, "
+                               f"this seedance reads ABI {self.lib.SD_ABI_VERSION}): its programs must run "
+                               f"under the same seedance")
         if ffi.sizeof("struct sd_event") != EVENT_STRUCT.size or \
                 ffi.sizeof("struct sd_record") != RECORD_STRUCT.size:
             raise NotAvailable("seedance.shim: event/record layout out of step with seedance_shim.h")
         self.max_slots = self.lib.SD_MAX_SLOTS
         self.max_devices = self.lib.SD_MAX_DEVICES
         self.api_names = [ffi.string(self.header.api_names[i]).decode() for i in range(self.header.napis)]
+        self.pid_namespace = own_pid_namespace()
 
     @classmethod
     def open(cls, path: str | os.PathLike | None = None) -> "Registry":
@@ -144,16 +155,43 @@ class Registry:
                 out[path] = out.get(path, 0) + int(s.libs[i].allocs)
         return out
 
-    def instance(self, index: int) -> Instance | None:
+    def _foreign_namespace(self, s) -> tuple[int, int] | None:
+        """The slot's pid namespace when it is not this reader's (None: ours, or unknown)."""
+        ns = (int(s.pid_ns_dev), int(s.pid_ns_ino))
+        return ns if ns[1] and self.pid_namespace is not None and ns != self.pid_namespace else None
+
+    def process_table(self) -> ProcessTable | None:
+        """One walk of /proc for the slots of other pid namespaces (containers); None when
+        every occupied slot is of this reader's namespace.  A pass reads it once."""
+        wanted = set()
+        for index in range(self.max_slots):
+            s = self._slot(index)
+            if int(s.state) != 0 and (ns := self._foreign_namespace(s)) is not None:
+                wanted.add(ns)
+        return ProcessTable.scan(wanted) if wanted else None
+
+    def instance(self, index: int, processes: ProcessTable | None = None) -> Instance | None:
+        """The slot's instance.  ``processes``: a ProcessTable of this pass (instances()
+        makes one); without it a process of another pid namespace costs a walk of /proc."""
         s = self._slot(index)
         state = int(s.state)
         if state == 0:
             return None
         nd = self.max_devices
-        dead = self.lib.seedance_registry_slot_dead(self.base, index)
+        pid, start, ppid = int(s.pid), int(s.start_time), int(s.ppid)
+        foreign = self._foreign_namespace(s)
+        if foreign is None:
+            alive = self.lib.seedance_registry_slot_dead(self.base, index) == 0
+            host_pid, host_ppid = (pid if alive else None), ppid
+        else:
+            if processes is None or foreign not in processes.wanted:
+                processes = ProcessTable.scan({foreign})
+            alive = state != 3 and pid > 0 and processes.alive(foreign, pid, start)
+            host_pid = processes.find(foreign, pid, start) if alive else None
+            host_ppid = (processes.translate(foreign, ppid) or 0) if ppid > 0 else 0
         return Instance(
-            slot=index, pid=int(s.pid), start_time=int(s.start_time), state=STATES.get(state, str(state)),
-            alive=dead == 0, exe=self.ffi.string(s.exe).decode("utf-8", "replace"), ppid=int(s.ppid),
+            slot=index, pid=pid, start_time=start, state=STATES.get(state, str(state)),
+            alive=alive, exe=self.ffi.string(s.exe).decode("utf-8", "replace"), ppid=ppid,
             group=int(s.group), ndevices=int(s.ndevices),
             visible=None if s.nvisible < 0 else [int(s.visible[i]) for i in range(s.nvisible)],
             current=self._held(index), refused=_nonzero(s.refused, nd),
@@ -161,7 +199,8 @@ class Registry:
             api_calls={self.api_names[i]: int(s.api_calls[i]) for i in range(len(self.api_names))
                        if s.api_calls[i]},
             libraries=self.libraries(index), library_allocs=self.library_allocs(index), untracked=int(s.untracked), audit=bool(s.flags & 1),
-            started_ns=int(s.started_ns), exited_ns=int(s.exited_ns), events_dropped=int(s.ring_dropped))
+            started_ns=int(s.started_ns), exited_ns=int(s.exited_ns), events_dropped=int(s.ring_dropped),
+            pid_namespace=(int(s.pid_ns_dev), int(s.pid_ns_ino)), host_pid=host_pid, host_ppid=host_ppid)
 
     def _held(self, index: int) -> dict[int, int]:
         """Bytes held per device: the sum of the slot's records, added up in C."""
@@ -176,7 +215,8 @@ class Registry:
         return list(out[0:max(n, 0)])
 
     def instances(self) -> list[Instance]:
-        return [inst for i in range(self.max_slots) if (inst := self.instance(i)) is not None]
+        processes = self.process_table()
+        return [inst for i in range(self.max_slots) if (inst := self.instance(i, processes)) is not None]
 
     def allocations(self, index: int) -> list[Allocation]:
         """What the instance still holds; for a dead instance, its leaks."""

@@ -2,7 +2,13 @@
 
 GC needs four things from it: the slots with their identity (pid + start time) and
 liveness, the allocations a slot still holds, reclaiming a dead slot, and how many slots
-are free.  This module adapts the shim's Python API to exactly that, so the loop does not
+are free.
+
+A slot's pid is the one its process saw: in a container, a pid of the container's pid
+namespace.  The identity the agent keeps (the state database's key, the log) stays that
+recorded (pid, start time), which a restart reads back the same whether the process still
+runs or not; liveness is decided in the process's own namespace (seedance.shim.pidns, one
+walk of /proc per pass), and host_pid says which host process it is while it runs.  This module adapts the shim's Python API to exactly that, so the loop does not
 depend on the registry's layout.
 """
 from __future__ import annotations
@@ -33,11 +39,13 @@ class InstanceSlot:
     remapped: bool = False
     devices: tuple = field(default_factory=tuple)
     raw: object = field(default=None, compare=False, repr=False)  # the shim's Instance
+    host_pid: int | None = None     # the pid in the agent's namespace, while it runs
+    pid_namespace: int = 0          # inode of its pid namespace (0: unknown)
 
     def to_dict(self) -> dict:
         return {"slot": self.slot, "pid": self.pid, "start_time": self.start_time, "command": self.exe,
                 "alive": self.alive, "allocated_bytes": self.allocated_bytes, "remapped": self.remapped,
-                "devices": list(self.devices)}
+                "devices": list(self.devices), "host_pid": self.host_pid, "pid_namespace": self.pid_namespace}
 
 
 class ShimRegistry:
@@ -67,7 +75,8 @@ class ShimRegistry:
                 slot=inst.slot, pid=inst.pid, start_time=inst.start_time, exe=inst.exe, alive=inst.alive,
                 allocated_bytes=sum(inst.current.values()), remapped=inst.visible is not None,
                 devices=tuple(sorted(inst.current)) if inst.current else tuple(inst.visible or ()),
-                raw=inst))
+                raw=inst, host_pid=getattr(inst, "host_pid", inst.pid if inst.alive else None),
+                pid_namespace=getattr(inst, "pid_namespace", (0, 0))[1]))
         return out
 
     def outstanding(self, inst: InstanceSlot) -> list[Allocation]:
@@ -87,7 +96,8 @@ class ShimRegistry:
         current = self._registry.instance(inst.slot)
         # Reclaim exactly the instance that was judged: the slot may have been reclaimed and
         # claimed again (by `seedance run` or a second agent) since the scan.
-        if current is None or (current.pid, current.start_time) != (inst.pid, inst.start_time):
+        if current is None or (current.pid, current.start_time, getattr(current, "pid_namespace", None)) != \
+                (inst.pid, inst.start_time, getattr(inst.raw, "pid_namespace", None)):
             return "gone"
         if self._registry.reclaim(inst.slot):
             return "reclaimed"
@@ -96,7 +106,8 @@ class ShimRegistry:
     def wrapper_alive(self, inst: InstanceSlot) -> bool:
         """Whether the `seedance run` that launched the instance is still running: it reports
         and reclaims its own instances when they end, so the agent leaves those to it."""
-        ppid = getattr(inst.raw, "ppid", 0)
+        # the parent's pid in the agent's namespace (a container's process records its own)
+        ppid = getattr(inst.raw, "host_ppid", getattr(inst.raw, "ppid", 0))
         if ppid <= 1:
             return False
         try:

@@ -19,7 +19,7 @@
 #include <stddef.h>
 
 /* cdef-begin */
-#define SD_ABI_VERSION 3
+#define SD_ABI_VERSION 4
 #define SD_MAGIC 0x3147455244454553   /* "SEEDREG1" little-endian */
 #define SD_MAX_SLOTS 256
 #define SD_MAX_GROUPS 64
@@ -32,6 +32,9 @@
 #define SD_LIB_PATH_LEN 248
 #define SD_RING_EVENTS 2048
 #define SD_EVENT_TEXT 192
+/* the initial pid namespace's inode (PROC_PID_INIT_INO, include/linux/proc_ns.h): a reader
+ * there sees every process of every pid namespace in its /proc */
+#define SD_INIT_PID_NS_INO 0xEFFFFFFC
 
 /* sd_slot.state */
 #define SD_SLOT_FREE 0
@@ -93,16 +96,20 @@ struct sd_event {
 /* A member of a group that found every slot taken (registry full): it shares the group's
  * quota like any member, but its allocations are recorded only inside the process. */
 struct sd_overflow {
-    int32_t pid;                       /* 0 free; claimed by CAS */
+    int32_t pid;                       /* 0 free; claimed by CAS; in its own pid namespace */
     uint32_t pad;
     uint64_t start_time;
+    uint64_t pid_ns_dev;               /* stat(/proc/self/ns/pid) of the member: st_dev, st_ino */
+    uint64_t pid_ns_ino;
 };
 
 struct sd_group {
     uint64_t key;                      /* 0 free; set last when created */
-    int32_t owner_pid;
+    int32_t owner_pid;                 /* in the owner's pid namespace (owner_ns_*) */
     uint32_t members;                  /* live processes attached: slots and overflow[] entries */
     uint64_t owner_start;
+    uint64_t owner_ns_dev;
+    uint64_t owner_ns_ino;
     uint64_t slot_bits[SD_MAX_SLOTS / 64];  /* the slots of this group's members: readers
                                           touch only those (set when a slot joins, cleared
                                           when it is reclaimed) */
@@ -118,9 +125,16 @@ struct sd_group {
 
 struct sd_slot {
     uint32_t state;                    /* SD_SLOT_* */
-    int32_t pid;
-    uint64_t start_time;               /* /proc/PID/stat field 22: with pid, the identity */
-    int32_t ppid;
+    int32_t pid;                       /* as the process sees it: in its own pid namespace */
+    uint64_t start_time;               /* /proc/self/stat field 22, clock ticks since boot:
+                                          the same number in every pid namespace */
+    uint64_t pid_ns_dev;               /* stat(/proc/self/ns/pid): st_dev and st_ino name the
+                                          pid namespace, so a reader in another one (the host
+                                          agent, a container) can find the process (through
+                                          NSpid in /proc/PID/status) instead of judging by
+                                          whoever has that number in its own */
+    uint64_t pid_ns_ino;
+    int32_t ppid;                      /* in the same pid namespace as pid; 0 outside it */
     int32_t group;                     /* index into the group table, -1 none */
     uint64_t started_ns;               /* CLOCK_REALTIME */
     uint64_t exited_ns;
@@ -169,6 +183,7 @@ const char *seedance_shim_version_string(void);
 int seedance_registry_path(char *buf, size_t len);
 int seedance_registry_reclaim(void *base, int slot);
 int seedance_registry_slot_dead(void *base, int slot);
+int seedance_pid_ns(uint64_t *dev, uint64_t *ino);
 int seedance_group_open(void *base, uint64_t key, const uint64_t *limits, int ndev);
 int seedance_group_release(void *base, int group);
 int seedance_group_slots(void *base, int group, int *out, int max);

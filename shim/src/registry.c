@@ -16,6 +16,8 @@
  *  - The file is created under flock (released by the kernel if the creator dies).
  */
 #define _GNU_SOURCE
+#include <ctype.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -109,11 +111,10 @@ uint64_t sd_parse_size(const char *s, int *ok)
     return (uint64_t)v * mult;
 }
 
-/* /proc/PID/stat field 22 (starttime): with the pid, an identity that survives pid reuse */
-SD_EXPORT uint64_t seedance_proc_start_time(int pid)
+/* field 22 (starttime) of a /proc/.../stat file */
+static uint64_t start_time_at(const char *path)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    char buf[1024];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -133,6 +134,37 @@ SD_EXPORT uint64_t seedance_proc_start_time(int pid)
         p++;
     }
     return strtoull(p, NULL, 10);
+}
+
+/* /proc/PID/stat field 22 (starttime): with the pid, an identity that survives pid reuse.
+ * It counts clock ticks since boot, so a process has the same start time whichever pid
+ * namespace's /proc it is read through (fs/proc/array.c: do_task_stat). */
+SD_EXPORT uint64_t seedance_proc_start_time(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    return start_time_at(path);
+}
+
+/* This process's own start time: /proc/self, not /proc/getpid(), which is another process
+ * when /proc belongs to a parent pid namespace (unshare --pid without --mount-proc). */
+static uint64_t self_start_time(void)
+{
+    return start_time_at("/proc/self/stat");
+}
+
+/* The pid namespace this process is in: the st_dev and st_ino of /proc/self/ns/pid
+ * (namespaces(7): two processes are in the same namespace iff both numbers match). */
+SD_EXPORT int seedance_pid_ns(uint64_t *dev, uint64_t *ino)
+{
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) != 0) {
+        *dev = *ino = 0;
+        return -errno;
+    }
+    *dev = (uint64_t)st.st_dev;
+    *ino = (uint64_t)st.st_ino;
+    return 0;
 }
 
 static int ensure_dir(const char *path)
@@ -289,7 +321,8 @@ void sd_registry_unlock(void)
 
 static void overflow_sweep_locked(struct sd_group *g);
 
-static int pid_alive(int pid, uint64_t start)
+/* pid and start time in this process's own pid namespace */
+static int local_pid_alive(int pid, uint64_t start)
 {
     if (pid <= 0)
         return 0;
@@ -297,6 +330,100 @@ static int pid_alive(int pid, uint64_t start)
         return 0;
     uint64_t now = seedance_proc_start_time(pid);
     return now == 0 || now == start; /* unreadable /proc (hidepid): assume alive */
+}
+
+/* The last number of the NSpid line of /proc/PID/status: the pid in the process's own
+ * (innermost) pid namespace; -1 when unreadable. */
+static int innermost_pid(const char *pid_dir)
+{
+    char path[320], buf[4096];
+    snprintf(path, sizeof path, "/proc/%s/status", pid_dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *line = strstr(buf, "\nNSpid:");
+    if (!line)
+        return -1;
+    int last = -1;
+    for (char *p = line + 7; *p && *p != '\n';) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        last = (int)v;
+        p = end;
+    }
+    return last;
+}
+
+/* A process of another pid namespace (a container's, seen from the host): look for it in
+ * /proc, where the host sees every process of every namespace below its own.  Alive when
+ * a process in that namespace has that innermost pid and that start time.  Dead when it is
+ * not there and the namespace is visible here (another of its processes is) or this reader
+ * is in the initial pid namespace (which sees all of them: a namespace with no process
+ * left has ended).  Otherwise this reader cannot see that namespace at all (a container
+ * looking at the host's slots, or a sibling's) and never declares the process ended; nor
+ * when a process with that innermost pid and start time hid its namespace from us.  A walk of
+ * /proc, on the rare paths only: a full registry, a reclaim. */
+static int foreign_pid_alive(int pid, uint64_t start, uint64_t ns_dev, uint64_t ns_ino, uint64_t own_ino)
+{
+    DIR *proc = opendir("/proc");
+    if (!proc)
+        return 1;
+    int seen_ns = 0, hidden = 0, alive = 0;
+    struct dirent *d;
+    while (!alive && !hidden && (d = readdir(proc)) != NULL) {
+        if (!isdigit((unsigned char)d->d_name[0]))
+            continue;
+        char path[320]; /* d_name is at most 255 bytes */
+        struct stat st;
+        snprintf(path, sizeof path, "/proc/%s/ns/pid", d->d_name);
+        if (stat(path, &st) != 0) {
+            /* following the ns link needs ptrace access (proc(5)): a process that is not
+             * dumpable hides its namespace, not its innermost pid or its start time, and
+             * with both matching it may well be ours */
+            if (errno == EACCES || errno == EPERM) {
+                snprintf(path, sizeof path, "/proc/%s/stat", d->d_name);
+                hidden = innermost_pid(d->d_name) == pid && start_time_at(path) == start;
+            }
+            continue;
+        }
+        if ((uint64_t)st.st_dev != ns_dev || (uint64_t)st.st_ino != ns_ino)
+            continue;
+        seen_ns = 1;
+        if (innermost_pid(d->d_name) != pid)
+            continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", d->d_name);
+        alive = start_time_at(path) == start;
+    }
+    closedir(proc);
+    if (alive || hidden)
+        return 1;
+    return !(seen_ns || own_ino == SD_INIT_PID_NS_INO);
+}
+
+/* Whether the process (pid, start) of the pid namespace (ns_dev, ns_ino) still runs, as
+ * seen from this process; ns_ino 0: the namespace is not known (no /proc there), judged
+ * as this process's own. */
+static int pid_alive(int pid, uint64_t start, uint64_t ns_dev, uint64_t ns_ino)
+{
+    uint64_t own_dev, own_ino;
+    if (pid <= 0)
+        return 0;
+    if (ns_ino == 0 || seedance_pid_ns(&own_dev, &own_ino) != 0 || (own_dev == ns_dev && own_ino == ns_ino))
+        return local_pid_alive(pid, start);
+    return foreign_pid_alive(pid, start, ns_dev, ns_ino, own_ino);
+}
+
+static inline int same_process(int32_t pid, uint64_t start, uint64_t ns_dev, uint64_t ns_ino,
+                               int32_t pid2, uint64_t start2, uint64_t ns_dev2, uint64_t ns_ino2)
+{
+    return pid == pid2 && start == start2 && ns_dev == ns_dev2 && ns_ino == ns_ino2;
 }
 
 SD_EXPORT int seedance_registry_slot_dead(void *base, int i)
@@ -309,7 +436,7 @@ SD_EXPORT int seedance_registry_slot_dead(void *base, int i)
         return 0;
     if (state == SD_SLOT_EXITED)
         return 1;
-    return !pid_alive(s->pid, s->start_time);
+    return !pid_alive(s->pid, s->start_time, s->pid_ns_dev, s->pid_ns_ino);
 }
 
 /* Groups are placed from key % SD_MAX_GROUPS on, and looked up from there: a reader
@@ -339,7 +466,8 @@ static int group_open_locked(void *base, uint64_t key, const uint64_t *limits, i
     for (int d = 0; d < ndev && d < SD_MAX_DEVICES; d++)
         g->limit[d] = limits[d];
     g->owner_pid = owner;
-    g->owner_start = seedance_proc_start_time(owner);
+    g->owner_start = owner == (int)getpid() ? self_start_time() : seedance_proc_start_time(owner);
+    seedance_pid_ns(&g->owner_ns_dev, &g->owner_ns_ino); /* the owner is ours or our parent */
     __atomic_store_n(&g->key, key, __ATOMIC_RELEASE);
     return free_index;
 }
@@ -422,7 +550,7 @@ static int reclaim_locked(void *base, int i)
     uint32_t state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
     if (state == SD_SLOT_FREE)
         return 0;
-    if (state != SD_SLOT_EXITED && pid_alive(s->pid, s->start_time))
+    if (state != SD_SLOT_EXITED && pid_alive(s->pid, s->start_time, s->pid_ns_dev, s->pid_ns_ino))
         return -EBUSY;
     if (s->group >= 0 && s->group < SD_MAX_GROUPS) {
         struct sd_group *g = group_at(base, s->group);
@@ -439,7 +567,7 @@ static int reclaim_locked(void *base, int i)
         /* the last member of a group whose owner (seedance run) is gone: free the group */
         overflow_sweep_locked(g);
         if (__atomic_load_n(&g->key, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g->members, __ATOMIC_ACQUIRE) &&
-            !pid_alive(g->owner_pid, g->owner_start))
+            !pid_alive(g->owner_pid, g->owner_start, g->owner_ns_dev, g->owner_ns_ino))
             __atomic_store_n(&g->key, 0, __ATOMIC_RELEASE);
     }
     zero_slot(s);
@@ -491,13 +619,17 @@ static void read_exe(char *out, size_t len)
     out[n > 0 ? n : 0] = '\0';
 }
 
+/* this process's pid namespace (sd_registry_attach): with pid and start time, its identity */
+static uint64_t self_ns_dev, self_ns_ino;
+
 static int claim_slot(struct sd_header *h, int pid, uint64_t start)
 {
-    /* the LD_AUDIT copy and the LD_PRELOAD copy of one process share its slot */
+    /* the LD_AUDIT copy and the LD_PRELOAD copy of one process share its slot; pid 1 of two
+     * containers started in the same clock tick are two processes (their namespaces differ) */
     for (int i = 0; i < SD_MAX_SLOTS; i++) {
         struct sd_slot *s = slot_at(h, i);
-        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SD_SLOT_LIVE && s->pid == pid &&
-            s->start_time == start)
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SD_SLOT_LIVE &&
+            same_process(s->pid, s->start_time, s->pid_ns_dev, s->pid_ns_ino, pid, start, self_ns_dev, self_ns_ino))
             return i;
     }
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -510,6 +642,8 @@ static int claim_slot(struct sd_header *h, int pid, uint64_t start)
                                             __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
                 s->pid = pid;
                 s->start_time = start;
+                s->pid_ns_dev = self_ns_dev;
+                s->pid_ns_ino = self_ns_ino;
                 s->ppid = (int)getppid();
                 s->group = -1;
                 s->nvisible = -1;
@@ -563,7 +697,8 @@ static int overflow_claim(struct sd_group *g, int pid, uint64_t start, int *join
 {
     *joined = 0;
     for (int i = 0; i < SD_MAX_OVERFLOW; i++)
-        if (__atomic_load_n(&g->overflow[i].pid, __ATOMIC_ACQUIRE) == pid && g->overflow[i].start_time == start) {
+        if (same_process(__atomic_load_n(&g->overflow[i].pid, __ATOMIC_ACQUIRE), g->overflow[i].start_time,
+                         g->overflow[i].pid_ns_dev, g->overflow[i].pid_ns_ino, pid, start, self_ns_dev, self_ns_ino)) {
             *joined = 1;
             return i;
         }
@@ -572,6 +707,8 @@ static int overflow_claim(struct sd_group *g, int pid, uint64_t start, int *join
         if (__atomic_compare_exchange_n(&g->overflow[i].pid, &expected, pid, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_RELAXED)) {
             g->overflow[i].start_time = start;
+            g->overflow[i].pid_ns_dev = self_ns_dev;
+            g->overflow[i].pid_ns_ino = self_ns_ino;
             return i;
         }
     }
@@ -586,7 +723,7 @@ static void overflow_sweep_locked(struct sd_group *g)
 {
     for (int i = 0; i < SD_MAX_OVERFLOW; i++) {
         int32_t pid = __atomic_load_n(&g->overflow[i].pid, __ATOMIC_ACQUIRE);
-        if (pid && !pid_alive(pid, g->overflow[i].start_time) &&
+        if (pid && !pid_alive(pid, g->overflow[i].start_time, g->overflow[i].pid_ns_dev, g->overflow[i].pid_ns_ino) &&
             __atomic_compare_exchange_n(&g->overflow[i].pid, &pid, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED) &&
             __atomic_load_n(&g->members, __ATOMIC_ACQUIRE))
             __atomic_fetch_sub(&g->members, 1, __ATOMIC_ACQ_REL);
@@ -602,7 +739,7 @@ static void gc_groups_locked(void *base)
 {
     for (int i = 0; i < SD_MAX_GROUPS; i++) {
         struct sd_group *g = group_at(base, i);
-        if (!__atomic_load_n(&g->key, __ATOMIC_ACQUIRE) || pid_alive(g->owner_pid, g->owner_start))
+        if (!__atomic_load_n(&g->key, __ATOMIC_ACQUIRE) || pid_alive(g->owner_pid, g->owner_start, g->owner_ns_dev, g->owner_ns_ino))
             continue;
         overflow_sweep_locked(g);
         for (int w = 0; w < SD_MAX_SLOTS / 64; w++) {
@@ -638,7 +775,7 @@ static void attach_group(void *base, int pid, uint64_t start, int slotted)
     if (!key && !have_limits)
         return;
     if (!key)
-        key = ((uint64_t)pid << 32) ^ start ^ 0x5eedull;
+        key = ((uint64_t)pid << 32) ^ start ^ self_ns_ino ^ 0x5eedull;
     if (!base) { /* no registry at all: the quota still holds for this process */
         memcpy(sd_local_group.limit, limits, sizeof limits);
         sd_local_group.key = key;
@@ -715,7 +852,8 @@ static void attach_group(void *base, int pid, uint64_t start, int slotted)
 int sd_registry_attach(void)
 {
     int pid = (int)getpid();
-    uint64_t start = seedance_proc_start_time(pid);
+    uint64_t start = self_start_time();
+    seedance_pid_ns(&self_ns_dev, &self_ns_ino);
     if (!sd_registry)
         sd_registry = map_registry();
     int index = -1;
@@ -743,6 +881,8 @@ int sd_registry_attach(void)
     memset(&sd_local_slot, 0, sizeof sd_local_slot);
     sd_local_slot.pid = pid;
     sd_local_slot.start_time = start;
+    sd_local_slot.pid_ns_dev = self_ns_dev;
+    sd_local_slot.pid_ns_ino = self_ns_ino;
     sd_local_slot.nvisible = -1;
     sd_local_slot.group = -1;
     sd_local_slot.state = SD_SLOT_LIVE;
