@@ -1,0 +1,298 @@
+"""seedance check and ldd against a live process in its own root: a real podman container,
+else a private mount + PID namespace with chroot (unshare), which is what a container's
+root looks like to /proc.  The engine that ran is printed and added to the report.
+
+The container's rootfs is made from host files: /bin/sh and its libraries, and gcc-built
+programs.  It holds traps a host-side reading would miss or invent:
+  - /app/libtrap.so needs libz.so.1, which the host has and the container lacks: a dlopen
+    of it fails inside (the program in the container is the oracle);
+  - /etc/ld.so.cache is an absolute symlink to a copy of the host's cache, /etc/ld.so.conf
+    and /etc/evil-link point at a host file, /app/libevil.so at a host library whose
+    SONAME carries a marker: followed on the host, each would put the marker in the
+    report or make libz.so.1 resolve.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from process_fixtures import gcc
+
+SEEDANCE = [sys.executable, "-m", "seedance"]
+PODMAN_RUN = ["podman", "run", "-d", "--runtime", "/usr/sbin/runc", "--ulimit", "nofile=1024:1024",
+              "--ulimit", "nproc=1024:1024"]
+LIBZ = "/usr/lib/x86_64-linux-gnu/libz.so.1"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="reads other processes' roots: needs root")
+
+
+def _run(argv, **kw):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
+
+
+def _copy_in(root, path):
+    """A host file at the same path in the rootfs (its symlink chain too, as real files)."""
+    real = os.path.realpath(path)
+    for name in {path, real}:
+        dest = os.path.join(root, name.lstrip("/"))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        if not os.path.exists(dest):
+            shutil.copy2(real, dest)
+
+
+def _ldd_paths(binary):
+    out = _run(["ldd", binary]).stdout
+    return [part for line in out.splitlines() for part in line.split() if part.startswith("/")]
+
+
+def build_rootfs(base, marker):
+    root = str(base / "rootfs")
+    src = base / "src"
+    src.mkdir()
+    for path in ["/bin/sh", *_ldd_paths("/bin/sh")]:
+        _copy_in(root, path)
+    app = os.path.join(root, "app")
+    os.makedirs(app)
+    (src / "two.c").write_text(
+        "#include <unistd.h>\nint two_value(void);\n"
+        "int main(void) { if (two_value() != 2) return 1; for (;;) pause(); }\n")
+    (src / "libtwo.c").write_text("int two_value(void) { return 2; }\n")
+    (src / "trap.c").write_text("#include <zlib.h>\nconst char *trap(void) { return zlibVersion(); }\n")
+    (src / "dlopener.c").write_text(
+        "#include <dlfcn.h>\n#include <stdio.h>\n"
+        "int main(int c, char **v) { void *h = dlopen(v[1], RTLD_NOW);"
+        " if (!h) { printf(\"FAIL %s\\n\", dlerror()); return 1; } printf(\"OK\\n\"); return 0; }\n")
+    gcc("-shared", "-fPIC", "-o", f"{app}/libtwo.so", str(src / "libtwo.c"), "-Wl,-soname,libtwo.so")
+    gcc("-o", f"{app}/two", str(src / "two.c"), f"-L{app}", "-ltwo", "-Wl,-rpath,/app")
+    gcc("-shared", "-fPIC", "-o", f"{app}/libtrap.so", str(src / "trap.c"), "-lz")
+    gcc("-o", f"{app}/dlopener", str(src / "dlopener.c"), "-ldl")
+    for needed in _ldd_paths(f"{app}/dlopener"):
+        if "libz" not in needed:
+            _copy_in(root, needed)
+    # the host side of the hostile links: a secret, a host cache that knows libz, a host
+    # library whose SONAME carries the marker
+    secret = f"/tmp/hostsecret-{marker}"
+    with open(secret, "w") as handle:
+        handle.write(f"{marker}\n")
+    host_cache = f"/tmp/hostcache-{marker}"
+    shutil.copy("/etc/ld.so.cache", host_cache)
+    host_lib = f"/tmp/hostlib-{marker}.so"
+    gcc("-shared", "-fPIC", "-o", host_lib, str(src / "libtwo.c"), f"-Wl,-soname,lib{marker}.so")
+    etc = os.path.join(root, "etc")
+    os.makedirs(etc, exist_ok=True)
+    os.symlink(secret, os.path.join(etc, "evil-link"))
+    os.symlink(secret, os.path.join(etc, "ld.so.conf"))
+    os.symlink(host_cache, os.path.join(etc, "ld.so.cache"))
+    os.symlink(host_lib, os.path.join(app, "libevil.so"))
+    return root, [secret, host_cache, host_lib]
+
+
+class Engine:
+    """A running /app/two in its own root; .name is podman or unshare+chroot."""
+
+    def __init__(self, base, marker):
+        self.marker = marker
+        self.root, self.host_files = build_rootfs(base, marker)
+        self.name = None
+        self.container = None
+        self.image = None
+        self.proc = None
+        self.pid = None
+
+    def start(self):
+        # SEEDANCE_CONTAINER_ENGINE=unshare runs the namespace + chroot case where podman works too
+        wanted = os.environ.get("SEEDANCE_CONTAINER_ENGINE", "podman")
+        if wanted == "podman" and shutil.which("podman") and self._podman():
+            self.name = "podman"
+        else:
+            self._unshare()
+            self.name = "unshare+chroot"
+
+    def _podman(self) -> bool:
+        tag = f"localhost/sd-containers-{self.marker.lower()}:1"
+        tar = _run(["tar", "-C", self.root, "-cf", f"{self.root}.tar", "."])
+        if tar.returncode or _run(["podman", "import", f"{self.root}.tar", tag]).returncode:
+            return False
+        self.image = tag
+        self.container = f"sd-ct-{self.marker.lower()}"
+        started = _run(PODMAN_RUN + ["--name", self.container, tag, "/app/two"])
+        if started.returncode:
+            print("podman run failed:", started.stderr.strip()[-300:])
+            return False
+        for _ in range(50):
+            pid = _run(["podman", "inspect", "--format", "{{.State.Pid}}", self.container]).stdout.strip()
+            if pid.isdigit() and int(pid) > 0 and _maps_lib(int(pid)):
+                self.pid = int(pid)
+                self.id = _run(["podman", "inspect", "--format", "{{.Id}}", self.container]).stdout.strip()
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _unshare(self):
+        self.proc = subprocess.Popen(["unshare", "-m", "-p", "-f", "--mount-proc", "chroot", self.root, "/app/two"])
+        for _ in range(50):
+            children = _children(self.proc.pid)
+            if children and _maps_lib(children[0]):
+                self.pid = children[0]
+                return
+            time.sleep(0.2)
+        raise AssertionError("the chrooted /app/two did not start")
+
+    def run_inside(self, *argv):
+        """The oracle: run a program in the same root, as its processes see it."""
+        if self.name == "podman":
+            return _run(["podman", "exec", self.container, *argv])
+        return _run(["chroot", self.root, *argv])
+
+    def stop(self):
+        if self.container:
+            _run(["podman", "rm", "-f", self.container])
+        if self.image:
+            _run(["podman", "rmi", "-f", self.image])
+        if self.proc is not None:
+            if self.pid is not None:  # the namespace's init: unshare's death does not end it
+                os.kill(self.pid, signal.SIGKILL)
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        for path in self.host_files:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(x) for x in handle.read().split()]
+    except OSError:
+        return []
+
+
+def _maps_lib(pid):
+    try:
+        with open(f"/proc/{pid}/maps") as handle:
+            return "libtwo.so" in handle.read()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    marker = "MARK" + uuid.uuid4().hex[:10].upper()
+    live = Engine(tmp_path_factory.mktemp("ct"), marker)
+    try:
+        live.start()
+        print(f"\ncontainer engine: {live.name} (pid {live.pid})")
+        yield live
+    finally:
+        live.stop()
+
+
+def seedance(*args):
+    done = _run(SEEDANCE + list(args), timeout=300)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def _no_marker(engine, *texts):
+    for text in texts:
+        assert engine.marker not in text
+
+
+def test_no_false_lib_deleted_and_the_container_is_named(engine, record_property):
+    record_property("container_engine", engine.name)
+    done = seedance("check", "--pid", str(engine.pid), "--json", "--no-cache")
+    report = json.loads(done.stdout)
+    mine = [f for f in report["findings"] if f["subject"].get("pid") == engine.pid]
+    assert [f for f in mine if f["rule"] == "lib-deleted"] == [], mine
+    assert "no such file" not in done.stderr
+    _no_marker(engine, done.stdout, done.stderr)
+
+
+def test_a_library_really_deleted_inside_is_flagged_with_its_restart(engine):
+    # the library goes away inside the container's root (the host deletes it through
+    # /proc/PID/root): the mapping is now "(deleted)" and nothing stands under its name
+    victim = f"/proc/{engine.pid}/root/app/libtwo.so"
+    saved = open(victim, "rb").read()
+    os.unlink(victim)
+    try:
+        done = seedance("check", "--pid", str(engine.pid), "--json", "--no-cache")
+        text = seedance("check", "--pid", str(engine.pid), "--no-cache").stdout
+    finally:
+        with open(victim, "wb") as handle:
+            handle.write(saved)
+        os.chmod(victim, 0o755)
+    found = [f for f in json.loads(done.stdout)["findings"] if f["rule"] == "lib-deleted"]
+    assert [f["subject"]["path"].rsplit("/", 1)[-1] for f in found] == ["libtwo.so"]
+    assert "seedance-agent" not in found[0]["fix"]
+    if engine.name == "podman":
+        assert found[0]["subject"]["container"]["runtime"] == "podman"
+        assert found[0]["subject"]["container"]["id"] == engine.id
+        assert found[0]["fix"] == f"podman restart {engine.container}"
+        assert engine.id[:12] in text
+    else:
+        assert found[0]["fix"] == f"restart pid {engine.pid} (two)"
+
+
+def test_the_trap_inside_is_found_as_the_container_sees_it(engine):
+    oracle = engine.run_inside("/app/dlopener", "/app/libtrap.so")
+    assert oracle.returncode == 1 and "libz.so.1" in oracle.stdout, (oracle.stdout, oracle.stderr)
+    done = seedance("check", "--pid", str(engine.pid), "--then-dlopen", "/app/libtrap.so", "--json")
+    report = json.loads(done.stdout)
+    failed = [f for f in report["findings"] if f["rule"] == "process-load-fails"]
+    assert failed and "libz.so.1" in failed[0]["message"], report["findings"]
+    text = seedance("check", "--pid", str(engine.pid), "--then-dlopen", "/app/libtrap.so").stdout
+    assert "then dlopen(/app/libtrap.so): fails: libz.so.1" in text
+    if engine.name == "podman":
+        assert failed[0]["subject"]["container"]["id"] == engine.id
+        assert f"podman container {engine.id[:12]}" in text
+    # and libtwo.so, which it does load, loads
+    ok = seedance("check", "--pid", str(engine.pid), "--then-dlopen", "/app/libtwo.so").stdout
+    assert "then dlopen(/app/libtwo.so): already loaded" in ok
+    _no_marker(engine, done.stdout, text, ok)
+
+
+def test_ldd_inside_the_root(engine):
+    inside = seedance("ldd", f"/proc/{engine.pid}/root/app/libtrap.so")
+    assert inside.returncode == 0, inside.stderr
+    assert "libz.so.1 => not found" in inside.stdout
+    host_copy = os.path.join(engine.root, "app", "libtrap.so")
+    on_host = seedance("ldd", host_copy).stdout  # the same file read as a host file finds the host's libz
+    assert "libz.so.1 => /" in on_host
+    two = seedance("ldd", "--json", f"/proc/{engine.pid}/root/app/two")
+    libs = {lib["name"]: lib["path"] for lib in json.loads(two.stdout)["libraries"]}
+    assert libs["libtwo.so"] == "/app/libtwo.so"
+    evil = seedance("ldd", "--json", f"/proc/{engine.pid}/root/app/libevil.so")
+    assert evil.returncode == 2 and "no such file" in evil.stderr
+    _no_marker(engine, inside.stdout, two.stdout, evil.stdout, evil.stderr)
+
+
+def test_container_by_name(engine):
+    if engine.name != "podman":
+        print("check --container needs podman: the unshare+chroot engine ran, this case checks the refusal only")
+    else:
+        done = seedance("check", "--container", engine.container, "--json", "--no-cache")
+        assert done.returncode in (0, 1), done.stderr
+        report = json.loads(done.stdout)
+        assert report["scope"]["pids"] == [engine.pid]
+        assert report["stats"]["processes"] == 1
+    missing = seedance("check", "--container", f"no-such-{engine.marker.lower()}")
+    assert missing.returncode == 2
+    assert missing.stderr.count("\n") == 1 and missing.stderr.startswith("seedance: error: --container")
+
+
+def test_hostile_links_are_read_inside_the_root(engine):
+    from seedance.collect import rootfs
+
+    root = f"/proc/{engine.pid}/root"
+    for path in ("/etc/evil-link", "/etc/ld.so.conf", "/etc/ld.so.cache", "/app/libevil.so"):
+        with pytest.raises(FileNotFoundError):
+            rootfs.read(root, path)
+    assert rootfs.read(root, "/app/libtwo.so").startswith(b"\x7fELF")
