@@ -31,6 +31,8 @@ examples:
   seedance check --select cuda-arch-missing --ignore 'needed-unresolved:/opt/vendor/*' ./build
   SEEDANCE_JOBS=1 seedance check ./venv           in one process (no helper on a second core)
   seedance check --no-cache ./build               check again even if nothing changed since the last check
+  seedance check --image app.oci.tar --driver-version 550   an image, never run (docs/containers.md)
+  seedance check --root /srv/rootfs               an unpacked root, resolved inside it
 """
 
 
