@@ -1,11 +1,13 @@
-"""seedance profile: analyses that run a workload under measurement (notes chapter 2)."""
+"""seedance profile: analyses that run a workload under measurement and judge what was measured.
+
+The work is seedance.profile.reports'; this module parses, calls it and renders."""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ._argtypes import add_report_flags, bounded_int
-import sys
 
 EPILOG = """\
 examples:
@@ -108,14 +110,26 @@ def add_launch_arguments(parser) -> None:
     parser.set_defaults(execute=execute_launches)
 
 
-def execute_launches(args) -> int:
-    from ..judge.engine import load_rules
-    from ..model.errors import UsageError, escape_path
-    from ..model.report import Report
-    from ..render.output import prepare_output
-    from ..profile import launches as launch_profile
-    from ..profile import memory, power
+def _notice(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _stepper(args):
+    """The progress line of each step of the profile, on a terminal's stderr only."""
     from ..render.progress import Step, wanted
+
+    enabled = wanted(args)
+    return lambda label: Step(label, enabled=enabled)
+
+
+def _write_report(target, report) -> None:
+    target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+
+
+def execute_launches(args) -> int:
+    from ..model.errors import UsageError
+    from ..profile.reports import parse_interval, profile_launches_report, read_power_log
+    from ..render.output import prepare_output
 
     bin_s = parse_interval(args.bin)
     interval = parse_interval(args.sample_interval)
@@ -125,73 +139,24 @@ def execute_launches(args) -> int:
     json_to = "-" if args.json else args.report_json
     report_target = prepare_output(json_to, force=args.force, what="report") if json_to else None
     png_target = prepare_output(args.timeline, force=args.force, what="timeline") if args.timeline else None
-    log = None
-    if args.power_csv:
-        with open(args.power_csv, "rb") as handle:
-            log = power.read_nvidia_smi_csv(handle.read().decode("utf-8", "replace"), args.gpu_id,
-                                            escape_path(args.power_csv))
-    elif args.dcgm:
-        with open(args.dcgm, "rb") as handle:
-            log = power.read_dcgm_scrapes(handle.read().decode("utf-8", "replace"), args.gpu_id, escape_path(args.dcgm))
-    if args.from_trace:
-        source = escape_path(args.from_trace)
-        # streamed: only the launch records are kept, not the allocations around them
-        launches, offset = launch_profile.launch_events(memory.TraceFile(args.from_trace, source), source)
-        subject, exit_note = {"trace": args.from_trace}, None
-    else:
-        (launches, offset), exit_code, log = _launches_live(cmd, args, interval, log)
-        subject, exit_note = {"argv": cmd}, exit_code
-    with Step("attributing launches", enabled=wanted(args)):
-        profile = launch_profile.profile_launches(launches, bin_s=bin_s, power=log, offset=offset)
-    report = Report(command="profile launches", stats={"launches": profile.launches,
-                                                       "libraries": len(profile.libraries)},
-                    extra={"profile": {"launches": profile.to_dict()}})
-    report.add(load_rules().evaluate(launch_profile.launch_facts(profile, subject)))
+    log = read_power_log(args.gpu_id, power_csv=args.power_csv, dcgm=args.dcgm)
+    profiled = profile_launches_report(cmd, from_trace=args.from_trace, log=log, gpu_id=args.gpu_id, bin_s=bin_s,
+                                       interval=interval, step=_stepper(args), notice=_notice)
+    report = profiled.report
     if png_target is not None:
-        launch_profile.timeline_png(profile, launches, png_target, "kernel launches per library, power below")
-    if exit_note:
-        print(f"seedance: note: the program exited with {exit_note}", file=sys.stderr)
+        from ..profile import launches as launch_profile
+        launch_profile.timeline_png(profiled.profile, profiled.launches, png_target,
+                                    "kernel launches per library, power below")
+    if profiled.exit_code:
+        print(f"seedance: note: the program exited with {profiled.exit_code}", file=sys.stderr)
     if report_target is not None:
-        report_target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        _write_report(report_target, report)
         if report_target.is_stdout:
             return report.exit_code()
-    _render_launches(profile)
+    _render_launches(profiled.profile)
     from ..render.text import table
     print(table(report), end="")
     return report.exit_code()
-
-
-def _launches_live(cmd, args, interval, log):
-    """-- CMD under the shim with its events drained (every 10 ms: a launch storm fills the
-    2048-event ring quickly) into a private temporary file; live NVML power when no file
-    source was given."""
-    import os
-    import tempfile
-    import time
-
-    from ..model.errors import escape_path
-    from ..profile import launches as launch_profile
-    from ..profile import live, memory, power
-    from ..render.progress import Step, wanted
-
-    sampler = power.NvmlSampler(args.gpu_id) if log is None else None
-    with tempfile.TemporaryDirectory(prefix="seedance-launches-") as private:   # 0700
-        path = os.path.join(private, "events.jsonl")
-        with open(path, "w", encoding="utf-8") as stream:
-            # the same start record as run --events: both clocks, to align power samples
-            stream.write(json.dumps({"schema": "seedance.run-events/v1", "kind": "start", "pid": os.getpid(),
-                                     "argv": cmd, "t": time.monotonic(), "wall": time.time()}) + "\n")
-            tick = (lambda registry, slots, t: sampler.take()) if sampler is not None and sampler.nvml else None
-            with Step(f"profiling {escape_path(' '.join(cmd))[:60]}", enabled=wanted(args)):
-                code, _wall = live.run_wrapped(cmd, interval=interval, on_tick=tick, events_stream=stream,
-                                               drain_interval=0.01)
-        launched = launch_profile.launch_events(memory.TraceFile(path, "live"), "live")
-    if sampler is not None:
-        if sampler.nvml and len(sampler.log.samples) >= 2:
-            log = sampler.log
-        else:
-            log = None
-    return launched, code, log
 
 
 def _render_launches(profile) -> None:
@@ -216,30 +181,11 @@ def _render_launches(profile) -> None:
         print(f"  SM activity: {profile.sm_active * 100:.1f}% (mean, {profile.power_source})")
 
 
-def parse_interval(text: str) -> float:
-    import math
-    from ..model.errors import UsageError
-    value = str(text).strip()
-    scale = 1.0
-    for suffix, factor in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
-        if value.endswith(suffix):
-            value, scale = value[: -len(suffix)], factor
-            break
-    try:
-        seconds = float(value) * scale
-    except ValueError:
-        raise UsageError(f"--sample-interval: not a duration: {text!r} (use 10ms or 0.5s)") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise UsageError(f"--sample-interval: must be a positive duration: {text!r}")
-    return seconds
-
-
 def execute_memory(args) -> int:
-    from ..judge.engine import load_rules
-    from ..model.errors import NotAvailable, UsageError, escape_path
-    from ..model.report import Report
-    from ..render.output import prepare_output
+    from ..model.errors import UsageError
     from ..profile import memory
+    from ..profile.reports import MemorySource, parse_interval, profile_memory_report
+    from ..render.output import prepare_output
 
     page = memory.parse_size(args.page_size, "--page-size")
     interval = parse_interval(args.sample_interval)
@@ -253,74 +199,28 @@ def execute_memory(args) -> int:
     targets = {name: prepare_output(path, force=args.force, what=what) if path else None
                for name, path, what in (("report", json_to, "report"), ("bin", args.output, "frag.bin"),
                                         ("png", args.heatmap, "heat map"))}
-    if args.pid or cmd:
-        return _memory_live(args, cmd, page, interval, capacity, targets)
-    if args.from_trace:
-        source = escape_path(args.from_trace)
-        records = memory.TraceFile(args.from_trace, source)   # streamed: the replay keeps the live set only
-        subject = {"trace": args.from_trace}
-    else:
-        from ..profile.torch_snapshot import read_snapshot, snapshot_records
-        source = escape_path(args.from_torch_snapshot)
-        records = snapshot_records(read_snapshot(args.from_torch_snapshot, source), args.gpu_id, source)
-        subject = {"snapshot": args.from_torch_snapshot}
-    from ..render.progress import Step, wanted
-    with Step(f"profiling {source}", enabled=wanted(args)):
-        profile = memory.profile_events(records, device=args.gpu_id, page_size=page, interval=interval,
-                                        capacity=capacity, source=source)
-    return _finish_memory(profile, subject, targets, args)
-
-
-def _memory_live(args, cmd, page, interval, capacity, targets) -> int:
-    """-- CMD under the shim, or --pid PID already under it: the registry's allocation
-    records of the device, sampled every interval (profile.live)."""
-    from ..model.errors import BadInput, escape_path
-    from ..profile import live, memory
-    from ..render.progress import Step, wanted
-
-    label = f"profiling pid {args.pid}" if args.pid else f"profiling {escape_path(' '.join(cmd))[:60]}"
-    with Step(label, enabled=wanted(args)):
-        if args.pid:
-            sampled = live.sample_pid(args.pid, device=args.gpu_id, interval=interval)
-            subject = {"pid": args.pid}
-        else:
-            sampled = live.sample_command(cmd, device=args.gpu_id, interval=interval)
-            subject = {"argv": cmd}
-    records = sampled.records
-    if not records:   # nothing allocated on that device: the empty map still has a size
-        from ..profile.devices import DriverDevices
-        records = [DriverDevices().record(args.gpu_id)]
-        records[0].setdefault("base", 0)
-        if "capacity" not in records[0] and capacity is None:
-            raise BadInput(f"profile memory: the program allocated nothing on device {args.gpu_id} and "
-                           "the driver does not say its capacity (pass --capacity)")
-    profile = memory.profile_events(records, device=args.gpu_id, page_size=page, interval=interval,
-                                    capacity=capacity, source="live")
-    code = _finish_memory(profile, subject, targets, args, stats={"live_samples": sampled.samples,
-                                                                  "wall_s": round(sampled.wall_s, 6)})
-    if sampled.exit_code and not args.pid:
-        print(f"seedance: note: the program exited with {sampled.exit_code}", file=sys.stderr)
+    source = MemorySource(cmd=cmd, pid=args.pid, from_trace=args.from_trace,
+                          from_torch_snapshot=args.from_torch_snapshot)
+    profiled = profile_memory_report(source, device=args.gpu_id, page=page, interval=interval, capacity=capacity,
+                                     step=_stepper(args), notice=_notice)
+    code = _finish_memory(profiled, targets, args)
+    if profiled.exit_code:
+        print(f"seedance: note: the program exited with {profiled.exit_code}", file=sys.stderr)
     return code
 
 
-def _finish_memory(profile, subject, targets, args, stats=None) -> int:
-    from ..judge.engine import load_rules
-    from ..model.report import Report
-    from ..profile import fragbin, heatmap, memory
+def _finish_memory(profiled, targets, args) -> int:
+    from ..profile import fragbin, heatmap
 
-    report = Report(command="profile memory", stats={"events": profile.events, "samples": len(profile.samples),
-                                                     **(stats or {})},
-                    extra={"profile": {"memory": profile.to_dict()}})
-    report.add(load_rules().evaluate(memory.memory_facts(profile, subject)))
-    encoded = fragbin.encode(profile)
+    profile, report = profiled.profile, profiled.report
     if targets["bin"] is not None:
-        targets["bin"].write_bytes(encoded)
-    frag = fragbin.decode(encoded) if (targets["png"] is not None or args.terminal) else None
+        targets["bin"].write_bytes(profiled.encoded)
+    frag = fragbin.decode(profiled.encoded) if (targets["png"] is not None or args.terminal) else None
     verdicts = [m.verdict for m in profile.samples]
     if targets["png"] is not None:
         heatmap.heatmap_png(frag, verdicts, targets["png"], f"device {profile.device}: pages in use over time")
     if targets["report"] is not None:
-        targets["report"].write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        _write_report(targets["report"], report)
         if targets["report"].is_stdout:
             return report.exit_code()
     _render_memory(profile)
@@ -377,28 +277,20 @@ def execute_show(args) -> int:
 
 
 def execute_calls(args) -> int:
-    from ..judge.engine import load_rules
     from ..model.errors import escape_path
-    from ..model.report import Report
+    from ..profile.reports import call_graph_svg, profile_calls_report
     from ..render.output import prepare_output
-    from ..profile.calls_report import callgraph_facts, profile_plugin
     from ..render.text import table
 
     json_to = "-" if args.json else args.report_json
     report_target = prepare_output(json_to, force=args.force) if json_to else None
     svg_target = prepare_output(args.svg, force=args.force, what="svg") if args.svg else None
-    manifest, graph = profile_plugin(args.plugin, args.input)
-    facts = callgraph_facts(manifest, graph, args.input)
-    report = Report(command="profile calls", stats={"calls": len(graph.calls), "input": args.input},
-                    extra={"profile": {"callgraph": {"plugin": manifest.name, "version": manifest.version,
-                                                     **graph.to_dict()}}})
-    report.add(load_rules().evaluate(facts))
+    profiled = profile_calls_report(args.plugin, args.input)
+    manifest, graph, report = profiled.manifest, profiled.graph, profiled.report
     if svg_target is not None:
-        from ..profile.callgraph import to_dot
-        dot = to_dot(graph, f"{manifest.name} {manifest.version}: call graph, redundant paths in red")
-        svg_target.write_bytes(_svg(dot))
+        svg_target.write_bytes(call_graph_svg(profiled))
     if report_target is not None:
-        report_target.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        _write_report(report_target, report)
         if report_target.is_stdout:
             return report.exit_code(strict=True)
     functions = graph.functions()
@@ -415,13 +307,3 @@ def execute_calls(args) -> int:
     if svg_target is not None:
         print(f"call graph: {escape_path(args.svg)}")
     return report.exit_code(strict=True)
-
-
-def _svg(dot) -> bytes:
-    import shutil
-    from ..model.errors import NotAvailable
-    if not shutil.which("dot"):
-        raise NotAvailable("profile calls --svg: graphviz's `dot` is not installed (apt-get install graphviz)")
-    svg = dot.pipe(format="svg")
-    # mark the picture as ours so a rerun may replace it (seedance.render.output recognises this)
-    return svg.replace(b"<svg ", b"<!-- seedance profile calls -->\n<svg ", 1)

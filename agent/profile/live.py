@@ -1,7 +1,7 @@
 """Live profiling: a program under the shim, its allocations sampled from the registry.
 
 `seedance run`'s machinery starts the program (shim.wrap_env, the registry group, the
-event drain, report_and_release); the profiler reads each instance's allocation records
+event drain, the judging and release of its slots: seedance.run); the profiler reads each instance's allocation records
 (struct sd_record in seedance_shim.h) from the shared registry every sample interval.
 Reading shared memory costs the program nothing: its hot path is unchanged, and the
 sampler runs in this process (bench/bench_profiler.py measures the whole cost).
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -105,13 +104,15 @@ def _open_registry():
 
 
 def run_wrapped(cmd: list[str], *, interval: float, on_tick=None, events_stream=None,
-                drain_interval: float = 0.05) -> tuple[int, float]:
+                drain_interval: float = 0.05, notice=None) -> tuple[int, float]:
     """Run CMD under the shim as `seedance run` does; call on_tick(registry, slots, t)
-    every interval while it runs and once after.  Returns (exit code, wall seconds)."""
+    every interval while it runs and once after.  What the end of the run must say (a
+    handle leak, a full registry) goes to notice(line).  Returns (exit code, wall seconds)."""
     import shutil
 
-    from .. import shim
-    from ..commands.run import EventDrain, _LateDrain, check_preload_path, report_and_release
+    from ..run.events import start_drain
+    from ..run.finish import judge_and_release
+    from ..run.launch import exit_status, preload_library
     from ..run.report import RunResult
     from ..shim.wrap import wrap_env
 
@@ -119,17 +120,10 @@ def run_wrapped(cmd: list[str], *, interval: float, on_tick=None, events_stream=
         raise BadInput("give the command after --")
     if shutil.which(cmd[0]) is None:
         raise BadInput(f"{cmd[0]}: command not found")
-    library = shim.library_path()
-    shim.binding()
-    check_preload_path(library)
+    preload_library()
     env, group_key = wrap_env(dict(os.environ), events=events_stream is not None)
     registry = _open_registry()
-    drain = None
-    if events_stream is not None:
-        drain = EventDrain(registry, group_key, events_stream, drain_interval) if registry else \
-            _LateDrain(group_key, events_stream)
-        drain.interval = drain_interval
-        drain.thread.start()
+    drain = start_drain(registry, group_key, events_stream, drain_interval) if events_stream is not None else None
     started = time.monotonic()
     try:
         child = subprocess.Popen(cmd, env=env)
@@ -169,13 +163,16 @@ def run_wrapped(cmd: list[str], *, interval: float, on_tick=None, events_stream=
     if drain is not None:
         drain.finish()
         registry = registry or getattr(drain, "registry", None)
-    result = RunResult(argv=cmd, exit_code=rc if rc >= 0 else 128 - rc, signal=-rc if rc < 0 else None, wrapped=True)
-    code = report_and_release(registry, group_key, result, None)
-    return code, wall
+    exit_code, killed_by = exit_status(rc)
+    result = RunResult(argv=cmd, exit_code=exit_code, signal=killed_by, wrapped=True)
+    judge_and_release(registry, group_key, result, None, notice or (lambda line: None))
+    return result.exit_code, wall
 
 
-def sample_pid(pid: int, *, device: int, interval: float, max_seconds: float | None = None) -> Sampled:
-    """Attach to a program already wrapped (`seedance run`, the agent): its registry slot."""
+def sample_pid(pid: int, *, device: int, interval: float, max_seconds: float | None = None,
+               notice=None) -> Sampled:
+    """Attach to a program already wrapped (`seedance run`, the agent): its registry slot.
+    Ctrl-C stops the sampling, not the program; notice(line) says so."""
     registry = _open_registry()
     if registry is None:
         raise BadInput(f"--pid {pid}: no seedance registry on this host: the program is not wrapped "
@@ -195,13 +192,15 @@ def sample_pid(pid: int, *, device: int, interval: float, max_seconds: float | N
                 break
             time.sleep(interval)
     except KeyboardInterrupt:
-        print("seedance: stopped sampling (Ctrl-C); the program runs on", file=sys.stderr)
+        if notice is not None:
+            notice("seedance: stopped sampling (Ctrl-C); the program runs on")
     sampler.out.wall_s = time.monotonic() - started
     return sampler.out
 
 
-def sample_command(cmd: list[str], *, device: int, interval: float) -> Sampled:
+def sample_command(cmd: list[str], *, device: int, interval: float, notice=None) -> Sampled:
     sampler = MapSampler(device)
-    code, wall = run_wrapped(cmd, interval=interval, on_tick=lambda reg, slots, t: sampler.take(reg, slots, t))
+    code, wall = run_wrapped(cmd, interval=interval, on_tick=lambda reg, slots, t: sampler.take(reg, slots, t),
+                             notice=notice)
     sampler.out.exit_code, sampler.out.wall_s = code, wall
     return sampler.out

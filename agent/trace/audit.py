@@ -69,12 +69,10 @@ def run_audit(command: list, on_event, on_notice=None, duration=None, child_stdo
     shim = _shim()
     library = shim.library_path()  # NotAvailable when the shim is not built
     shim.binding()  # refuses a library of another version, with the fix
-    try:
-        from ..commands.run import check_preload_path
-        from pathlib import Path
-        check_preload_path(Path(library))  # never preload from a group/world-writable path
-    except ImportError:  # pragma: no cover
-        pass
+    from pathlib import Path
+
+    from ..run.launch import check_preload_path
+    check_preload_path(Path(library))  # never preload from a group/world-writable path
     from ..shim.binding import expected_version
 
     exe = shutil.which(command[0])

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from seedance.commands.run import check_preload_path, parse_mem_limit, parse_size, resolve_affinity
+from seedance.run.launch import check_preload_path
+from seedance.run.limits import parse_mem_limit, parse_size, resolve_affinity
 from seedance.model.errors import BadInput, UsageError
 
 
