@@ -13,8 +13,9 @@ from . import __version__
 from .model.errors import EXIT_USAGE, SeedanceError, UsageError, describe_os_error, escape_path
 
 # argparse, json and re are imported when first needed: with the modules they pull in
-# (enum, functools, collections, gettext) they were ~10 ms of a `seedance ldd` start, which
-# parses its few words itself (_lean_ldd; issue 13).
+# (enum, functools, collections, gettext) Python's import system would load and run them at
+# every start, and `seedance ldd`, which parses its few words itself (_lean_ldd), needs
+# none of them.
 
 # name -> module under seedance.commands.  Order is the order shown in --help.
 COMMANDS = {
@@ -66,8 +67,8 @@ def _parser_class():
 
             def _get_formatter(self):
                 # argparse builds a formatter for every add_argument; without a width its
-                # __init__ imports shutil (and with it zlib, bz2, lzma) for the terminal size:
-                # ~5-15 ms of every command's start (issue 13).  The same width, found the same way.
+                # __init__ imports shutil (and with it zlib, bz2, lzma) for the terminal size,
+                # which every command would pay at its start.  The same width, found the same way.
                 return self.formatter_class(prog=self.prog, width=_terminal_width())
 
         _PARSER_CLASS = _Parser
@@ -83,8 +84,8 @@ def _terminal_width() -> int:
 
 def build_parser(prog: str = "seedance", only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with ONLY (a name in COMMANDS) just that command's subparser:
-    importing and configuring every command cost about 47 ms of each run's start-up
-    (issue 13), and a run of `seedance ldd` needs only ldd's.  --help, a bad command name
+    importing and configuring every command (each pulling in its own modules) would be paid
+    at each run's start-up, and a run of `seedance ldd` needs only ldd's.  --help, a bad command name
     and the completion scripts still get every command."""
     import argparse
     import importlib
@@ -124,9 +125,9 @@ def _lean_ldd(argv: list[str]):
     """`ldd [--json] [--secure] [--tree] [--env VAR=VALUE]... FILE` read without argparse,
     or None: anything else (--help, an abbreviation, `--env=`, a word starting with '-',
     a missing or second FILE) goes to argparse, which gives the usual help, errors and exit
-    codes.  Importing argparse (with re, enum, gettext) and building ldd's parser were
-    ~10 ms of each `seedance ldd` (-X importtime; issue 13 wants it within 5x of ldd's
-    wall time, and ldd takes 7-11 ms here).  The words accepted here are
+    codes.  Importing argparse (with re, enum, gettext) and building ldd's parser would
+    cost each `seedance ldd` more than the resolution itself, for a command meant to stand
+    beside glibc's ldd (bench/bench_check_speed.py --ldd times the two).  The words accepted here are
     exactly those argparse reads the same way: whole option names, an --env value and a
     FILE that do not start with '-' (argparse would take those for options)."""
     if argv[:1] != ["ldd"]:
@@ -155,7 +156,7 @@ def _lean_ldd(argv: list[str]):
 
 
 def main(argv: list[str] | None = None, prog: str = "seedance", command: str | None = None) -> int:
-    """Parse, run, and turn every failure into one line on stderr (issue 10, defect 8):
+    """Parse, run, and turn every failure into one line on stderr:
     `seedance: error: ...`, exit 2.  Help goes to stdout, and only on --help.
     COMMAND: run as an alias of that subcommand (seedance-check is `seedance check`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -252,8 +253,8 @@ def _error_line(text: str, code: int) -> None:
 
 def alias_parser(command: str, prog: str) -> argparse.ArgumentParser:
     """The subcommand's own parser, renamed to the alias: its usage line must be one the
-    user can copy (issue 16: `seedance-check --help` printed `usage: seedance-check check`,
-    and `seedance-check check ...` then failed).  Nested actions are renamed too
+    user can copy (not `usage: seedance-check check`, which fails when the user runs it as
+    shown).  Nested actions are renamed too
     (`seedance-plugin install`), and the alias answers --version like seedance."""
     parser = build_parser("seedance", only=command)
     sub = _subparser(parser, command)
@@ -295,10 +296,11 @@ def _launch() -> None:
     """exec seedance-run (shim/src/launcher.c) with this `seedance run`'s arguments: it makes
     every check the Python command makes, runs the common case itself and hands the rest
     (-o, --events, --help, a run that ended holding memory, ...) to `python -m seedance run`
-    unchanged.  Importing the CLI and the run command and parsing the arguments here was
-    ~70 ms of every wrapped program, against ~2 ms through the launcher (bench_shim.py,
-    issue 13).  Found without importing seedance.shim (~40 ms of imports): the package's
-    directory from the import system, as an editable install maps it."""
+    unchanged.  Importing the CLI and the run command and parsing the arguments here would
+    delay every wrapped program by the interpreter's whole import of them, where the
+    launcher is one small C exec (bench/bench_shim.py times both).  Found without importing
+    seedance.shim (which pulls in cffi and its own imports): the package's directory from
+    the import system, as an editable install maps it."""
     import seedance
 
     for finder in sys.meta_path:
@@ -333,9 +335,9 @@ def console(front_end: bool = True) -> None:
         _launch()  # returns only when the launcher is not built
     if sys.argv[1:2] in (["check"], ["ldd"]):
         # A `seedance ldd` or `seedance check` reads its objects, reports and the process ends
-        # (_quick_exit): the cyclic collector's passes over what the exit frees anyway were
-        # most of 5% of an ldd's instructions (callgrind, issue 13), and ~100 ms of an
-        # uncached check of /usr/lib, whose ~2x10^5 objects it walked again after the scan.
+        # (_quick_exit): the cyclic collector's passes over what the exit frees anyway walk
+        # every object the scan made (a check of /usr/lib makes hundreds of thousands), again
+        # and again as allocations trigger them, for memory the process never reuses.
         # Only these short commands, and only from the console script: main() called in a
         # process that goes on (the tests, the agent) leaves the collector alone.
         import gc

@@ -97,8 +97,9 @@ def libcmp(left: str, right: str) -> int:
     # The common head decides nothing: equal characters compare equal, and a digit run
     # that ends inside it is the same number on both sides.  So the comparison can start
     # where the strings first differ, backed up to the start of the digit run (if any)
-    # that reaches there.  Walking every character from the start was most of a lookup,
-    # ~10 comparisons per name (issue 13).
+    # that reaches there.  A binary search compares the name with many entries that
+    # share a long head ("lib", "libcu..."), so walking every character from the start
+    # would be most of a lookup.
     if left == right:
         return 0
     start, end = 0, min(len(left), len(right))
@@ -172,9 +173,10 @@ class LdCache:
     def load(cls, path: str = "/etc/ld.so.cache") -> "LdCache":
         """A missing or unusable cache is an empty one, exactly as ld.so treats it.
 
-        One parse per file version per process: a check asked for it up to five times (the
-        host's roots, the NVML probe, each resolver), ~3 ms each (issue 13).  ldconfig
-        replaces the file (a new inode and mtime), which cache_stamp sees."""
+        One parse per file version per process: a check asks for it several times (the
+        host's roots, the NVML probe, each resolver), and each parse would read and check
+        the whole file again.  ldconfig replaces the file (a new inode and mtime), which
+        cache_stamp sees."""
         stamp = cache_stamp(path)
         known = _LOADED.get(path)
         if stamp is not None and known is not None and known[0] == stamp:
@@ -219,8 +221,8 @@ class LdCache:
 
     def lists(self, name: str) -> bool:
         """Does an entry of the cache, of any ABI, carry the name ``name``?  Found as lookup
-        finds it, decoding ~10 names: every entry was decoded for this before, ~8% of a
-        small `seedance fix` (issue 13)."""
+        finds it, by a binary search that decodes a handful of names, not by decoding
+        every entry of the cache, which a short command would pay for one answer."""
         count, name_at, _entry_at = self._reader()
         return self._first_named(name, count, name_at) is not None
 
@@ -373,8 +375,10 @@ def _parse_new(data: bytes, base: int) -> tuple:
 
 class _NewTable:
     """A new-format entry table, checked at once exactly as _parse_new checks it (BadInput
-    for the same files), its entries decoded on use.  Decoding all ~550 entries of this
-    host's cache was ~1.2 ms of each `seedance ldd` (issue 13); a lookup needs ~10 names."""
+    for the same files), its entries decoded on use.  A lookup is a binary search that
+    decodes a handful of names; decoding every entry up front would cost each short
+    command (`seedance ldd`) the whole cache for the few names it asks about
+    (bench/bench_check_speed.py --ldd times it)."""
 
     def __init__(self, data: bytes, base: int):
         if len(data) - base < NEW_HEADER.size:

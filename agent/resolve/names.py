@@ -6,7 +6,7 @@ into a wheel under a hashed name so two wheels' copies cannot collide:
 first 8 hex digits of the file's sha256 inserted before the first '.so').  Some repair
 runs patch the SONAME to the hashed name, some leave the original one; ld.so does not
 care either way, because it opens a NEEDED by name and only uses DT_SONAME to match later
-requests (issue 11, item 6).
+requests.
 """
 from __future__ import annotations
 

@@ -43,9 +43,9 @@ EM_386, EM_X86_64 = 3, 62
 DF_1_PIE = 0x08000000
 
 
-# The result types below are frozen records, not dataclasses: importing dataclasses (and
-# with it inspect) and building the classes was ~15 ms of a `seedance ldd` (record.py,
-# issue 13).
+# The result types below are frozen records, not dataclasses: importing dataclasses pulls
+# in inspect and compiles each class's methods with exec(), which a short command such as
+# `seedance ldd` would pay at every start (see model/record.py).
 
 
 def _read_elf(path: str, symbols: bool | tuple = False) -> ElfInfo:
@@ -155,9 +155,10 @@ class _Namespace(list):
 
     _map asks two questions for every NEEDED: "does a mapped object answer to this name"
     (_dl_name_match_p over the list, first match wins) and "is this file (dev, inode)
-    already mapped"; a linear scan of the list per NEEDED was a tenth of a check of
-    /usr/lib (issue 13).  Keys are set once, first writer wins, which is the list's order:
-    a name is added to an object only when that object was the first to match it."""
+    already mapped"; a linear scan of the list per NEEDED would make a closure quadratic
+    in its objects, paid again for every root of a tree.  Keys are set once, first writer
+    wins, which is the list's order: a name is added to an object only when that object
+    was the first to match it."""
 
     def __init__(self, items=()):
         super().__init__()
@@ -205,9 +206,9 @@ class Resolver:
         self._stat: dict = {}  # host path -> stat_result or None
         self._closures: dict = {}  # root path -> Closure
         self._chains: dict = {}  # path -> (_Loaded, main _Loaded, Closure) where first loaded
-        # Memos of pure steps over the cached file system above (issue 13: a scan of /usr/lib
-        # made 5092 searches for 297 distinct ones, 5158 open_verify for 303 paths, and
-        # expanded the same RPATHs again per root).
+        # Memos of pure steps over the cached file system above: the roots of a tree need
+        # the same few libraries, so without them a scan repeats the same search, the same
+        # open_verify of the same path and the same RPATH expansion for every root.
         self._verified: dict = {}  # (path, abi) -> open_verify verdict
         self._searched: dict = {}  # (name, abi, nodeflib, plan) -> (found, tried)
         self._path_lists: dict = {}  # (entries, origin, is_main, abi, separators) -> dirs
@@ -331,8 +332,9 @@ class Resolver:
         directory, _, base = path.rpartition("/")
         # A name that stat finds is an entry of its directory, so the listing (which only
         # tells "no such directory" from "no such file") is read only when stat fails.  A
-        # `seedance ldd` then lists no directory: /lib/x86_64-linux-gnu alone was ~0.5 ms
-        # (issue 13).  "", "." and ".." are never listed but do stat: the listing decides.
+        # `seedance ldd` then lists no directory, and a system library directory holds
+        # thousands of names.  "", "." and ".." are never listed but do stat: the listing
+        # decides.
         st = self._stat_of(path) if base not in ("", ".", "..") else None
         if st is None:
             names = self._dir_names(directory if path.rfind("/") > 0 else ("/" if path.startswith("/") else ""))
@@ -353,9 +355,9 @@ class Resolver:
             if st.st_size >= 64 else None
         if known is not None:
             # this file was parsed already (a scan reads its roots before their dependents
-            # search for them): its e_ident and e_machine are the header's, read again for
-            # each of ~300 candidates of a check of /usr/lib before (issue 13).  A parsed
-            # file has the ELF magic, and 64 bytes or more leave no "file too short".
+            # search for them): its e_ident and e_machine are the header's, so the header
+            # is not read again for every candidate that names it.  A parsed file has the
+            # ELF magic, and 64 bytes or more leave no "file too short".
             elf_class, little_endian, machine = known.elf_class, known.little_endian, known.machine
             shown_class = elf_class
         else:
@@ -443,8 +445,8 @@ class Resolver:
         return None
 
     def _header(self, path: str):
-        # os.open/os.read: a file object and its buffer cost more than the read itself
-        # (~30 candidates per `seedance ldd`, issue 13).  The path is a regular file here
+        # os.open/os.read: a file object and its buffer cost more than the 64-byte read
+        # itself, and every search candidate is read.  The path is a regular file here
         # (_open_verify checked), whose one read returns all 64 bytes or up to its end.
         try:
             fd = os.open(self._host(path), os.O_RDONLY | os.O_CLOEXEC)
@@ -564,8 +566,8 @@ class Resolver:
         # A requester whose search order is its own (no DT_RPATH inherited from its loader
         # chain or the main program, no token in LD_LIBRARY_PATH) finds a name the same way
         # in every closure: the search and its Resolution are remembered per (name,
-        # requester) and shared (issue 13: 5336 searches in a check of /usr/lib, each
-        # rebuilding its plan to find the remembered answer).
+        # requester) and shared, so a tree's roots that need the same library do not each
+        # rebuild the search plan only to find the remembered answer.
         plain = None
         if not preload and not self._llp_tokens:
             plain = (name, requester.path, requester.is_main) if _own_search_order(requester, main) else None
@@ -724,7 +726,7 @@ class Resolver:
                 queue.append(obj)
 
         # _map's first step, a name an object already mapped answers to, written out here:
-        # two NEEDED of three end there (~10,600 of ~16,000 in a check of /usr/lib, issue 13)
+        # most NEEDED end there (libc, libm, libstdc++ are named by nearly every object)
         index_of, loaded_res, append = namespace.index_of, self._loaded_res, resolutions.append
         index = 0
         while index < len(queue):
@@ -786,8 +788,9 @@ class Resolver:
         # version_checks as the shared tuples they are made of (one per requester, verneed
         # and provider, the same tuple in every closure that maps both): a scan judges each
         # tuple once instead of each of its checks once per closure (version_gaps here,
-        # collect/closure.version_facts; ~39,500 checks, ~7,500 distinct, issue 13).  Not a
-        # field: compared and shown as before.
+        # collect/closure.version_facts; the closures of a tree share most of their
+        # requester/provider pairs, so most checks repeat).  Not a field: compared and
+        # shown as before.
         result.version_groups = groups
         # Kept for explain(): recent roots whole, and for every object seen its loader chain
         # with its own resolutions (bounded: a scan of thousands of roots must not hold
@@ -799,7 +802,7 @@ class Resolver:
         fresh = [obj for obj in queue if obj is not main and obj.path is not None and obj.path not in chains]
         if fresh:
             # grouped only when an object is seen for the first time: after the first
-            # hundred roots of a tree, almost none is (issue 13)
+            # roots of a tree, almost none is
             by_requester: dict = {}
             for res in resolutions:
                 by_requester.setdefault(res.requester, []).append(res)
@@ -895,9 +898,10 @@ class Resolver:
         return checks
 
     def _version_set(self, versions: tuple) -> frozenset:
-        """frozenset(versions), made once per tuple: a provider's verdef names (libc: ~40)
-        were searched one by one for each of ~7,500 checks of /usr/lib, twice (issue 13).
-        Kept with the tuple, so its id is not reused while remembered."""
+        """frozenset(versions), made once per tuple: a provider's verdef names (libc
+        defines dozens of version nodes) would otherwise be searched one by one for every
+        version check against it.  Kept with the tuple, so its id is not reused while
+        remembered."""
         known = self._version_sets.get(id(versions))
         if known is None:
             known = self._version_sets[id(versions)] = (versions, frozenset(versions))
@@ -1032,7 +1036,7 @@ class Resolver:
         "undefined symbol: X, version V".  RTLD_NOW (and every Python import) fails; lazy
         binding dies on the first call.  The classic case is a newer libcusparse.so.12
         needing __nvJitLinkComplete_12_9@libnvJitLink.so.12 from an older nvJitLink whose
-        single node libnvJitLink.so.12 has no such symbol (issue 11, item 5).
+        single node libnvJitLink.so.12 has no such symbol.
 
         Only the symbols of objects whose provider could hide a gap are read: see
         _per_release_nodes()."""
@@ -1043,7 +1047,7 @@ class Resolver:
                 nodes.setdefault(check.requester, {})[check.version] = check.provider
         else:
             # a group's candidates do not change from one closure to the next (the pair
-            # verdicts below are remembered per pair): found once per group (issue 13)
+            # verdicts below are remembered per pair): found once per group
             known = self._group_candidates
             for group in groups:
                 entry = known.get(id(group))
@@ -1110,8 +1114,8 @@ class Resolver:
           its package dependencies are per symbol (dpkg-shlibdeps reads the symbols files).
         """
         # what depends on the provider alone is found once per provider, not once per pair
-        # (~2,000 pairs over a few hundred providers in a check of /usr/lib, issue 13):
-        # True, or the system directories both files must be in
+        # (a tree has many requesters per provider): True, or the system directories both
+        # files must be in
         key = ("release", provider)
         known = self._elf.get(key)
         if known is None:
