@@ -8,7 +8,7 @@ SHARE_STAMP := $(VENV)/share/seedance/.completion-installed $(VENV)/share/seedan
 # the CPU torch wheel lies on disk on these machines; pip finds it there first
 WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
-APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree pax-utils python3-pyelftools systemd graphviz jq man-db strace
+APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree pax-utils python3-pyelftools systemd graphviz jq man-db strace podman runc skopeo umoci uidmap
 
 .PHONY: install run test system-deps headers bench bench-churn mutate clean
 
