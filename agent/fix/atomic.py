@@ -175,7 +175,8 @@ class MappedIndex(Record):
 
     scan() keeps each process's maps as read; users() looks for one file's inode (or path)
     with a C-speed substring search and parses only the lines that name it.  Parsing every
-    line of every process up front cost 0.2 s of a 15 KB library's fix (issue 13).
+    line of every process up front (a host with CUDA processes holds many thousands of
+    mappings) would cost more than the fix of a small library itself.
     """
     _fields = ("maps",)
 

@@ -6,9 +6,10 @@ what a fresh interpreter holds:
   DlopenZygote   forked by the fix command first thing, before it imports the scan code,
                  the CEL binding, hashlib's libcrypto or the journal's compressors.  It
                  imports ctypes (what a fresh interpreter's check imports too) and then, for
-                 each path, forks a child that dlopens it and exits: ~1 ms a check instead of
-                 ~20 ms of interpreter start-up (issue 13: a 15 KB library's whole fix was
-                 ~300 ms, the target 100).
+                 each path, forks a child that dlopens it and exits: a fork of a process
+                 that already has ctypes loaded, instead of a whole interpreter start-up
+                 (Python's import system, site, ctypes) per check, which would be most of
+                 a small library's fix.
   DlopenChild    a fresh `python -I -S` (the fallback, and the oracle the zygote is tested
                  against).
 
@@ -53,7 +54,7 @@ class DlopenChild:
 
     Started ahead (the fixer starts it before it writes), it has its interpreter up and
     ctypes imported while the temp file is written, and then waits for the path on stdin:
-    its start-up was most of a small library's verification (issue 13).  One path per child,
+    its start-up would otherwise be most of a small library's verification.  One path per child,
     so nothing loaded for one check can satisfy the next; the environment (LD_LIBRARY_PATH,
     ...) is the one given, read by ld.so when the child starts."""
 
@@ -64,7 +65,8 @@ class DlopenChild:
 
         self._subprocess = subprocess
         # -I -S: no site-packages, .pth hooks or PYTHON* variables: the child only needs ctypes,
-        # and skipping site halves its start-up (issue 13); LD_* still come from ``env``
+        # and skipping site (its .pth files and imports) shortens its start-up; LD_* still
+        # come from ``env``
         read, self._path_pipe = os.pipe()  # our own pipe: send() writes the path and closes it
         try:
             self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", self.CODE], stdin=read,

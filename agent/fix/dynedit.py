@@ -217,8 +217,9 @@ class DynLayout:
         if symoff < 0 or symoff + count * entsize > len(self.data):
             raise ELFError(f"{self.path}: structure at {symoff:#x} runs past the end of the file")
         # st_name is the first 4 bytes of each entry.  Only the set of offsets matters (no
-        # rename ever targets a symbol name), so read them as one array: a StrRef per symbol
-        # cost 0.8 s on libtorch_cpu.so's 200k symbols (issue 13).
+        # rename ever targets a symbol name), so read them as one array: a Python object per
+        # symbol is too many for a library such as libtorch_cpu.so, with its hundreds of
+        # thousands of dynamic symbols.
         self.symtab = (symoff, count, entsize)
         names = array.array("I")
         names.frombytes(bytes(self.data[symoff:symoff + count * entsize]))
@@ -231,7 +232,7 @@ class DynLayout:
 
         What the relinker's refusal check needs (the symbols a library binds elsewhere), read
         from the raw table: seedance.elf.reader builds an object for every one of
-        libtorch_cpu.so's 200k symbols, 3 s under load (issue 13); most are defined ones."""
+        libtorch_cpu.so's hundreds of thousands of symbols, and most are defined ones."""
         if self.symtab is None:
             return []
         symoff, count, entsize = self.symtab
@@ -473,8 +474,8 @@ def plan_appended(layout: DynLayout, needed_renames: dict, version_renames: dict
     delta = (grow + align - 1) // align * align
     table_off = insert + bss
     table_vaddr = p_vaddr + p_memsz
-    # one buffer, one copy of the original: slicing an mmap and concatenating made five
-    # copies of a 420 MB library (7 s, issue 13)
+    # one buffer, one copy of the original: slicing an mmap and concatenating copies the
+    # whole library once per slice, and a CUDA or torch library runs to hundreds of MB
     size = len(layout.data)
     data = bytearray(size + delta)
     view = memoryview(data)
@@ -575,11 +576,11 @@ class FileEdit(Record):
         """Write the edited file into ``fd``; returns the sha256 of what was written.
 
         The bytes are copied inside the kernel (copy_file_range: no page faults on a mapping
-        and no copy through user space, 0.5 s instead of 1.6 s for a 434 MB library here),
+        and no copy through user space; bench/bench_relink.py times it against patchelf),
         the few patches are written over the copy, and each copied chunk is read back from
         ``fd`` and hashed in a second thread while the next chunk is copied: the digest is
         of the bytes in the file, taken while it is written, and nobody reads it again
-        (issue 13: the fixer hashed a 419 MB library three times).  ``fd`` must be open for
+        (a library of hundreds of MB is read once, not once per hash).  ``fd`` must be open for
         reading too (atomic.write_temp opens O_RDWR).  Where the kernel cannot copy between
         the two files, one pass over a read-only mapping does the same in user space.
         """
@@ -589,8 +590,8 @@ class FileEdit(Record):
     def fill_deferred(self, fd: int):
         """fill(), but it may return before the hash is done: the sha256 hex digest, or a
         pending one whose result() waits for it and returns it (raising what the hashing
-        raised).  The journal verifies the temp meanwhile: the hash of a 434 MB result then
-        overlaps the dlopen in a child instead of preceding it (issue 13)."""
+        raised).  The journal verifies the temp meanwhile: the hash of a large result then
+        overlaps the dlopen in a child instead of preceding it."""
         if self.data is not None:
             _write_all(fd, memoryview(self.data))
             return hashlib.sha256(self.data).hexdigest()
@@ -801,7 +802,7 @@ class MappedLayout:
     """A DynLayout over a read-only mapping of the file at ``path``, and that file's identity.
 
     One parse serves the relinker's refusal check (undefined_symbols) and the edit's plan:
-    the dynamic symbol table of a 434 MB library was read twice (issue 13)."""
+    the dynamic symbol table of a large library is read once, not once for each."""
 
     def __init__(self, path: str):
         import mmap

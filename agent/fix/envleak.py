@@ -127,7 +127,7 @@ def parse_or_refuse(path: str, text: str):
     from ..files import yamlio
 
     try:
-        return yamlio.roundtrip_load(_yaml(), text, path)  # bounded (issue 10)
+        return yamlio.roundtrip_load(_yaml(), text, path)  # bounded: size, depth, aliases
     except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark else ""

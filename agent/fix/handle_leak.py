@@ -21,7 +21,7 @@ import argparse
 import io
 import os
 import sys
-from collections.abc import Mapping  # annotations only; typing is ~12M instructions of a fix's start
+from collections.abc import Mapping  # annotations only; importing typing is paid at every fix's start
 
 from ..model.errors import BadInput, NotAvailable, UsageError
 from ..model.record import NEW, Record
@@ -86,7 +86,7 @@ def shim_handles_default(env: Mapping[str, str] = os.environ) -> str:
 
     path = _settings_paths(env)[1]
     try:
-        doc = yamlio.load_file(path)  # bounded: size, depth, alias expansion (issue 10)
+        doc = yamlio.load_file(path)  # bounded: size, depth, alias expansion (YAML is a graph)
     except FileNotFoundError:
         return "shared"
     except (OSError, yaml.YAMLError) as exc:

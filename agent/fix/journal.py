@@ -17,7 +17,7 @@ interrupted; recovery (run by the next fix, undo or history) puts every file it 
 to its original bytes and marks it "rolled-back".  So after a crash at any step, each file
 is the original or the verified result, and undo works either way.
 
-Nothing is put back unseen (issue 10, item 5; issue 17): a backup is renamed into place only
+Nothing is put back unseen: a backup is renamed into place only
 after its sha256 matched the one recorded before the fix, and a target that is neither the
 fix's result nor its original is left alone.  Either refusal names the path, writes nothing,
 and leaves the entry as it was (never "undone" or "rolled-back" when it is not).  Every file
@@ -79,8 +79,8 @@ def journal_root():
 
 
 def _journal_root() -> str:
-    # str paths inside the journal: pathlib (with urllib.parse and ipaddress) was ~4% of a
-    # small `seedance fix` start (issue 13); Journal.root and Entry.dir still give a Path
+    # str paths inside the journal: importing pathlib (with urllib.parse and ipaddress) would
+    # be paid at every `seedance fix` start; Journal.root and Entry.dir still give a Path
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "seedance", "journal")
 
@@ -132,8 +132,9 @@ class Entry:
     def save(self, durable: bool = True) -> None:
         """Write manifest.json.  durable=False only for states that recovery can infer from the
         files themselves (a state that comes before any change to a target, or "written",
-        which recovery tells from "verified" by the target's sha256): the fsyncs of every
-        save were half of a small fix's wall time on a busy disk (issue 13)."""
+        which recovery tells from "verified" by the target's sha256): each fsync waits for
+        the disk to commit the file, and on a busy disk those waits would be most of a
+        small fix's wall time."""
         if self.damaged:
             raise DamagedEntry(f"journal entry {self.id}: {self.damaged}; not rewritten")
         _write_json(f"{self._dir}/manifest.json", self.manifest, sync=durable)
@@ -455,9 +456,9 @@ class Journal:
         """flock the lock file of the real path ``path``; refuse at once when another holds it.
 
         Refusing rather than waiting: the other run may be planning from the same bytes, and
-        a stale plan must not be applied after it (issue 10: six concurrent fixes all
-        committed).  The lock lives in the journal, keyed by the sha256 of the real path, so
-        a symlink and its target share one lock.
+        a stale plan must not be applied after it (concurrent fixes of one file would all
+        commit, each over the other's result).  The lock lives in the journal, keyed by the
+        sha256 of the real path, so a symlink and its target share one lock.
         """
         locks = f"{self._root}/locks"
         os.makedirs(locks, mode=0o700, exist_ok=True)
@@ -503,9 +504,10 @@ class Journal:
     def _maybe_unfinished(self, entry_id: str) -> bool:
         """False when the entry's manifest is a regular file that cannot hold an open or
         undoing status; True when it may (read and judged in full then).  Every fix starts
-        with recovery, and parsing and validating every manifest of a long history cost
-        ~0.15 ms each (issue 13); a status key can only be written as JSON writes keys
-        (inside a string every quote is escaped), so a raw search is enough to rule one out."""
+        with recovery, and parsing and validating every manifest of a long history would
+        make every fix's start grow with the history; a status key can only be written as
+        JSON writes keys (inside a string every quote is escaped), so a raw search is enough
+        to rule one out."""
         try:
             fd = os.open(f"{self._root}/{entry_id}/manifest.json",
                          os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -699,11 +701,12 @@ class Journal:
 def _make_backup(path: str, backup: str, st: os.stat_result) -> tuple:
     """Keep the original at ``backup``: ("link", None) or ("copy", sha256 of the bytes).
 
-    A hard link costs nothing, whatever the size (issue 13: a 419 MB library was copied
-    twice), and it is safe because the fix renames a new inode over the path: the old inode
-    is then reachable only through the journal.  Only a file with no other names is linked,
-    since a write through another name would change the backup; across filesystems, or where
-    protected_hardlinks refuses, the bytes are copied (hashed while copied).
+    A hard link costs nothing, whatever the size (a copy of a CUDA library of hundreds of
+    MB is paid in full), and it is safe because the fix renames a new inode over the path:
+    the old inode is then reachable only through the journal.  Only a file with no other
+    names is linked, since a write through another name would change the backup; across
+    filesystems, or where protected_hardlinks refuses, the bytes are copied (hashed while
+    copied).
     """
     if st.st_nlink == 1:
         try:
@@ -876,7 +879,7 @@ def _move(src: str, dest: str) -> None:
     except OSError as exc:
         if exc.errno != 18:  # EXDEV
             raise
-        import shutil  # across filesystems only: not on every fix's start (~7M instructions)
+        import shutil  # across filesystems only: its imports are not paid on every fix's start
 
         partial = dest + ".partial"
         if os.path.isdir(src) and not os.path.islink(src):

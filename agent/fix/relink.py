@@ -196,8 +196,8 @@ class Relinker:
         roots that load a rewritten file, or an object a finding of ``before`` is about that
         such a root loads (a finding about a shared object is judged from the first root that
         loads it, as in the full check), and ``before``'s findings about everything else,
-        which nothing rewritten can change (issue 13: the fixer checked every root twice, 10 s
-        for the default roots).  Without a recorded check: a full check."""
+        which nothing rewritten can change (a second full check of every root would double
+        the fix for a one-library change).  Without a recorded check: a full check."""
         from ..collect.scan import CheckOptions, run_check
 
         self.rechecked = None
@@ -541,7 +541,7 @@ class Relinker:
         ``undefined``: dynedit.undefined_symbols() of the library, (name, version, weak)."""
         try:
             # the check's own parse (its version checks read the runtimes' symbols), cached by
-            # (dev, inode, mtime, size): reading libcudart's symbols again cost a few ms (issue 13)
+            # (dev, inode, mtime, size): libcudart's symbols are not read a second time
             target = self.resolver.read(target_path, symbols=True)
         except ELFError as exc:
             return str(exc)
@@ -614,7 +614,7 @@ class Relinker:
         """Plan the byte edit (in place when it fits, LIEF otherwise); fills strategy/growth.
 
         The preview and the fix share one plan while the file is the one planned from
-        (parsing a large library's dynamic symbols twice cost a second, issue 13)."""
+        (a large library's dynamic symbol table is parsed once, not once for each)."""
         key = (action.path, tuple(sorted(action.renames.items())), tuple(sorted(action.version_renames.items())))
         cached = self._edits.get(key)
         try:
@@ -632,8 +632,8 @@ class Relinker:
 
     def preview(self, action: RelinkAction) -> list:
         """The dynamic-entry diff of the edit, parsed from a private copy-on-write mapping with
-        the patches applied: nothing is written (a scratch copy of a 419 MB library cost
-        more than patchelf's whole run, issue 13)."""
+        the patches applied: nothing is written (a scratch copy of a CUDA library of hundreds
+        of MB would cost more than patchelf's whole run)."""
         edit = self.edit(action)
         return dynamic_diff(read_elf(action.path), edit.result_info())
 

@@ -16,8 +16,8 @@ import re
 import string
 import sys
 from collections.abc import Iterable, Mapping
-# Any is named in annotations only (strings here): importing typing was ~12M instructions of
-# a `seedance fix` start (callgrind, issue 13)
+# Any is named in annotations only (strings here): importing typing (and the modules it
+# pulls in) would be paid at every start of a short command such as `seedance fix`
 
 from . import cel_subset
 from ..collect import inputs
@@ -176,8 +176,9 @@ class _KindPlan:
 
     Every rule's context is a function of the fact's values for the names the rules read
     (with each rule's defaults for the missing ones), so when those values are scalars the
-    matching rules are remembered under them, for all the rules at once: a scan of /usr/lib
-    offers ~8,000 facts to 19,600 (fact, rule) pairs whose inputs repeat (issue 13).  On a
+    matching rules are remembered under them, for all the rules at once: a scan of a
+    library tree offers thousands of facts whose inputs repeat (the same NEEDED name, the
+    same version node), each to every rule of its kind.  On a
     miss each rule decides as Rule.matches does, and rules reading the same names and
     defaults (five of the six `needed` rules) share one context.  ``subject`` (a mapping)
     and other non-scalar values are never part of a key: those facts are judged each time."""
@@ -250,8 +251,8 @@ class _KindPlan:
 
 
 # (directory, the files' identities) -> RuleSet.  Parsing and validating the YAML is most
-# of a load (~60 ms of ~70; compiling the CEL conditions is ~6 ms), and `fix` checks twice,
-# before and after (issue 13).  A rule file rewritten in place or replaced has another
+# of a load (compiling the CEL conditions is a small part), and `fix` checks twice, before
+# and after.  A rule file rewritten in place or replaced has another
 # mtime, ctime, size or inode, so it is read again.
 _LOADED: dict = {}
 
@@ -310,7 +311,7 @@ def _parse_rule_files(files: list) -> list:
     docs = []
     for path in files:
         try:
-            doc = yamlio.load_file(path)  # bounded: size, depth, alias expansion (issue 10)
+            doc = yamlio.load_file(path)  # bounded: size, depth, alias expansion (YAML is a graph)
         except RuleError:
             raise
         except BadInput as exc:
@@ -347,9 +348,10 @@ def _rules_from_docs(docs: list, compiled: bool = False) -> RuleSet:
 
 
 # --- the shipped rules, parsed, kept across runs ----------------------------------------------
-# Importing PyYAML and parsing rules/*.yaml was ~45 ms of every command that checks (a
-# whole `fix cuda-mismatch` of a 15 KB library was ~300 ms, the target 100; issue 13).  The
-# cache holds the parsed documents only: every rule is validated from them on each load, as
+# Importing PyYAML and parsing rules/*.yaml would be paid by every command that checks,
+# often more than the check of a small library itself (bench/bench_relink.py times a whole
+# `fix cuda-mismatch`).  The cache holds the parsed documents only: every rule is
+# validated from them on each load, as
 # from the YAML, and a condition that compiled when the cache was written compiles on first
 # use (most commands offer facts of a few kinds only).  It is keyed by each file's name,
 # size and CRC-32 of its bytes (a file rewritten within one timestamp tick is still seen),
@@ -653,7 +655,7 @@ _SCALAR_TYPES = frozenset(_SCALARS)
 def _context_and_key(fact: Fact, names: tuple, defaults) -> tuple:
     """(context, memo key) for a condition reading ``names``: _cel_context with the rule's
     defaults filled in, and the verdict's key, in one pass over the names (this runs for
-    every fact of a scan, issue 13).
+    every fact of a scan).
 
     The context holds each name found in fact.data, else ``subject`` (fact.subject), else
     the rule's default for it; names found nowhere are left out (CEL: no such variable).
