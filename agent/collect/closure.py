@@ -26,8 +26,8 @@ class FactDedup:
     """Remembers which facts were already emitted during one scan.
 
     Objects are keyed by inode, not path: the same library reached through two aliases
-    (``functorch/../torch/lib``, a symlinked directory) is one object and is reported once
-    (issue 11, item 6)."""
+    (``functorch/../torch/lib``, a symlinked directory) is one object and is reported once,
+    as ld.so maps it once (it matches a file by device and inode)."""
 
     def __init__(self):
         self.needed: dict = {}  # (identity of requester, name) -> NeededSeen
@@ -43,16 +43,16 @@ class FactDedup:
         # again in every closure that maps both (resolver._checked): a check judged once
         # has its key in ``versions`` already (identities are remembered per path), so it
         # is skipped without building the key again.  The value keeps the object alive, so
-        # its id is not reused.  A scan of /usr/lib hands out ~39,500 checks, ~7,500 distinct
-        # (issue 13).
+        # its id is not reused.  The closures of a tree share most of their (requester,
+        # provider) pairs, so most checks a scan hands out are ones already judged.
         self.checks_done: dict = {}
         # id(Resolution) -> (it, identity of its requester), for resolutions note_needed()
         # has seen where their requester was not the root.  The resolver shares one
         # Resolution per (name, requester) wherever the answer cannot differ (an object
         # already loaded, a search in the requester's own order), and noting it again
         # where its requester is not the root changes nothing: the entry's via_loader is
-        # set the first time (or it resolved nowhere).  ~16,000 resolutions in a check of
-        # /usr/lib (issue 13).
+        # set the first time (or it resolved nowhere).  Every closure of a tree hands its
+        # shared resolutions over again, so most are ones already seen.
         self.passive: dict = {}
 
     def first(self, bucket: set, key) -> bool:
@@ -62,8 +62,7 @@ class FactDedup:
         return True
 
     # path -> os.stat result or None.  A scan lends its resolver's stat cache: the identity
-    # is then the file the closure was computed from, at no second stat per path (~2,600
-    # in a check of /usr/lib, issue 13)
+    # is then the file the closure was computed from, at no second stat(2) per path
     stat_of = staticmethod(_stat_or_none)
 
     def identity(self, path: str):
@@ -99,8 +98,8 @@ def note_needed(closure, dedup: FactDedup, skip_names=(), preloaded_by: dict | N
     loads before this object (collect/practice.py)."""
     root = closure.root
     root_id = dedup.identity(root)
-    # dedup.identity() inlined: this loop runs for every NEEDED of every closure of a scan
-    # (~16,000 in a check of /usr/lib, issue 13)
+    # dedup.identity() inlined: this loop runs for every NEEDED of every closure of a scan,
+    # and a Python call per NEEDED would be a large part of it
     ids, identity, needed = dedup._ids, dedup.identity, dedup.needed
     passive = dedup.passive
     for res in closure.resolutions:
@@ -132,7 +131,7 @@ def note_needed(closure, dedup: FactDedup, skip_names=(), preloaded_by: dict | N
 def needed_facts(dedup: FactDedup, explain_missing=None) -> list:
     """One needed fact per (object, NEEDED name), after every closure of the scan is seen.
 
-    An object is judged as it is loaded in practice (issue 11, item 7): a NEEDED that fails
+    An object is judged as it is loaded in practice: a NEEDED that fails
     when the object is loaded on its own, but that its loader in the scanned tree resolves
     (an inherited DT_RPATH, a SONAME already loaded) or that a package preloads, is
     resolved, with the reason in ``context``.  ``explain_missing(resolution)`` -> dict adds
@@ -255,7 +254,7 @@ def closure_runtimes(closure, memo: dict | None = None) -> dict:
     ``memo``: path -> its runtime major (None: not a runtime) across the closures of one
     scan, where a path is one ElfInfo (the resolver reads each file once): a library in a
     thousand closures is looked at once, and closures without a runtime (all of /usr/lib)
-    cost a lookup per object (issue 13)."""
+    cost a lookup per object."""
     majors = {}
     objects = closure.objects
     if memo is None:

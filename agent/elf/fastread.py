@@ -1,8 +1,9 @@
 """The C ELF reader (fastelf.c, through cffi) behind reader.read_elf without fatbins.
 
-read_elf(path) is what a check does for every object of a tree; in Python it was ~0.3 s
-of a ~2 s check of /usr/lib, and read_elf(path, symbols=PREFIXES) (the C++ ABI check) was
-~0.7 s of a ~2 s check of site-packages (issue 13).  The C reader
+read_elf(path) is what a check does for every object of a tree, and read_elf(path,
+symbols=PREFIXES) (the C++ ABI check) walks torch's symbol tables: in Python, struct
+unpacking and an object per entry make both a large part of a check
+(bench/bench_elf.py compares the two readers).  The C reader
 returns the same ElfInfo, or raises the same ELFError, or answers None ("read it in
 Python"): when its bounded output buffers would overflow, or on an OS condition that
 the Python reader reports as a plain OSError.  reader.py remains the reference; the
@@ -53,8 +54,8 @@ def available() -> bool:
 
 # os.environ's own dict of bytes (CPython's os._Environ keeps it in step with every change
 # through os.environ, monkeypatch's included): a lookup there is a dict lookup, where
-# os.environ.get goes through the Mapping ABC and encodes the key (~2 us, once per file
-# read: ~1,000 times a check of /usr/lib, issue 13)
+# os.environ.get goes through the Mapping ABC and encodes the key, and this is asked once
+# per file read
 _environ_data = getattr(os.environ, "_data", None)
 _SWITCH = os.fsencode("SEEDANCE_ELF_READER")
 
@@ -144,8 +145,8 @@ def read(path: str, symbols: bool | tuple = False, tables: bool = False):
 
 
 # path -> properties.x86_isa_needed of the image the last read of that path parsed: a check
-# asks it of every object it loads, and reopening each file for it was ~900 opens and
-# ~1,800 preads of a check of /usr/lib (issue 13).  Kept beside ElfInfo, not in it: the
+# asks it of every object it loads, and reopening each file for it would cost an open and
+# reads of its program headers and notes per object.  Kept beside ElfInfo, not in it: the
 # Python reader does not read it (elf/properties.py).
 _isa_levels: dict = {}
 
@@ -199,8 +200,8 @@ def symbol_tables(path: str):
     """Resolver._symbol_tables(path, read_elf(path, symbols=True)) straight from the C
     output: (definitions: name -> frozenset of tags, strong undefined ((name, version), ...)),
     ELFError, or None: use the Python reader.  No Symbol is built: the version-gap check of a
-    site-packages with the CUDA wheels read ~140 whole symbol tables, and building their
-    Symbol objects was a fifth of that check (issue 13)."""
+    site-packages with the CUDA wheels reads many whole symbol tables, and a Python Symbol
+    object per entry would be a large part of that check."""
     return read(path, True, tables=True)
 
 
@@ -208,7 +209,8 @@ def exported_names(path: str, prefixes: tuple):
     """frozenset of the names ``path`` exports among those starting with ``prefixes``
     (defined, not STB_LOCAL, not a hidden version: cxxabi.TorchAbiCache.defined over
     read_elf(path, symbols=prefixes)), ELFError, or None: use the Python reader.  torch's
-    libraries export ~37,000 such names, one Symbol object each before (issue 13)."""
+    libraries export tens of thousands of such names, and a Symbol object for each would
+    be built only to be thrown away."""
     return read(path, prefixes, tables=True)
 
 

@@ -2,8 +2,9 @@
 
 Both readers return these: the C one (fastread.py) and the Python reference (reader.py).
 They live apart from reader.py so that a `seedance ldd`, which reads through the C reader,
-imports neither the Python parser (mmap, struct, re, functools) nor dataclasses (issue 13;
-record.py says what these frozen records keep of the dataclasses they were).
+imports neither the Python parser (mmap, struct, re, functools) nor dataclasses, which a
+short command would pay at every start (record.py says what these frozen records keep of
+the dataclasses they were).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping  # not typing's alias: typing was ~12M instructions of a fix's start (issue 13)
+from collections.abc import Mapping  # not typing's alias: importing typing is paid at every fix's start
 
 from .record import NEW, FrozenRecord, Record, set_fields
 
@@ -131,7 +131,7 @@ _VOLATILE_SUBJECT = ("pid",)  # a process restarts with another pid; the same ca
 
 
 def fingerprint(rule: str, subject: Mapping[str, Any], message: str) -> str:
-    """16 hex digits identifying a finding across runs (issue 16: suppression, --baseline):
+    """16 hex digits identifying a finding across runs (suppression, --baseline):
     rule + subject (without pid) + cause, the cause being the message with volatile
     numbers masked, so `pid 4242 holds 812 MiB` and `pid 77 holds 640 MiB` of the same
     library are one finding."""

@@ -109,8 +109,8 @@ class Agent:
     def close(self, quiet: bool = False) -> None:
         """Stop in the order that loses nothing: no new work, probes off, last export, flush.
 
-        quiet: start() failed, so the one error line is all the user sees (issue 10 item 8:
-        `--metrics 0.0.0.0:9464` printed JSON stopping/stopped lines around it)."""
+        quiet: start() failed, so the one error line is all the user sees, with no JSON
+        stopping/stopped lines around it for a daemon that never started."""
         log = (lambda *a, **k: None) if quiet else self.log
         if not quiet:
             self.notifier.stopping("stopping: detaching probes, flushing state")
