@@ -1,8 +1,8 @@
 """seedance fix: act on what the check found, journal every change, verify, check again.
 
 Subcommands: cuda-mismatch, env-leak, torch-ext, undo, history (and handle-leak, which
-the agent issue provides in seedance.fix.handle_leak).  Only this module prints; the
-fixers in seedance.fix return plans and results.
+seedance.fix.handle_leak registers).  Only this module prints; the fixers in seedance.fix
+(flows.py: the plan and check-again of each) return plans and results.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def print(text: str = "", file=None) -> None:  # noqa: A001 - every line this mo
     """One line of this command's output.  Paths, NEEDED names, journal notes and messages come
     from files on disk: a control character or an undecodable byte in them is escaped (\\n,
     \\xNN; character by character, so a line is escaped as its parts would be), and a crafted
-    file name cannot forge a line of a fix's report or of the journal's (issue 10, defect 8)."""
+    file name cannot forge a line of a fix's report or of the journal's."""
     (file or sys.stdout).write(escape_path(text) + "\n")
 
 EPILOG = """\
@@ -113,7 +113,7 @@ def configure_parser(sub):
 
 
 def _register_handle_leak(fixes) -> None:
-    """The agent issue provides seedance.fix.handle_leak; until it lands, say so and exit 2."""
+    """seedance.fix.handle_leak provides `fix handle-leak`; without it, say so and exit 2."""
     try:
         from ..fix import handle_leak as module  # not importlib.util.find_spec: ~1 ms of every fix
     except ModuleNotFoundError as exc:
@@ -134,16 +134,16 @@ def _register_handle_leak(fixes) -> None:
 
 
 def _no_subcommand(parser) -> int:
-    # one line, exit 2 (issue 10, defect 8): the help is for --help, on stdout
+    # one line, exit 2, as every usage error: the help is for --help, on stdout
     raise UsageError("seedance fix: give an action: cuda-mismatch, env-leak, torch-ext, handle-leak, "
                      "undo or history (see seedance fix --help)")
 
 
 def _journal(recover: bool = True):
-    from ..fix.journal import Journal
+    from ..fix.flows import open_journal
 
-    journal = Journal()
-    for result in journal.recover_entries() if recover else ():
+    journal, recovered = open_journal(recover)
+    for result in recovered:
         if result.refused:  # one line each run until it is resolved; the entry stays open
             print(f"seedance: warning: interrupted fix {result.id} not rolled back: "
                   f"{result.refused}", file=sys.stderr)
@@ -160,31 +160,13 @@ def _argv() -> list:
 # --- cuda-mismatch -----------------------------------------------------------------------------
 
 def _cuda_mismatch(args) -> int:
-    zygote = None
-    if not args.dry_run:
-        # forked first, while this process holds nothing but the interpreter: the process
-        # verify() dlopens each rewritten file in (seedance.fix.dlopen_child; issue 13)
-        from ..fix.dlopen_child import DlopenZygote
+    from ..fix.flows import cyclic_collector_paused, start_dlopen_zygote
 
-        if DlopenZygote.safe_to_fork():
-            try:
-                zygote = DlopenZygote()
-            except OSError:  # no fork (EAGAIN, a process limit): verify starts fresh interpreters
-                zygote = None
-    # No cyclic collection while the fix runs: its passes over the objects every import
-    # leaves were ~24M of the ~430M instructions of a fix of one small library (callgrind,
-    # issue 13), and a check of /usr/lib/x86_64-linux-gnu or of a site-packages with torch
-    # leaves 311 objects in cycles.  Switched back on after: main() may run in a process
-    # that goes on (the tests, the agent).
-    import gc
-
-    collecting = gc.isenabled()
-    gc.disable()
+    zygote = start_dlopen_zygote(args.dry_run)
     try:
-        return _relink(args, zygote)
+        with cyclic_collector_paused():
+            return _relink(args, zygote)
     finally:
-        if collecting:
-            gc.enable()
         if zygote is not None:
             zygote.close()
 
@@ -204,7 +186,7 @@ def _relink(args, zygote) -> int:
         print(f"pid {args.pid} uses the CUDA {runtime} runtime: aligning with it")
     journal = None if args.dry_run else _journal()
     relinker = relink.Relinker(roots, runtime=runtime, zygote=zygote)
-    # the default roots take ~10 s here: say so on a terminal (issue 16), never on stdout
+    # a scan of the default roots takes seconds: say so on a terminal, never on stdout
     from ..render.progress import Progress, wanted
     report = relinker.check(Progress(enabled=wanted(args), label="scanning"))
     plan = relinker.plan(report)
@@ -274,70 +256,47 @@ def _relink(args, zygote) -> int:
 
 def _recheck_relink(relinker, plan, written, incomplete, verbose=False) -> int:
     """Check again: the roots that load a rewritten file, the first check's findings elsewhere."""
-    remaining = relinker.recheck(plan.findings, written)
+    from ..fix.flows import recheck_relink
+
+    recheck = recheck_relink(relinker, plan, written)
     if verbose:
-        if relinker.rechecked is None:
+        if recheck.rechecked is None:
             print("check again: every root")
         else:
-            print(f"check again: {len(relinker.rechecked)} root(s) that load a rewritten file "
-                  f"(the other roots' findings stand as found): {' '.join(relinker.rechecked)}")
-    before = {(f.rule, f.message) for f in plan.findings}
-    now = {(f.rule, f.message) for f in remaining}
-    gone = before - now
-    print(f"check again: {len(gone)} of {len(before)} finding(s) gone, {len(now)} remaining")
-    for rule, message in sorted(now):
+            print(f"check again: {len(recheck.rechecked)} root(s) that load a rewritten file "
+                  f"(the other roots' findings stand as found): {' '.join(recheck.rechecked)}")
+    print(f"check again: {len(recheck.gone)} of {len(recheck.before)} finding(s) gone, "
+          f"{len(recheck.now)} remaining")
+    for rule, message in sorted(recheck.now):
         print(f"  still: {rule}: {message}")
-    return 1 if now or incomplete else 0
+    return 1 if recheck.now or incomplete else 0
 
 
 # --- env-leak ------------------------------------------------------------------------------------
 
 def _env_leak(args) -> int:
-    from ..collect.scan import CheckOptions, run_check
     from ..fix import atomic, envleak
+    from ..fix.flows import config_diff, plan_env_leak, remaining_env_leaks, verify_config
 
-    paths = envleak.scope_paths(args.scope)
-    if not paths:
+    plan = plan_env_leak(args.scope, args.inject)
+    if not plan.paths:
         print(f"no seedance configs in scope {args.scope}: nothing to fix")
         return 0
-    report = run_check(CheckOptions(targets=paths))  # a config that does not parse stops here
-    findings = [f for f in report.findings if f.rule == "env-leak"]
+    findings, edits, drop_in = plan.findings, plan.edits, plan.drop_in
     if not findings:
-        print(f"no env-leak findings in {len(paths)} config(s)")
+        print(f"no env-leak findings in {len(plan.paths)} config(s)")
         return 0
-    by_path: dict = {}
-    for finding in findings:
-        by_path.setdefault(finding.subject["path"], []).append(finding)
-    edits = []
-    for path in sorted(by_path):
-        edit = envleak.plan_config_edit(path, by_path[path], args.inject)
-        if edit is not None:
-            edits.append(edit)
-    preloads = [value for edit in edits for value in edit.preloads]
-    for value in preloads:  # refuse before anything is touched
-        for item in [v for v in envleak.expand_for_check(value, os.environ).replace(":", " ").split() if v]:
-            problem = envleak.unsafe_preload(item)
-            if problem:
-                raise BadInput(f"--inject LD_PRELOAD refused: {problem}; nothing changed")
-    drop_in = envleak.drop_in_path() if preloads else None
-    print(f"{len(findings)} env-leak finding(s) in {len(by_path)} config(s)")
-    import difflib  # only env-leak shows a text diff: kept off every fix's start-up
-
+    print(f"{len(findings)} env-leak finding(s) in {len(plan.by_path)} config(s)")
     for edit in edits:
-        diff = difflib.unified_diff(edit.original.decode("utf-8").splitlines(),
-                                    edit.new.decode("utf-8").splitlines(),
-                                    f"{edit.path} (before)", f"{edit.path} (after)", lineterm="", n=1)
-        for line in diff:
+        for line in config_diff(edit):
             print(f"    {line}")
     if drop_in:
         print(f"    LD_PRELOAD moves to {drop_in}")
-    unfixable = [f for f in findings if not any(c[1] == f.evidence.get("key") and c[2] == f.evidence.get("value")
-                                                for e in edits for c in e.changes)]
-    for finding in unfixable:
+    for finding in plan.unfixable:
         print(f"  cannot fix here: {finding.message}")
     if args.dry_run:
         print("dry run: nothing written")
-        return 1 if unfixable else 0
+        return 1 if plan.unfixable else 0
     if not edits:
         return 1
     mapped = atomic.MappedIndex.scan()
@@ -348,20 +307,19 @@ def _env_leak(args) -> int:
     journal = _journal()
     with journal.begin("fix env-leak", _argv(), [f.message for f in findings]) as entry:
         for edit in edits:
-            entry.replace_file(edit.path, edit.new, verify=lambda temp, e=edit: _verify_config(e, temp),
+            entry.replace_file(edit.path, edit.new, verify=lambda temp, e=edit: verify_config(e, temp),
                                summary=f"{len(edit.changes)} value(s) made lazy or moved")
             print(f"rewrote {edit.path} ({len(edit.changes)} value(s))")
         if drop_in:
             existing = open(drop_in, encoding="utf-8").read() if os.path.exists(drop_in) else None
-            content = envleak.drop_in_content(existing, "LD_PRELOAD", preloads, entry.id).encode()
+            content = envleak.drop_in_content(existing, "LD_PRELOAD", plan.preloads, entry.id).encode()
             if existing is None:
                 entry.create_file(drop_in, content, mode=0o644, summary="LD_PRELOAD for the user session")
             else:
                 entry.replace_file(drop_in, content, summary="LD_PRELOAD for the user session")
             print(f"wrote {drop_in}: applies at the next login (or: systemctl --user daemon-reexec)")
     print(f"journal {entry.id}; undo with: seedance fix undo {entry.id}")
-    after = run_check(CheckOptions(targets=paths))
-    remaining = [f for f in after.findings if f.rule == "env-leak"]
+    remaining = remaining_env_leaks(plan.paths)
     print(f"check again: {len(findings) - len(remaining)} of {len(findings)} env-leak finding(s) gone, "
           f"{len(remaining)} remaining")
     for finding in remaining:
@@ -369,29 +327,14 @@ def _env_leak(args) -> int:
     return 1 if remaining else 0
 
 
-def _verify_config(edit, temp: str) -> None:
-    from ..collect.config import config_facts
-
-    moved = {c[1] for c in edit.changes if c[3] is None}
-    for fact in config_facts(temp):
-        if fact.data.get("expands_early") and any(c[1] == fact.data["key"] for c in edit.changes):
-            raise BadInput(f"{fact.data['key']} still expands early: {fact.data['value']}")
-        if fact.data["key"] in moved and fact.data["value"] in edit.preloads:
-            raise BadInput(f"{fact.data['key']} was not moved out")
-
-
 # --- torch-ext -------------------------------------------------------------------------------------
 
 def _torch_ext(args) -> int:
-    from ..collect.torch_ext import cache_roots
     from ..fix import torchext
+    from ..fix.flows import plan_torch_ext, remaining_stale_builds
 
-    if not args.clean_cache and not args.rebuild:
-        raise UsageError("seedance fix torch-ext: give --clean-cache and/or --rebuild custom_kernels|NAME|all")
-    roots = cache_roots()
-    findings, facts = torchext.check_caches(roots)
-    stale = torchext.stale_builds(findings)
-    chosen = torchext.select(stale, args.rebuild)  # an unknown NAME is refused before any change
+    plan = plan_torch_ext(args.clean_cache, args.rebuild)  # an unknown NAME is refused before any change
+    roots, findings, facts, stale, chosen = plan.roots, plan.findings, plan.facts, plan.stale, plan.chosen
     print(f"{len(facts)} cached extension build(s) in {', '.join(roots)}; {len(stale)} stale")
     for build in stale:
         print(f"  stale {build.path}: {'; '.join(build.reasons)}")
@@ -422,8 +365,7 @@ def _torch_ext(args) -> int:
             print(f"rebuilt {build.name} for torch {result['torch']} in {result['build_dir']} "
                   f"(TORCH_CUDA_ARCH_LIST {archs}); imported ok")
     print(f"journal {entry.id}; undo with: seedance fix undo {entry.id}")
-    after, _facts = torchext.check_caches(roots)
-    remaining = [f for f in after if f.rule == "torch-ext-stale"]
+    remaining = remaining_stale_builds(roots)
     print(f"check again: {len(stale) - len([r for r in remaining if r.subject['path'] in moved])} of "
           f"{len(stale)} stale build(s) gone, {len(remaining)} remaining")
     for finding in remaining:
