@@ -350,7 +350,8 @@ def console(front_end: bool = True) -> None:
 def _quick_exit() -> None:
     """Run `seedance check` or `seedance ldd` and end the process with os._exit once its
     output is flushed: the scan is kept alive to the end (options.KEEP_UNTIL_EXIT) instead
-    of being freed object by object (~20 ms of a check of /usr/lib), and Py_Finalize, which
+    of being freed object by object (the kernel frees the whole address space at exit at
+    once), and Py_Finalize, which
     frees every module, is skipped.  Both commands close every file they write and start
     no thread or helper that outlives them, and neither registers an atexit handler."""
     if sys.argv[1:2] == ["check"]:

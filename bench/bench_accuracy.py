@@ -1,4 +1,4 @@
-"""Accuracy of `seedance check` against reality (issue 11): the corpus size, false errors and
+"""Accuracy of `seedance check` against reality: the corpus size, false errors and
 missed errors, per class and over all cases.
 
 Reality is the real loader: each object is loaded in a child process with RTLD_NOW as it is

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The agent under churn: 500 wrapped instances on the fake driver, some SIGKILLed.
 
-The acceptance point of the agent issue, measured in one run:
+The agent's acceptance targets, measured in one run:
 
 - agent RSS (VmHWM, the high-water mark) <= 150 MB with the trace probes attached; the
   probes run as the agent's child (`seedance trace --json`, bcc/LLVM), whose RSS is

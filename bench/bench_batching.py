@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static against adaptive batching at low and high load, measured in one run.
 
-The acceptance point of the plugins issue: at low load the static policy's P99 is worse
+The plugins' acceptance target: at low load the static policy's P99 is worse
 than the adaptive one's.  Both policies drive the same plugin (the audio-encoder example,
 built here from its C source) through seedance.plugins.batching with the same open-loop schedule,
 3 warm-up + 5 measured rounds each, and this prints both P99 figures and their ratio, plus

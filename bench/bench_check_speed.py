@@ -24,7 +24,7 @@ environment times the one-process check.
 
   seedance check, cached    the same check again, answered from the check cache (every input
                             stat'ed again); the other seedance rows pass --no-cache
-Targets (issue 13): /usr/lib within 10x of one libtree process (cold); a cached re-run within
+Targets: /usr/lib within 10x of one libtree process (cold); a cached re-run within
 3x of it; the big tree faster than the libtree loop (cold).  A target is met when the best and the median round both meet it; exit 1
 when one is missed.
 """

@@ -4,7 +4,7 @@ Both sides do the same work per file: the dynamic section (NEEDED, SONAME, RPATH
 RUNPATH), the version needs and definitions, and every dynamic symbol with its version.
 
 Then the C reader (fastelf.c) against the Python reader on read_elf(path) without
-symbols, what a check does for every object (issue 13): in process, interleaved rounds,
+symbols, what a check does for every object: in process, interleaved rounds,
 best and median.  With --check, the whole `seedance check DIR` command with each reader
 (SEEDANCE_ELF_READER=python for the Python one), interleaved, best and median.
 

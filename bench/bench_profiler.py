@@ -1,4 +1,4 @@
-"""What the profiler costs the program it profiles (issue 14), against the same program
+"""What the profiler costs the program it profiles, against the same program
 without it, in the same interleaved run.
 
     .venv/bin/python bench/bench_profiler.py [--rounds N] [--quick]

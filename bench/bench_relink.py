@@ -3,8 +3,8 @@
 
 Two parts.
 
-1. Whole commands, as a user runs them (issue 13: "fix: no slower than patchelf on the 419 MB
-   library; for a small library, at most 100 ms for the whole command").  Each round, in
+1. Whole commands, as a user runs them (the target: "fix: no slower than patchelf on the
+   419 MB library; for a small library, at most 100 ms for the whole command").  Each round, in
    rotating order, every tool gets a fresh copy of the same fixture (copy and `sync` are
    outside the timing, so no tool pays for another's dirty pages), and the wall time of one
    process is taken:

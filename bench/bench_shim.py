@@ -10,9 +10,9 @@ core count and load average are printed with them.
    bench_shim.c, fake driver in FAKECUDA_BUMP=1 mode so its own cost is a few ns):
    ns per cuMemAlloc_v2+cuMemFree_v2 pair with a quota, per interposed-but-not-accounted
    call (cuDeviceGetUuid_v2) and per call the shim does not interpose (cuCtxGetCurrent),
-   with and without LD_PRELOAD.  Targets (issue 13): <= 50 ns added per pair, <= 5 ns
+   with and without LD_PRELOAD.  Targets: <= 50 ns added per pair, <= 5 ns
    added on a pass-through call.
-2. run (whole commands, issue 13): 200 programs (bench_shim inittime: cuInit, print,
+2. run (whole commands): 200 programs (bench_shim inittime: cuInit, print,
    exit) one after another from one shell loop, started by raw LD_PRELOAD, by
    seedance-run (the C launcher), by `seedance run` (the venv's bin/seedance: the launcher
    itself under that name, as the Makefile installs it; pip's console script instead

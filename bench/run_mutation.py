@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mutation testing of seedance's core (issue 17): `make mutate`, bench time, not CI.
+"""Mutation testing of seedance's core: `make mutate`, bench time, not CI.
 
     .venv/bin/python bench/run_mutation.py                 # every module, one after another
     .venv/bin/python bench/run_mutation.py elf resolve     # some of them

@@ -343,7 +343,7 @@ def probe_nvml() -> GpuInfo:
     """Driver version and device architectures from NVML; an empty GpuInfo without it."""
     info = GpuInfo()
     if not nvml_library_present():
-        # importing pynvml alone costs ~80 ms; without the library it could only fail
+        # importing pynvml is a whole module load for nothing: without the library it could only fail
         info.nvml_error = "NVML library (libnvidia-ml.so.1) not found"
         return info
     try:

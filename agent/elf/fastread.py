@@ -15,7 +15,7 @@ reader is used, with the same results.
 """
 from __future__ import annotations
 
-import _thread  # threading's own primitives; importing threading itself was ~1 ms of a `seedance ldd`
+import _thread  # threading's own primitives; importing threading itself is paid at every `seedance ldd` start
 import os
 
 from ..model.errors import ELFError
@@ -162,8 +162,8 @@ _names = None  # (binding names, type names) by number, as info.py spells them
 
 def _symbols(ffi, syms) -> tuple:
     """Symbol objects from the C output, built as _info builds ElfInfo (one __dict__ each:
-    libtorch_cpu has ~75,000 dynamic symbols, and Symbol's frozen __init__ was ~1/3 of
-    reading them)."""
+    libtorch_cpu has tens of thousands of dynamic symbols, and a frozen __init__ per
+    Symbol would be a large part of reading them)."""
     global _names
     from .info import BIND_NAMES, STT_NAMES, Symbol
 
@@ -265,7 +265,7 @@ def _info(path: str, out, raw: bytes, vn_counts):
     """The ElfInfo of one result, built without ElfInfo's __init__.
 
     When ElfInfo was a frozen dataclass, its __init__ set each of its 21 fields through
-    object.__setattr__: ~10 us per object, a quarter of this module's time per file.  The
+    object.__setattr__, a Python call per field for every object read.  The
     instance's __dict__ filled at once makes the same object (ElfInfo, info.py, keeps its
     fields in its __dict__; equality and hashing read them); the tests
     compare it with the Python reader's ElfInfo on every file."""

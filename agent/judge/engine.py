@@ -25,7 +25,7 @@ from ..model.errors import BadInput, RuleError
 from ..model.report import SEVERITIES, Fact, Finding
 from ..model.record import NEW, FrozenRecord, set_fields
 
-# os.path, not pathlib: pathlib (with urllib.parse) was ~3 ms of every command's start
+# os.path, not pathlib: importing pathlib (with urllib.parse) is paid at every command's start
 # the checkout's rules/, three levels above agent/judge/engine.py
 RULES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), "rules")
 REQUIRED = ("id", "title", "severity", "trap", "layer", "fact", "condition", "message",
@@ -61,8 +61,9 @@ class Rule(FrozenRecord):
             "evidence": evidence, "strict_only": strict_only, "maturity": maturity, "source": source,
             "program": program,
             # The identifiers the condition reads.  Only those are handed to CEL: converting a
-            # fact's whole data (search paths, tried lists) cost ~65 us per evaluation against
-            # ~3 us for the few scalars a condition actually reads (bench/bench_check_speed.py).
+            # fact's whole data (search paths, tried lists) to CEL values costs far more per
+            # evaluation than the few scalars a condition actually reads
+            # (bench/bench_check_speed.py times a whole check).
             "names": names,
             # CEL is side-effect free, so a verdict over the same scalar inputs is reused: a
             # scan of /usr/lib offers thousands of facts whose relevant values repeat.
@@ -198,7 +199,7 @@ class _KindPlan:
         key = None
         if self.values is not None:
             # a fact with every name, all scalars: the key is the values with their types
-            # (True is not 1), made without a loop in Python (~8,000 facts of /usr/lib);
+            # (True is not 1), made without a loop in Python (this runs for every fact);
             # tagged, so it never equals a key of the loop below, which holds _ABSENT
             try:
                 values = self.values(fact.data)
@@ -521,9 +522,9 @@ def _cel_core():
     """The compiled CEL core (the package's Rust extension cel/cel*.so), loaded on first use.
 
     Loaded from its file, not through ``import cel``: the package's __init__ also imports its
-    interactive REPL (prompt_toolkit, rich), ~125 ms on every command that needs a condition
-    the subset leaves to CEL, a sixth of a whole check of /usr/lib.  The extension itself loads
-    in ~7 ms and has the same compile()/execute() API.  It is kept here, not registered as
+    interactive REPL (prompt_toolkit, rich), which every command that needs a condition the
+    subset leaves to CEL would import for nothing.  The extension itself is one shared
+    object for ld.so to map and has the same compile()/execute() API.  It is kept here, not registered as
     cel.cel: seedance is its only user in the process.  The extension can be started only once
     per process (its logging bridge refuses a second start), so a process that imported the
     package first is served the package's copy.
@@ -687,7 +688,7 @@ _PLAIN_CLASSES = frozenset((bool, int, float, str, type(None)))
 
 def _cel_value(value: Any) -> Any:
     if value.__class__ in _PLAIN_CLASSES:
-        return value  # (the usual case, answered before the ABC check below: ~0.3 us each)
+        return value  # (the usual case, answered before the slower ABC check below)
     if isinstance(value, (tuple, set, frozenset)):
         return [_cel_value(v) for v in value]
     if isinstance(value, list):

@@ -145,7 +145,7 @@ class LdCache:
     def __init__(self, entries: list | None, fmt: str, path: str, hwcaps_names: list | None = None,
                  table: "_NewTable | None" = None):
         # entries None: decoded from ``table`` (a new-format cache as load() read it) when
-        # first asked for; a lookup decodes only the ~10 names its binary search visits
+        # first asked for; a lookup decodes only the names its binary search visits
         self._entries = entries
         self._table = table
         self.format = fmt  # 'new', 'old', 'old+new' or 'missing'

@@ -299,7 +299,8 @@ class Resolver:
         stamp, the cache is read again (on its next lookup) and every answer that went through
         it is dropped, the searches remembered per requester included (they would otherwise
         answer without looking at the cache).  Stamped at the start of each closure, not per
-        lookup (~300 stats in a check of /usr/lib).  The rest of the file system is this
+        lookup (a stat(2) per cache lookup would repeat for every NEEDED of a tree).  The
+        rest of the file system is this
         Resolver's snapshot: one Resolver per scan, fix or command."""
         stamp = cache_stamp(self._host(self.cache_path))
         if stamp != self._ldcache_stamp:
@@ -620,7 +621,7 @@ class Resolver:
     def _loaded(self, name: str, requester: str, hit: _Loaded) -> Resolution:
         """The Resolution 'loaded' of ``name`` by an object already mapped: the same answer
         for every root whose closure maps both, so one shared, frozen Resolution instead of
-        a new one per root (~10,000 in a check of /usr/lib)."""
+        a new one per root (the same libc, libm, libstdc++ answers recur in every root)."""
         soname = hit.info.soname
         res = self._loaded_res[(name, requester, hit.path, soname)] = Resolution(
             name, requester, hit.path, "loaded", ((hit.path, "ok"),), (), soname)
@@ -631,8 +632,8 @@ class Resolver:
         holds no DT_RUNPATH: that order is LD_LIBRARY_PATH, ld.so.cache and the default
         directories, the same for every such requester of one ABI and DF_1_NODEFLIB, so the
         search itself is made once per (name, ABI, nodeflib) and only the Resolution is the
-        requester's (a check of /usr/lib searched ~2,600 (name, requester) pairs for ~300
-        names, each rebuilding the same plan)."""
+        requester's (the many requesters of one name in a tree would each rebuild the same
+        plan)."""
         shared = (name, abi.name, bool(requester.info.nodeflib))
         outcome = self._plain_searches.get(shared)
         if outcome is None:
@@ -964,7 +965,7 @@ class Resolver:
         """_symbol_tables(path, info read from ``path`` with its symbols): from the C
         reader's raw table (_tables_of) when this resolver reads the host's files, which
         builds no Symbol object and is remembered per file, not per path (building the
-        Symbol objects and the tables from them was ~1/2 of a --strict check of /usr/lib)."""
+        Symbol objects and the tables from them would be a large part of a --strict check)."""
         if info.path == path and self.root == "/" and type(path) is str and _fastread.enabled():
             return self._tables_of(path)
         return self._symbol_tables(path, info if info.symbols else self.read(path, symbols=True))
@@ -992,13 +993,13 @@ class Resolver:
                      if path not in objects]
         # The definitions table that last bound a name, tried first: a reference is nearly
         # always bound by the same library (libc's malloc) in every closure, and trying each
-        # table of the closure in turn was ~4.7 million lookups, 3/4 of a --strict check of
-        # /usr/lib.  Only the order of the tries changes, not the answer: a table is a frozen
+        # table of the closure in turn costs a lookup per table for every reference of every
+        # object.  Only the order of the tries changes, not the answer: a table is a frozen
         # cached dict that the memo keeps alive (its id is not reused), and "in this closure"
         # is its id among this closure's tables.
         # An object whose every reference was bound in an earlier closure is skipped whole
-        # when the tables that bound them are all in this one (libc's ~900 dependents each
-        # brought libc's own references again).
+        # when the tables that bound them are all in this one (every dependent of libc
+        # brings libc's own references again).
         present = {id(defs) for defs in all_defs}
         last, covered, binds = self._last_binder, self._covered, self._binds
         if len(last) > _LAST_BINDER_MAX or len(covered) > _LAST_BINDER_MAX:

@@ -241,8 +241,7 @@ class Agent:
             store = QuotaStore(config_mod.config_dir(self.env) / "quota", config_mod.state_dir(self.env) / "quota")
             if not store.config_dir.is_dir() and not (store.state_dir / "state.json").exists():
                 # no policy was ever applied here: look again at the next pass (two stats),
-                # so a policy applied while the agent runs is honoured within a pass (it was
-                # 30 s, which the agent's quota test only met by its own 30 s deadline)
+                # so a policy applied while the agent runs is honoured within a pass
                 return QUOTA_POLL_S
             self._quota = QuotaController(store)
         for event in self._quota.tick():
@@ -261,7 +260,8 @@ class Agent:
         self.gc_pass()
         # An empty registry is re-read with backoff (gc-interval, doubling, up to
         # IDLE_SCAN_MAX_S): reading it touches one page per slot, and on a VM cold pages
-        # make a pass cost 25-140 ms of CPU, which every 2 s would be 1-7% of a core.
+        # make a pass cost real CPU, which, repeated every gc-interval, would keep an idle
+        # agent busy (bench/bench_agent_churn.py measures its idle CPU).
         if self._registry_busy:
             self._idle_interval = self.config.gc_interval
             return None
