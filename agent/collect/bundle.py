@@ -408,6 +408,11 @@ def read_bundle(path: str, caps: Caps = CAPS, clock=None) -> Bundle:
 def _fact(item, shown: str) -> Fact:
     try:
         subject, data = item["subject"], item["data"]
+        if item["kind"] == "mapped_lib" and type(data) is dict and "restart" not in data:
+            # a bundle written before mapped_lib facts named the process's container: the
+            # process was judged on the host, so the fix is restarting that pid
+            data.setdefault("where", "")
+            data["restart"] = f"restart pid {subject.get('pid', '?')}"
         # the parsed dicts themselves, not copies: a bundle's facts are most of replay's memory
         return Fact(kind=str(item["kind"]), subject=subject if type(subject) is dict else dict(subject),
                     data=data if type(data) is dict else dict(data), source=str(item.get("source", "")))

@@ -358,3 +358,22 @@ def test_any_flipped_byte_is_bad_input_or_a_readable_bundle(tmp_path):
                 assert "\n" not in str(exc)
                 outcomes["refused"] += 1
     assert outcomes["refused"] > 0
+
+
+def test_a_bundle_from_before_containers_replays_its_lib_deleted_with_a_working_fix(tmp_path):
+    """mapped_lib facts written before findings named the process's container carry no
+    `where` and no `restart`: the finding and its fix still read as they did ("restart pid N"),
+    not with "?" in their place."""
+    import json as _json
+    from tests.security.test_bundle_attacks import base_members, write_bundle
+
+    old_fact = {"kind": "mapped_lib", "subject": {"pid": 4242, "path": "/usr/lib/libold.so"},
+                "data": {"deleted": True, "replaced": False, "state": "deleted", "mapped_inode": 7,
+                         "disk_inode": None, "exe": "/usr/bin/app"}, "source": "collect.process"}
+    path = write_bundle(tmp_path / "old.tar.zst", base_members(facts=[old_fact]))
+    ran = run_cli("check", "--from-bundle", path, "--json")
+    assert ran.returncode in (0, 1) and not ran.stderr.strip(), ran.stderr  # lib-deleted is a warning
+    findings = [f for f in _json.loads(ran.stdout)["findings"] if f["rule"] == "lib-deleted"]
+    assert len(findings) == 1, ran.stdout[-2000:]
+    assert findings[0]["fix"] == "restart pid 4242"
+    assert "?" not in findings[0]["message"] and "pid 4242 maps /usr/lib/libold.so" in findings[0]["message"]
