@@ -83,11 +83,19 @@ def wait_until(predicate, what, timeout=30.0):
 def registry(env):
     """The agent's own registry reader (seedance.service.registry), in a fresh process."""
     code = ("import json; from seedance.service.registry import open_registry; r = open_registry(); "
-            "print(json.dumps([[i.slot, i.pid, i.alive, i.allocated_bytes, i.host_pid] for i in r.scan()]))")
+            "print(json.dumps([[i.slot, i.pid, i.alive, i.allocated_bytes, getattr(i, 'host_pid', None)] "
+            "for i in r.scan()]))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     if proc.returncode != 0:
         return None
     return json.loads(proc.stdout)
+
+
+def reclaim(env, slot: int) -> bool:
+    """The shim's own reclaim (C, under the registry lock): it refuses a slot whose process runs."""
+    code = f"from seedance import shim; print(shim.Registry.open().reclaim({slot}))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    return proc.stdout.strip() == "True"
 
 
 def status(env):
@@ -185,6 +193,7 @@ def test_agent_keeps_a_live_namespaced_instance_and_finds_it_ended(env, fake_dri
     try:
         slots = wait_until(lambda: (r := registry(env)) and [i for i in r if i[1] == ns_pid and i[3] == HELD],
                            "the namespaced program's slot with its allocation")
+        assert slots[0][2] is True, "the reader took the running program for ended"
         ns_inode = os.stat(f"/proc/{container.pid}/ns/pid_for_children").st_ino
         host_pid = wait_until(lambda: host_pids_in(ns_inode, ns_pid), "the program seen from the host")[0]
         assert host_pid != ns_pid
@@ -192,6 +201,7 @@ def test_agent_keeps_a_live_namespaced_instance_and_finds_it_ended(env, fake_dri
         assert slots == [[slots[0][0], ns_pid, True, HELD, host_pid]]
         listed = assert_alive_through_gc_passes(env, ns_pid)
         assert listed["host_pid"] == host_pid
+        assert not reclaim(env, slots[0][0]), "the shim reclaimed the slot of a running program"
         assert (unrelated is None) == (not Path(f"/proc/{ns_pid}").exists())  # the host side is as chosen
 
         if host_side == "collides":
