@@ -162,7 +162,7 @@ static const char *quoted(const char *s)
     return out;
 }
 
-/* ---- sizes: the grammar of seedance.commands.run.parse_size ----------------------- */
+/* ---- sizes: the grammar of seedance.run.limits.parse_size ------------------------- */
 
 static uint64_t parse_size(const char *text)
 {
@@ -246,7 +246,7 @@ static void parse_mem_limit(const char *text, char *out, size_t len)
         used += (size_t)snprintf(out + used, used < len ? len - used : 0, "%s%s", used ? "," : "", parts[i]);
 }
 
-/* ---- affinity: the spellings of seedance.commands.run.resolve_affinity ------------ */
+/* ---- affinity: the spellings of seedance.run.limits.resolve_affinity -------------- */
 
 /* gpu:N means NVML (nvidia-smi) index N: its UUID, when NVML answers; else the ordinal */
 static void *nvml_lib;
@@ -274,7 +274,7 @@ static int nvml_uuid(int index, char *out, size_t len)
 
 /* How many devices gpu:N can name: NVML's count (gpu:N is the NVML index), else the CUDA
  * driver's (cuDeviceGetCount after cuInit); -1 with WHY when neither answers.  As
- * seedance.commands.run.device_count, whose words WHY repeats. */
+ * seedance.run.limits.device_count, whose words WHY repeats. */
 static int device_count(const char **source, char *why, size_t len)
 {
     char unused[8];
@@ -311,7 +311,7 @@ static int device_count(const char **source, char *why, size_t len)
 
 /* The device indices of SPEC (gpu:N, N, npuN) this host does not have: a warning, or under
  * --strict a refusal (exit 2); when the count cannot be known, a warning that says so.  The
- * messages are seedance.commands.run.check_affinity_devices'. */
+ * messages are seedance.run.limits.check_affinity_devices'. */
 static void check_affinity_devices(const char *spec, int strict)
 {
     char buf[512], absent[512] = "", wanted[512] = "";
@@ -452,7 +452,7 @@ static int runnable(const char *candidate)
 /* The file execvp() would execute for NAME (glibc posix/execvpe.c): a name with a slash as it
  * is; else each PATH entry in order (an empty one is the current directory), skipping files
  * that exist but cannot be executed.  When none runs: exit 126 if such a file was met, else
- * 127, as env(1) reports it.  The messages are seedance.commands.run.find_command's. */
+ * 127, as env(1) reports it.  The messages are seedance.run.launch.find_command's. */
 static void find_command(const char *name, char *out, size_t len)
 {
     if (strchr(name, '/')) {
