@@ -73,7 +73,7 @@ def execute(args) -> int:
 
 
 def add_memory_arguments(parser) -> None:
-    """The memory profiler's flags; `seedance-profiler` (notes 2.2) shares them."""
+    """The memory profiler's flags; the `seedance-profiler` alias (seedance.cli) shares them."""
     parser.add_argument("--gpu-id", type=int, default=0, metavar="N", help="device to profile (default 0)")
     from ..render.progress import add_progress_flags
     add_progress_flags(parser)

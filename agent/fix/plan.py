@@ -13,8 +13,9 @@ TORCH_EXT_RULES = ("torch-ext-stale", "cxx-abi-mismatch")
 
 from ..model.record import NEW, Record
 
-# RelinkAction and FixPlan were @dataclass classes; written out (record.py) they cost no
-# exec() on every `seedance fix` start (issue 13).
+# RelinkAction and FixPlan are written-out records (model/record.py), not @dataclass
+# classes: @dataclass imports inspect and compiles each method with exec() at import, a
+# cost every `seedance fix` would pay before it reads a single file.
 
 
 class RelinkAction(Record):

@@ -2,7 +2,7 @@
 
 ld.so itself reports to an audit module every library search (la_objsearch, with the
 search source), every object it opens (la_objopen) and the bindings of CUDA symbols
-(la_symbind64); the shim (issue 4, shim/src/audit.c) writes them to its per-process
+(la_symbind64); the shim's audit module (shim/src/audit.c) writes them to its per-process
 event ring, and the shim preloaded alongside records device allocations and frees.
 This needs no privileges, but only sees a process seedance starts, and the loader's
 error messages are not among what LD_AUDIT reports.

@@ -453,13 +453,6 @@ def test_shim_c_files_call_each_other_without_circles(tmp_path):
 
 # --- comments say why, not when ----------------------------------------------------------
 
-# Files other changes are still rewriting (fnmatch patterns, relative to the checkout): the
-# comment test below passes over them for now.  Empty it as they land.
-PENDING = (
-    "agent/fix/plan.py", "agent/fix/flows.py", "agent/profile/*", "agent/run/*",
-    "agent/commands/run.py", "agent/commands/fix.py", "agent/commands/profile.py",
-    "agent/trace/audit.py",
-)
 COMMENTED_TREES = ("agent", "shim", "probes")
 COMMENTED_SUFFIXES = (".py", ".c", ".h", ".def")
 # A comment that cites this project's issues or a profiler's counts ages with them, and a
@@ -563,12 +556,6 @@ def _history_by_file() -> dict:
     return found
 
 
-def _pending(relative: str) -> bool:
-    import fnmatch
-
-    return any(fnmatch.fnmatchcase(relative, pattern) for pattern in PENDING)
-
-
 @pytest.mark.parametrize("source, suffix, expected", [
     ("x = 1  # bounded (issue 10)\n", ".py", [(1, "issue 10")]),
     ('"""Why (issue 10, item 3): YAML is a graph."""\n', ".py", [(1, "issue 10")]),
@@ -599,5 +586,5 @@ def test_comments_cite_no_issue_numbers_or_profiler_counts():
     """A comment says why in the words of ld.so, CUDA or the kernel; the issue that found a
     problem and the profiler run that measured it belong to the history and to bench/."""
     found = [f"{path}:{line}: {text}" for path, hits in _history_by_file().items()
-             if not _pending(path) for line, text in hits]
+             for line, text in hits]
     assert found == []
