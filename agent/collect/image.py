@@ -22,7 +22,7 @@ import time
 
 from ..model.errors import BadInput, ELFError
 from ..model.report import Fact, Report
-from . import cuda, layers, oci
+from . import cuda, layers, oci, python_static
 from . import closure as closure_facts
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -42,6 +42,7 @@ class _Source:
         self.env = env
         self.command = command
         self.scope = scope
+        self.python = None  # python_static.RootPython of the image, when it has one
 
 
 def check_image(path: str, options, platform: str | None = None) -> Report:
@@ -109,14 +110,19 @@ def _judge(source: _Source, options, started: float) -> Report:
     resolver = Resolver(env=env, root=source.shadow)
     dedup = closure_facts.FactDedup()
     dedup.stat_of = resolver._stat_of  # identities of the image's files, not the host's
+    try:
+        source.python = python_static.find_python(source.tree, source.env, options.python, DEFAULT_PATH)
+    except python_static.NotAnInterpreter as exc:
+        raise BadInput(str(exc)) from None
     entry = _entry_program(source)
     roots = ([entry] if entry else []) + [p for p in _elf_files(source) if p != entry]
     facts, errors = [], []
     runtime_memo: dict = {}
     static_seen: set = set()
-    compat = _compat_version(source)
+    compat = _compat_libs(source, gpu)
     counts = {"elf": 0, "skipped": 0, "unreadable": 0}
     objects_seen: set = set()
+    packages = _Packages(source, resolver, facts, explicit=bool(options.python))
     for path in roots:
         try:
             info = resolver.read(path)
@@ -124,6 +130,9 @@ def _judge(source: _Source, options, started: float) -> Report:
                 counts["skipped"] += 1
                 continue
             result = resolver.closure(path)
+            preload, preloaded_by = packages.preloads(path, result)
+            if preload:
+                result = resolver.closure(path, preloaded=preload)
             gaps = resolver.version_gaps(result)
         except (ELFError, OSError) as exc:
             counts["unreadable"] += 1
@@ -135,7 +144,7 @@ def _judge(source: _Source, options, started: float) -> Report:
             continue
         counts["elf"] += 1
         objects_seen.update(result.objects)
-        closure_facts.note_needed(result, dedup)
+        closure_facts.note_needed(result, dedup, skip_names=preload, preloaded_by=preloaded_by)
         facts.extend(closure_facts.version_facts(result, dedup))
         facts.extend(closure_facts.gap_facts(result, gaps, dedup))
         runtimes = closure_facts.closure_runtimes(result, runtime_memo)
@@ -148,7 +157,9 @@ def _judge(source: _Source, options, started: float) -> Report:
     facts = [_with_image_subject(fact, source.tree) for fact in facts]
     findings = rules.evaluate(facts, strict=options.strict)
     scope = dict(source.scope, entry_program=entry, driver_version=gpu.driver_version,
-                 gpu_targets=[label for _n, _v, label, _s in gpu.targets])
+                 gpu_targets=[label for _n, _v, label, _s in gpu.targets],
+                 python=source.python.as_scope() if source.python is not None else None,
+                 cuda_compat=compat.as_scope() if compat is not None else None)
     stats = {"files_scanned": len(roots), "elf_objects": counts["elf"], "closure_objects": len(objects_seen),
              "skipped": counts["skipped"], "unreadable": counts["unreadable"],
              "special_files_left_out": source.tree.skipped_special, "facts": len(facts),
@@ -212,47 +223,216 @@ def _entry_program(source: _Source) -> str | None:
 
 def _explain_missing(res, source: _Source) -> dict:
     name = res.name
+    found: dict = {}
+    python = source.python
+    site = python_static.site_of(res.requester)
+    if python is not None and site is not None and site in python.site_dirs:
+        # an extension module (or a library one loads) of the image's Python: the import fails
+        module = python_static.module_name(res.requester, site)
+        found = {"python": python.interpreter, "python_version": python.version, "module": module,
+                 "import_error": f"`import {module}` in {python.interpreter} fails: ImportError: {name}: "
+                                 "cannot open shared object file: No such file or directory"}
     if name.startswith(INJECTED):
-        return {"context": "injected",
-                "reason": f"{name} is mounted from the host by the NVIDIA container toolkit"}
+        return dict(found, context="injected",
+                    reason=f"{name} is mounted from the host by the NVIDIA container toolkit")
     removed = [(path, layer) for path, layer in source.tree.removed.items()
                if posixpath.basename(path) == name]
     if removed:
         path, layer = sorted(removed)[0]
-        return {"removed_by_layer": layer, "removed_path": path,
-                "where": f"; {path} was removed by a whiteout in layer {layer}"}
-    return {}
+        return dict(found, removed_by_layer=layer, removed_path=path,
+                    where=f"; {path} was removed by a whiteout in layer {layer}")
+    return found
 
 
-def _compat_version(source: _Source) -> str | None:
-    """A cuda-compat libcuda on the image's LD_LIBRARY_PATH (its version), else None."""
+class _Packages:
+    """What the image's Python packages load before their own libraries (python_static.py):
+    the NVIDIA wheels' libraries that torch and cupy load first, and torch's libraries for an
+    extension that `import torch` precedes.  The torch is the image's Python's (--python, or
+    the interpreter found on the image's PATH) for what lies in its site directories, else
+    the one in the extension's own environment, as the host check does."""
+
+    def __init__(self, source: _Source, resolver, facts: list, explicit: bool):
+        self.source = source
+        self.resolver = resolver
+        self.facts = facts
+        self.explicit = explicit
+        python = source.python
+        self.python_torch = python_static.torch_dir_in(source.tree, python.site_dirs) if python else None
+        self.torch_closures: dict = {}
+
+    def preloads(self, path: str, result) -> tuple:
+        missing = {r.name for r in result.resolutions if r.path is None and "/" not in r.name}
+        if not missing:
+            return (), {}
+        torch = self._torch(path, missing)
+        plan = python_static.preload_plan(self.source.tree, path, missing)
+        return tuple(torch) + tuple(p for p in plan if p not in torch), plan
+
+    def _torch_dir(self, path: str) -> str | None:
+        python = self.source.python
+        if python is not None and (self.explicit or python_static.site_of(path) in python.site_dirs):
+            return self.python_torch
+        return python_static.torch_beside_in(self.source.tree, path)
+
+    def _torch(self, path: str, missing: set) -> tuple:
+        wanted = {n for n in missing if n.startswith(closure_facts.TORCH_LIB_PREFIXES)}
+        if not wanted:
+            return ()
+        torch_dir = self._torch_dir(path)
+        if torch_dir is None:
+            from .torch_ext import torch_not_found_fact
+
+            self.facts.append(torch_not_found_fact(path, wanted))
+            return tuple(sorted(wanted))  # whichever torch is imported first provides them
+        tree = self.source.tree
+        if not any(python_static._file_at(tree, f"{torch_dir}/lib/{n}")[1] is not None for n in wanted):
+            return ()
+        for name in python_static.TORCH_PRELOAD_ORDER:
+            candidate = f"{torch_dir}/lib/{name}"
+            if python_static._file_at(tree, candidate)[1] is None:
+                continue
+            if candidate not in self.torch_closures:
+                # `import torch` loaded all of it before the extension
+                try:
+                    self.torch_closures[candidate] = tuple(self.resolver.closure(candidate).objects)
+                except (ELFError, OSError, RecursionError):
+                    self.torch_closures[candidate] = ()
+            return self.torch_closures[candidate]
+        return ()
+
+
+# --- CUDA forward compatibility (cuda-compat in the image) --------------------------------------
+# Where NVIDIA's cuda-compat-X-Y package puts its libcuda (/usr/local/cuda-X.Y/compat, reached
+# as /usr/local/cuda/compat), and the one directory the container toolkit's cuda-compat hook
+# (nvidia-container-toolkit cmd/nvidia-cdi-hook/cudacompat) adds to the container's ld.so
+# cache, before the host's mounted libcuda, when the compat library's major (branch) is
+# greater than the host driver's.
+TOOLKIT_COMPAT_DIR = "/usr/local/cuda/compat"
+# Data center driver branches that are Long Term Support or Production branches (NVIDIA Data
+# Center Drivers, "Supported Drivers and CUDA Toolkit Versions" and the CUDA Compatibility
+# guide, "Forward Compatibility"): the forward-compatible upgrade is supported on these, not
+# on a New Feature Branch, and only with data center GPUs (elsewhere cuInit fails with
+# CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, 804).
+FORWARD_COMPAT_BRANCHES = {
+    418: "LTSB", 450: "LTSB", 460: "PB", 470: "LTSB", 510: "PB", 515: "PB", 525: "PB",
+    535: "LTSB", 550: "PB", 570: "PB", 580: "LTSB", 595: "PB", 620: "LTSB",
+}
+
+
+class _Compat:
+    """The image's cuda-compat libcuda and whether it replaces the host driver."""
+
+    def __init__(self, directory: str, version: str, how: str, layer: str):
+        self.directory = directory
+        self.version = version
+        self.how = how  # "LD_LIBRARY_PATH" or "toolkit hook" or "" (never loaded)
+        self.layer = layer
+
+    @property
+    def branch(self) -> int:
+        return cuda.version_tuple(self.version)[0]
+
+    def as_scope(self) -> dict:
+        return {"directory": self.directory, "version": self.version, "loaded_by": self.how or None,
+                "layer": self.layer}
+
+
+def _compat_libs(source: _Source, gpu) -> _Compat | None:
+    """The image's cuda-compat libcuda: one on its LD_LIBRARY_PATH (ld.so takes it first,
+    whatever the host), else /usr/local/cuda/compat (the toolkit's hook puts it in the ld.so
+    cache when it is of a newer branch than the host's driver), else one in a
+    /usr/local/cuda-X.Y/compat that nothing puts on the loader's path."""
+    places = []
     for directory in (d for d in source.env.get("LD_LIBRARY_PATH", "").split(":") if d):
-        if posixpath.basename(posixpath.normpath(directory)) != "compat":
+        if posixpath.basename(posixpath.normpath(directory)) == "compat":
+            places.append((directory, "LD_LIBRARY_PATH"))
+    places.append((TOOLKIT_COMPAT_DIR, "toolkit hook"))
+    _c, local = python_static._dir_at(source.tree, "/usr/local")
+    for name in sorted(local.children if local is not None else ()):
+        if name.startswith("cuda-"):
+            places.append((f"/usr/local/{name}/compat", ""))
+    seen = set()
+    for directory, how in places:
+        canonical, node = python_static._dir_at(source.tree, directory)
+        if node is None or canonical in seen:
             continue
-        try:
-            _canonical, node = source.tree.lookup(directory)
-        except layers.SymlinkLoop:
+        seen.add(canonical)
+        versions = [(m.group(1), child) for child, m in ((c, _COMPAT.match(c)) for c in node.children) if m]
+        versions = [(v, c) for v, c in versions if v.count(".") >= 1]
+        if not versions:
             continue
-        if node is None or node.kind != "dir":
-            continue
-        versions = [m.group(1) for m in map(_COMPAT.match, node.children) if m]
-        if versions:
-            return max(versions, key=cuda.version_tuple)
+        version, child = max(versions, key=lambda item: cuda.version_tuple(item[0]))
+        layer = node.children[child].layer
+        if how == "toolkit hook":
+            spec = _driver_spec(gpu)
+            if spec is None or spec.kind not in ("driver", "branch") or \
+                    spec.version[0] >= cuda.version_tuple(version)[0]:
+                how = ""  # the hook leaves it out: the host's branch is as new
+        return _Compat(canonical, version, how, layer)
     return None
+
+
+def _driver_spec(gpu):
+    if not gpu.driver_version:
+        return None
+    try:
+        return cuda._spec(gpu.driver_version)
+    except ValueError:
+        return None
+
+
+def _compat_judgement(compat: _Compat | None, gpu, major: int) -> tuple:
+    """(compat version the driver floor is judged with or None, image_cuda_compat data or
+    None) for a runtime of ``major`` whose floor the host driver misses."""
+    if compat is None:
+        return None, None
+    spec = _driver_spec(gpu)
+    needed = cuda.MIN_DRIVER.get(major)
+    if spec is None or needed is None or spec.meets(needed):
+        return None, None
+    data = {"compat_version": compat.version, "compat_dir": compat.directory, "compat_layer": compat.layer,
+            "loaded_by": compat.how or "nothing", "runtime_major": major, "required_driver": needed,
+            "driver_desc": spec.describe(), "host_branch": None, "branch_kind": None}
+    if spec.kind not in ("driver", "branch"):
+        data.update(applies=False, why=f"{spec.describe()} names no driver branch; forward compatibility "
+                                       "depends on the host's branch: give --driver-version as a driver version")
+        return None, data
+    branch = spec.version[0]
+    data["host_branch"] = branch
+    data["branch_kind"] = FORWARD_COMPAT_BRANCHES.get(branch, "NFB or unknown")
+    if not compat.how:
+        why = (f"nothing puts {compat.directory} on the loader's path (it is neither on LD_LIBRARY_PATH nor "
+               f"{TOOLKIT_COMPAT_DIR})" if compat.directory != TOOLKIT_COMPAT_DIR else
+               f"the container toolkit uses it only when its branch ({compat.branch}) is newer than the host's")
+        data.update(applies=False, why=why)
+    elif cuda.version_tuple(compat.version) < cuda.version_tuple(needed):
+        data.update(applies=False, why=f"the compat libcuda {compat.version} is itself older than {needed}")
+    elif branch not in FORWARD_COMPAT_BRANCHES:
+        data.update(applies=False, why=f"driver branch {branch} is not a Long Term Support or Production "
+                                       "branch, on which forward compatibility is supported")
+    else:
+        data.update(applies=True, why=f"branch {branch} ({FORWARD_COMPAT_BRANCHES[branch]}) supports the "
+                                      "forward-compatible upgrade on data center GPUs")
+        return compat.version, data
+    return None, data
 
 
 def _driver_facts(runtimes: dict, gpu, dedup, compat) -> list:
     """cuda_driver facts for the image's shared runtimes, against the host's driver (the
-    one the toolkit injects) or the image's own cuda-compat on its LD_LIBRARY_PATH."""
+    one the toolkit injects) or the image's own cuda-compat where it applies."""
     if not gpu.driver_version:
         return []
     facts = []
     for path, (major, requester) in runtimes.items():
         if requester == path or not dedup.first(dedup.drivers, (requester, path)):
             continue
-        fact = cuda.driver_fact(requester, path, major, gpu.driver_version, gpu.driver_source, compat=compat)
+        used, judgement = _compat_judgement(compat, gpu, major)
+        fact = cuda.driver_fact(requester, path, major, gpu.driver_version, gpu.driver_source, compat=used)
         if fact is not None:
             facts.append(fact)
+            if judgement is not None:
+                facts.append(Fact("image_cuda_compat", {"path": requester},
+                                  dict(judgement, runtime_path=path), source="collect.image"))
     return facts
 
 
@@ -272,12 +452,16 @@ def _static_runtime_facts(objects: dict, gpu, seen: set, source: _Source, compat
             continue
         if not found or found["major"] is None:
             continue
+        used, judgement = _compat_judgement(compat, gpu, found["major"])
         fact = cuda.driver_fact(path, path, found["major"], gpu.driver_version, gpu.driver_source,
-                                linkage="static", compat=compat,
+                                linkage="static", compat=used,
                                 extra={"static_marker": found["marker"], "toolkit_release": found["release"],
                                        "version_source": found["version_source"]})
         if fact is not None:
             facts.append(fact)
+            if judgement is not None:
+                facts.append(Fact("image_cuda_compat", {"path": path},
+                                  dict(judgement, runtime_path=path), source="collect.image"))
     return facts
 
 
