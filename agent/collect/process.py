@@ -39,10 +39,10 @@ class ProcessView(Record):
     maps, exe and environ name files inside that root.  ``foreign`` says so; ``in_root``
     turns a path /proc printed into the name the process itself uses, and ``root_dir`` is
     the directory (/proc/PID/root) that such names are resolved in, never the host's /."""
-    _fields = ("pid", "exe", "root", "environ", "mappings", "foreign", "container", "comm")
+    _fields = ("pid", "exe", "root", "environ", "mappings", "foreign", "container", "comm", "root_key")
 
     def __init__(self, pid: int, exe: str | None, root: str, environ: dict = NEW, mappings: list = NEW,
-                 foreign: bool = False, container=None, comm: str = ""):
+                 foreign: bool = False, container=None, comm: str = "", root_key: tuple | None = None):
         self.pid = pid
         self.exe = exe
         self.root = root
@@ -51,6 +51,9 @@ class ProcessView(Record):
         self.foreign = foreign  # another root or mount namespace than ours
         self.container = container  # container.ContainerIdentity, or None
         self.comm = comm
+        # (mount namespace inode, root dev, root inode): the container's files as one unit,
+        # shared by every process of that container (see root_views)
+        self.root_key = root_key
 
     @property
     def root_dir(self) -> str:
@@ -127,28 +130,131 @@ def read_process(pid: int) -> ProcessView:
         raise
     if exe and exe.endswith(DELETED):
         exe = exe[: -len(DELETED)]
-    foreign = root not in ("", "/") or not _same_mount_ns(pid)
-    identity = None
-    if foreign or exe is not None:
+    mnt_ns = _mount_ns(pid)
+    foreign = root not in ("", "/") or (mnt_ns is not None and mnt_ns != _own_mount_ns())
+    identity, key = None, None
+    if foreign:
+        key = _root_key(pid, mnt_ns)
+        identity = _VIEWS.identity(key, pid)
+        foreign = True
+    elif exe is not None:
+        # a host process may still be the engine's monitor of a container (conmon)
         from . import container
         identity = container.identify(pid)
-        foreign = foreign or identity is not None and not identity.monitor
+        foreign = identity is not None and not identity.monitor
+        if foreign:
+            key = _root_key(pid, mnt_ns)
     return ProcessView(pid=pid, exe=exe, root=root, environ=environ, mappings=parse_maps(maps),
-                       foreign=foreign, container=identity, comm=_comm(pid))
+                       foreign=foreign, container=identity, comm=_comm(pid), root_key=key)
 
 
 _OWN_MNT_NS: list = []
 
 
-def _same_mount_ns(pid: int) -> bool:
-    """True when ``pid`` shares our mount namespace (its paths are ours); unreadable counts
-    as shared, as before namespaces were looked at."""
+def _own_mount_ns():
+    if not _OWN_MNT_NS:
+        _OWN_MNT_NS.append(_mount_ns("self"))
+    return _OWN_MNT_NS[0]
+
+
+def _mount_ns(pid):
+    """The inode of ``pid``'s mount namespace; None when unreadable (then it counts as ours,
+    as before namespaces were looked at)."""
     try:
-        if not _OWN_MNT_NS:
-            _OWN_MNT_NS.append(os.stat("/proc/self/ns/mnt").st_ino)
-        return os.stat(_proc(pid, "ns/mnt")).st_ino == _OWN_MNT_NS[0]
+        return os.stat(_proc(pid, "ns/mnt")).st_ino
     except OSError:
-        return True
+        return None
+
+
+def _root_key(pid: int, mnt_ns):
+    """(mount namespace, root's dev, root's inode) of ``pid``: two processes with the same
+    key see the same files under the same names (a container's processes, a podman exec
+    into it); None when the root cannot be read."""
+    try:
+        st = os.stat(_proc(pid, "root"))
+    except OSError:
+        return None
+    return (mnt_ns, st.st_dev, st.st_ino)
+
+
+class RootViews:
+    """What is the same for every process of one container, read once per command: the
+    container's identity (its cgroup names it), an open handle on its root, and the loader
+    model of its files (a Resolver, which parses its ld.so.cache once).  Keyed by
+    ProcessView.root_key, so a node with many containers costs one of each per container,
+    not per process.  A handle stays valid after the process it was opened through exits:
+    it holds the root directory itself, in that mount namespace."""
+
+    CAP = 4096  # containers remembered; past it the oldest are dropped (their fds closed)
+
+    def __init__(self):
+        self._identity: dict = {}
+        self._roots: dict = {}
+        self._resolvers: dict = {}
+
+    def identity(self, key, pid: int):
+        from . import container
+        if key is None:
+            return container.identify(pid)
+        if key not in self._identity:
+            self._bound(self._identity)
+            self._identity[key] = container.identify(pid)
+        return self._identity[key]
+
+    def root(self, view: ProcessView):
+        """A rootfs.Root on the view's root (shared: callers never close it); False when it
+        cannot be opened (the process is gone, or not ours to read)."""
+        from . import rootfs
+        key = view.root_key
+        found = self._roots.get(key) if key is not None else None
+        if found is not None:
+            return found
+        try:
+            # an fd of its own, so the handle outlives the process it was reached through
+            opened = rootfs.Root(view.root_dir)
+        except OSError:
+            return False
+        if key is None:
+            return opened  # the caller's to close (not shared)
+        if len(self._roots) >= self.CAP:
+            oldest = next(iter(self._roots))
+            self._roots.pop(oldest).close()
+            self._resolvers = {k: v for k, v in self._resolvers.items() if k[0] != oldest}
+        self._roots[key] = opened
+        return opened
+
+    def shared(self, root) -> bool:
+        return any(root is held for held in self._roots.values())
+
+    def resolver(self, view: ProcessView):
+        """The loader model of the process's root with its own LD_LIBRARY_PATH and
+        LD_PRELOAD (environ): what its ld.so reads, inside its root."""
+        from ..resolve import Resolver
+        env = {k: v for k, v in view.environ.items() if k in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+        if not view.foreign:
+            return Resolver(env=env)
+        root = self.root(view)
+        if root is False or view.root_key is None:
+            return Resolver(env=env, root=view.root_dir)
+        key = (view.root_key, tuple(sorted(env.items())))
+        found = self._resolvers.get(key)
+        if found is None:
+            # the root by our own fd: the same path for every process of the container, so
+            # its ld.so.cache is parsed once and its files stat'ed once
+            found = self._resolvers[key] = Resolver(env=env, root=f"/proc/self/fd/{root.fd}")
+        return found
+
+    def _bound(self, table: dict) -> None:
+        if len(table) >= self.CAP:
+            table.pop(next(iter(table)))
+
+
+_VIEWS = RootViews()
+
+
+def root_views() -> RootViews:
+    """The per-container views of this command (one per process of seedance)."""
+    return _VIEWS
 
 
 def _comm(pid: int) -> str:
@@ -202,7 +308,7 @@ def mapped_lib_facts(view: ProcessView) -> list:
     """A fact per mapped shared object (and the executable): deleted, replaced or ok,
     judged inside the process's own root."""
     facts = []
-    subject_extra = {"container": view.container.subject()} if view.container is not None else {}
+    subject_extra = _where(view)
     restart = restart_hint(view)
     root = None
     try:
@@ -218,9 +324,14 @@ def mapped_lib_facts(view: ProcessView) -> list:
                                "exe": view.exe, "where": view.where(), "restart": restart},
                               source="collect.process"))
     finally:
-        if root is not None and root is not False:
+        if root is not None and root is not False and not _VIEWS.shared(root):
             root.close()
     return facts
+
+
+def _where(view: ProcessView) -> dict:
+    """What a fact's subject adds for a process in a container: which one."""
+    return {"container": view.container.subject()} if view.container is not None else {}
 
 
 def restart_hint(view: ProcessView) -> str:
@@ -245,11 +356,7 @@ def _cmdline(pid: int) -> list:
 
 def _open_root(view: ProcessView):
     """A rootfs.Root on the process's root, False when it cannot be opened (gone, or not ours)."""
-    from . import rootfs
-    try:
-        return rootfs.Root(view.root_dir)
-    except OSError:
-        return False
+    return _VIEWS.root(view)
 
 
 def _disk_state(view: ProcessView, mapping: Mapping, root) -> tuple:
@@ -306,7 +413,7 @@ def runtime_facts(view: ProcessView) -> list:
             runtimes[mapping.path] = major
     if not runtimes:
         return []
-    return [Fact("cuda_runtimes", {"pid": view.pid, "path": view.exe or f"pid {view.pid}"},
+    return [Fact("cuda_runtimes", {"pid": view.pid, "path": view.exe or f"pid {view.pid}", **_where(view)},
                  {"majors": sorted(set(runtimes.values())), "paths": sorted(runtimes),
                   "via": "process"},
                  source="collect.process")]
@@ -335,7 +442,7 @@ def preload_facts(view: ProcessView) -> list:
             writable.append(why)
     problems = [f"preload {m} does not exist" for m in missing]
     problems += [f"preload from an unsafe path: {w}" for w in writable]
-    return [Fact("config_env", {"pid": view.pid, "path": view.exe or f"/proc/{view.pid}"},
+    return [Fact("config_env", {"pid": view.pid, "path": view.exe or f"/proc/{view.pid}", **_where(view)},
                  {"key": "LD_PRELOAD", "value": value, "problem": "; ".join(problems), "line": None,
                   "expands_early": False, "variables": [], "preload_missing": bool(missing),
                   "preload_writable": bool(writable), "use": "preload"},
@@ -343,11 +450,14 @@ def preload_facts(view: ProcessView) -> list:
 
 
 def _exists_in_root(view: ProcessView, path: str) -> bool:
-    from . import rootfs
-    try:
-        return rootfs.exists(view.root_dir, path)
-    except OSError:
+    root = _VIEWS.root(view)
+    if root is False:
         return False
+    try:
+        return root.exists(path)
+    finally:
+        if not _VIEWS.shared(root):
+            root.close()
 
 
 def all_pids() -> list:

@@ -209,16 +209,16 @@ def _pid(args, lines: list):
 
 
 def _live(pid: int, view, then_dlopen, lines: list):
+    from ..collect.process import root_views
     from ..model.errors import BadInput, ELFError
     from ..model.report import Fact
-    from ..resolve import Resolver
     from ..resolve.process import Load, live
 
     # The process's own loader environment and root: a container's or chroot's ld.so reads
     # its /etc/ld.so.cache and its libraries, so the model resolves inside /proc/PID/root
-    # (an absolute symlink there starts again at that root, never at the host's /).
-    env = {k: v for k, v in view.environ.items() if k in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
-    resolver = Resolver(env=env, root=view.root_dir)
+    # (an absolute symlink there starts again at that root, never at the host's /), with
+    # the LD_LIBRARY_PATH and LD_PRELOAD of its environ, which a later dlopen searches too.
+    resolver = root_views().resolver(view)
     exe = view.in_root(view.exe)
     try:
         sim, shadowed = live(resolver, exe, [view.in_root(m.path) for m in view.mappings if not m.deleted])
@@ -237,8 +237,9 @@ def _live(pid: int, view, then_dlopen, lines: list):
             "loaded_for": shadow.loaded_for, "missing": "", "other_copy": "",
             "order_hint": "the copy mapped first serves it",
             "consequence": "already mapped in the running process", "error": ""}, source="process"))
-    for lib in then_dlopen:
-        step = sim.dlopen(Load(lib, "dlopen", 0x2, None, lib))
+    for item in then_dlopen:
+        lib, flags = _lib_and_flags(item)
+        step = sim.dlopen(Load(_dlopen_target(view, lib), "dlopen", flags, None, lib))
         verdict = "already loaded" if step.already_loaded else ("loads" if step.ok else f"fails: {step.error}")
         lines.append(f"then dlopen({lib}): {verdict}")
         for shadow in step.shadowed:
@@ -260,6 +261,20 @@ def _live(pid: int, view, then_dlopen, lines: list):
                 "order_hint": ""}, source="process"))
     return sim.model, facts
 
+
+
+def _dlopen_target(view, lib: str) -> str:
+    """What ld.so opens for dlopen(lib) in the process: a name with a '/' that is not
+    absolute is opened as given (elf/dl-load.c _dl_map_object: no search), so relative to
+    the process's working directory, inside its root; never relative to ours, where a
+    host file of that name would stand in for the container's."""
+    if "/" not in lib or lib.startswith("/"):
+        return lib
+    try:
+        cwd = view.in_root(os.readlink(f"/proc/{view.pid}/cwd").removesuffix(" (deleted)"))
+    except OSError:
+        cwd = "/"
+    return os.path.normpath(os.path.join(cwd if cwd.startswith("/") else "/", lib))
 
 
 def _process_json(model, prediction) -> dict:

@@ -44,6 +44,7 @@ def execute(args) -> int:
     from ..resolve.process import Simulator, live, why
 
     resolver = Resolver(env={k: v for k, v in os.environ.items() if k in ("LD_LIBRARY_PATH",)})
+    heading = None
     if args.python and args.imports is None:
         raise UsageError("seedance why: --python goes with --imports")
     if args.file is not None:
@@ -56,15 +57,28 @@ def execute(args) -> int:
         sim.start()
         model, where = sim.model, args.file
     elif args.pid is not None:
-        from ..collect.process import ProcessGone, read_process
+        from ..collect.process import ProcessGone, read_process, root_views
+        from ..model.errors import ELFError
         try:
             view = read_process(args.pid)
         except ProcessGone:
             raise BadInput(f"process {args.pid}: no such process") from None
+        except PermissionError:
+            raise BadInput(f"process {args.pid}: permission denied") from None
         if view.exe is None:
             raise BadInput(f"process {args.pid}: no executable")
-        sim, _shadowed = live(resolver, view.exe, [m.path for m in view.mappings if not m.deleted])
-        model, where = sim.model, f"process {args.pid}"
+        # The chain as the process's own ld.so made it: its root (a container's or chroot's
+        # /etc/ld.so.cache and libraries, every name resolved inside /proc/PID/root) and the
+        # LD_LIBRARY_PATH of its environ, not ours.
+        resolver = root_views().resolver(view)
+        try:
+            sim, _shadowed = live(resolver, view.in_root(view.exe),
+                                  [view.in_root(m.path) for m in view.mappings if not m.deleted])
+        except ELFError as exc:
+            raise BadInput(f"process {args.pid}{view.where()}: {exc.message}") from None
+        model, where = sim.model, f"process {args.pid}{view.where()}"
+        if view.foreign:
+            heading = f"{where}: paths inside its root"
     else:
         from ..collect.python_env import ask_interpreter, predict_imports
         names = [n.strip() for n in args.imports.split(",") if n.strip()]
@@ -77,7 +91,7 @@ def execute(args) -> int:
     if not chains:
         sys.stdout.write(escape_path(f"{args.lib} is not loaded by {where}") + "\n")
         return 1
-    out = []
+    out = [heading] if heading else []
     for chain in chains:
         out.append(f"{chain.path}: brought in by {chain.load}")
         for depth, link in enumerate(chain.links):

@@ -296,3 +296,97 @@ def test_hostile_links_are_read_inside_the_root(engine):
         with pytest.raises(FileNotFoundError):
             rootfs.read(root, path)
     assert rootfs.read(root, "/app/libtwo.so").startswith(b"\x7fELF")
+
+
+# --- why, then-dlopen, trace and the bundle, inside the container ---------------------------
+
+def _where_text(engine):
+    return f"podman container {engine.id[:12]}" if engine.name == "podman" else "chrooted in"
+
+
+def test_why_follows_the_chain_inside_the_root(engine):
+    # the oracle: the running program mapped /app/libtwo.so (its RUNPATH /app), a file the host lacks
+    with open(f"/proc/{engine.pid}/maps") as handle:
+        assert "/app/libtwo.so" in handle.read()
+    assert not os.path.exists("/app/libtwo.so")
+    done = seedance("why", "libtwo.so", "--pid", str(engine.pid))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "/app/two NEEDED libtwo.so => /app/libtwo.so [runpath]" in done.stdout, done.stdout
+    assert _where_text(engine) in done.stdout.splitlines()[0]
+    # libz.so.1, which the host has, is not in the container's process
+    gone = seedance("why", "libz.so.1", "--pid", str(engine.pid))
+    assert gone.returncode == 1 and "is not loaded by process" in gone.stdout
+    _no_marker(engine, done.stdout, done.stderr, gone.stdout)
+
+
+def test_then_dlopen_of_a_relative_path_opens_it_from_the_process_cwd_in_its_root(engine, tmp_path):
+    # dlopen("app/libtrap.so") opens the name from the process's working directory (/ in
+    # the container): the oracle fails on libz.so.1.  A host file of the same relative
+    # name beside seedance's own cwd, which loads, must not stand in for it.
+    oracle = engine.run_inside("/app/dlopener", "app/libtrap.so")
+    assert oracle.returncode == 1 and "libz.so.1" in oracle.stdout, (oracle.stdout, oracle.stderr)
+    decoy = tmp_path / "app"
+    decoy.mkdir()
+    source = tmp_path / "decoy.c"
+    source.write_text("int decoy(void) { return 1; }\n")
+    gcc("-shared", "-fPIC", "-o", str(decoy / "libtrap.so"), str(source), f"-Wl,-soname,lib{engine.marker}.so")
+    done = _run(SEEDANCE + ["check", "--pid", str(engine.pid), "--then-dlopen", "app/libtrap.so"],
+                cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=300)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "then dlopen(app/libtrap.so): fails: libz.so.1" in done.stdout, done.stdout
+    _no_marker(engine, done.stdout, done.stderr)
+
+
+def test_then_dlopen_searches_the_process_own_ld_library_path(engine):
+    # a second process in the same root, started with LD_LIBRARY_PATH=/opt/extra: its
+    # dlopen("libextra.so") finds /opt/extra/libextra.so, the first process's does not
+    extra = f"/proc/{engine.pid}/root/opt/extra"
+    os.makedirs(extra, exist_ok=True)
+    src = f"{extra}/extra.c"
+    with open(src, "w") as handle:
+        handle.write("int extra(void) { return 3; }\n")
+    gcc("-shared", "-fPIC", "-o", f"{extra}/libextra.so", src, "-Wl,-soname,libextra.so")
+    os.unlink(src)
+    env_argv = ["env", "LD_LIBRARY_PATH=/opt/extra"]
+    if engine.name == "podman":
+        with_env = _run(["podman", "exec", "-e", "LD_LIBRARY_PATH=/opt/extra", engine.container,
+                         "/app/dlopener", "libextra.so"])
+        second = _run(["podman", "exec", "-d", "-e", "LD_LIBRARY_PATH=/opt/extra", engine.container, "/app/two"])
+        assert second.returncode == 0, second.stderr
+        pid = None
+        for _ in range(50):
+            pids = [p for p in _pids_in(engine) if p != engine.pid and _maps_lib(p)]
+            if pids:
+                pid = pids[0]
+                break
+            time.sleep(0.2)
+        proc = None
+    else:
+        with_env = _run([*env_argv, "chroot", engine.root, "/app/dlopener", "libextra.so"])
+        proc = subprocess.Popen([*env_argv, "chroot", engine.root, "/app/two"])
+        pid = None
+        for _ in range(50):
+            if _maps_lib(proc.pid):
+                pid = proc.pid
+                break
+            time.sleep(0.2)
+    try:
+        assert pid is not None, "the second /app/two did not start"
+        without_env = engine.run_inside("/app/dlopener", "libextra.so")
+        assert with_env.returncode == 0 and "OK" in with_env.stdout, (with_env.stdout, with_env.stderr)
+        assert without_env.returncode == 1, without_env.stdout
+        loads = seedance("check", "--pid", str(pid), "--then-dlopen", "libextra.so").stdout
+        assert "then dlopen(libextra.so): loads" in loads, loads
+        fails = seedance("check", "--pid", str(engine.pid), "--then-dlopen", "libextra.so").stdout
+        assert "then dlopen(libextra.so): fails" in fails, fails
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        if proc is not None:
+            proc.wait(timeout=10)
+
+
+def _pids_in(engine):
+    """Host pids of the processes in the podman container (podman top's hpid column)."""
+    out = _run(["podman", "top", engine.container, "hpid"]).stdout.split()
+    return [int(x) for x in out if x.isdigit()]
