@@ -151,6 +151,27 @@ class LiveFacts:
     def __init__(self, files: FileInfoCache | None = None):
         self.files = files or FileInfoCache()
         self.processes: dict = {}
+        self._containers: dict = {}  # pid -> its container's subject (collect.container), or None
+
+    def container_of(self, pid: int):
+        """The container ``pid`` runs in (ContainerIdentity.subject()), None for a host
+        process: read once per pid from its cgroup, which a process cannot leave for
+        another container's (an exec keeps it)."""
+        if pid not in self._containers:
+            from ..collect import container  # lazy: the check's collectors
+
+            identity = container.identify(pid)
+            self._containers[pid] = identity.subject() if identity is not None else None
+        return self._containers[pid]
+
+    def _tag(self, pid: int, facts: list) -> list:
+        """Facts about ``pid`` name its container, as the check's do (subject.container),
+        so a finding of a traced container says which one to restart."""
+        where = self.container_of(pid)
+        if where is None:
+            return facts
+        return [Fact(f.kind, {**f.subject, "container": where}, f.data, f.source)
+                if f.subject.get("pid") == pid and "container" not in f.subject else f for f in facts]
 
     def process(self, pid: int) -> _Process:
         proc = self.processes.get(pid)
@@ -161,6 +182,9 @@ class LiveFacts:
     def seed(self, pid: int) -> list:
         """A process that was running before the trace: its objects from /proc/PID/maps.
         Returns the facts they already establish (two runtimes mapped before we came)."""
+        return self._tag(pid, self._seed(pid))
+
+    def _seed(self, pid: int) -> list:
         proc = self.process(pid)
         if proc.seeded:
             return []
@@ -192,8 +216,14 @@ class LiveFacts:
         return self._runtime_facts(proc)
 
     def feed(self, event: TraceEvent) -> list:
+        where = self.container_of(event.pid)
+        if where is not None:
+            event.data.setdefault("container", where)  # the JSON event says where it ran
         handler = getattr(self, f"_on_{event.kind}", None)
-        return handler(event) if handler else []
+        facts = self._tag(event.pid, handler(event)) if handler else []
+        if event.kind == "exit":
+            self._containers.pop(event.pid, None)  # the pid may be used again, elsewhere
+        return facts
 
     # --- lifecycle -------------------------------------------------------------------
     def _on_exec(self, event: TraceEvent) -> list:

@@ -390,3 +390,76 @@ def _pids_in(engine):
     """Host pids of the processes in the podman container (podman top's hpid column)."""
     out = _run(["podman", "top", engine.container, "hpid"]).stdout.split()
     return [int(x) for x in out if x.isdigit()]
+
+
+def _start_inside(engine, program):
+    """A second process in the container's root (podman exec, or chroot for the unshare
+    engine); (host pid, Popen or None) once it maps libtwo.so or ``program``'s libraries."""
+    name = os.path.basename(program)
+    if engine.name == "podman":
+        started = _run(["podman", "exec", "-d", engine.container, program])
+        assert started.returncode == 0, started.stderr
+        proc = None
+    else:
+        proc = subprocess.Popen(["chroot", engine.root, program])
+    for _ in range(50):
+        candidates = _pids_in(engine) if proc is None else [proc.pid]
+        for pid in candidates:
+            try:
+                with open(f"/proc/{pid}/comm") as handle:
+                    if handle.read().strip() == name[:15]:
+                        return pid, proc
+            except OSError:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"{program} did not start in the container")
+
+
+def test_trace_tags_a_container_process_events_and_findings(engine, tmp_path):
+    from seedance.trace import env as trace_env
+
+    problem = trace_env.ebpf_problem()
+    if problem:
+        pytest.skip(f"eBPF unavailable: {problem}")
+    # a program in the container that maps two CUDA runtime majors (cuda-runtime-mixed)
+    app = f"/proc/{engine.pid}/root/app"
+    source = tmp_path / "rt.c"
+    source.write_text("int cudart_marker(void) { return 0; }\n")
+    for major in (11, 12):
+        gcc("-shared", "-fPIC", "-o", f"{app}/libcudart.so.{major}", str(source), f"-Wl,-soname,libcudart.so.{major}")
+    main = tmp_path / "mixed.c"
+    main.write_text("#include <unistd.h>\nint main(void) { for (;;) pause(); }\n")
+    gcc("-o", f"{app}/mixed", str(main), f"-L{app}", "-Wl,--no-as-needed", "-l:libcudart.so.11",
+        "-l:libcudart.so.12", "-Wl,-rpath,/app")
+    pid, proc = _start_inside(engine, "/app/mixed")
+    with open(f"/proc/{pid}/maps") as handle:  # the oracle: the program mapped both majors
+        maps = handle.read()
+    assert "/app/libcudart.so.11" in maps and "/app/libcudart.so.12" in maps
+    stream = tmp_path / "events.jsonl"
+    trace = subprocess.Popen(SEEDANCE + ["trace", "--json", "-o", str(stream), "--pid", str(pid), "--duration", "120"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        attached = ""
+        while "probes attached" not in attached:
+            line = trace.stderr.readline()
+            assert line, f"trace ended before attaching: {attached}"
+            attached += line
+        os.kill(pid, signal.SIGKILL)  # its exit event ends the trace
+        _out, rest = trace.communicate(timeout=120)
+    finally:
+        if trace.poll() is None:
+            trace.kill()
+            trace.wait()
+        if proc is not None:
+            proc.wait(timeout=10)
+    assert "Traceback" not in rest, rest
+    lines = [json.loads(line) for line in stream.read_text().splitlines() if line.startswith("{")]
+    exits = [e for e in lines if e.get("event") == "exit" and e.get("pid") == pid]
+    mixed = [e for e in lines if e.get("event") == "finding" and e.get("rule") == "cuda-runtime-mixed"]
+    assert exits and mixed, lines
+    if engine.name == "podman":
+        assert exits[0]["container"]["id"] == engine.id
+        assert exits[0]["container"]["name"] == engine.container
+        assert mixed[0]["subject"]["container"]["id"] == engine.id
+    else:  # a chroot without a container's cgroup: nothing invented
+        assert "container" not in exits[0] and "container" not in mixed[0]["subject"]
