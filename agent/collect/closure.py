@@ -123,7 +123,9 @@ def note_needed(closure, dedup: FactDedup, skip_names=(), preloaded_by: dict | N
                 seen.standalone = res
                 hint = (preloaded_by or {}).get(res.path) if res.source == "loaded" else None
                 if hint:
-                    seen.context, seen.reason, seen.package = "preloaded", hint[0], hint[1]
+                    # a third item: 'preload-step', found only after a call the user makes
+                    seen.context = hint[2] if len(hint) > 2 else "preloaded"
+                    seen.reason, seen.package = hint[0], hint[1]
         elif res.path is not None and seen.via_loader is None:
             seen.via_loader, seen.loader = res, closure.root
 

@@ -24,19 +24,13 @@ import fnmatch
 import os
 import re
 
-from . import inputs
+from . import inputs, package_context
 
 _SITE_DIRS = ("site-packages", "dist-packages")
 
-# Packages whose Python code loads site-packages/nvidia/*/lib before their own libraries.
-NVIDIA_PRELOADERS = {
-    "nvidia": "the NVIDIA wheels are loaded after their siblings: torch (torch/__init__.py "
-              "_load_global_deps) and cupy (cuda-pathfinder) load {provider} first",
-    "torch": "torch/__init__.py _load_global_deps() loads {provider} RTLD_GLOBAL before its own libraries",
-    "cupy": "cupy loads {provider} through cuda-pathfinder before the module that needs it",
-    "cupy_backends": "cupy loads {provider} through cuda-pathfinder before the module that needs it",
-    "cupyx": "cupy loads {provider} through cuda-pathfinder before the module that needs it",
-}
+# What each package loads before its native modules, which variant of a library it picks
+# and which providers are optional is data: rules/context/packages.yaml, with the source of
+# each entry (collect/package_context.py reads and validates it).
 
 # Optional plugins: (file name pattern, who loads it and when)
 OPTIONAL_PLUGINS = (
@@ -111,24 +105,51 @@ def _jdk_home(path: str) -> str | None:
     return None
 
 
+def preload_reason(top: str) -> tuple | None:
+    """(reason template with {provider}, context, loads_first) of what the package whose
+    top-level name is ``top`` loads before its native modules, or None.  context is
+    'preloaded' when the package's own import does it, 'preload-step' when the user must
+    call a step first (onnxruntime.preload_dlls()); a package that imports another first
+    (torchvision imports torch) gets that package's loads, with both reasons."""
+    entry = package_context.entry_for(top)
+    if entry is None:
+        return None
+    if entry["preload_step"] and entry["loads_first"]:
+        return (entry["preload_step"] + " loads {provider}", "preload-step", entry["loads_first"])
+    if entry["loads_first"]:
+        return entry["how"], "preloaded", entry["loads_first"]
+    if entry["imports_first"]:
+        first = package_context.entry_for(entry["imports_first"])
+        if first is not None and first["loads_first"] and not first["preload_step"]:
+            how = (f"{top} imports {entry['imports_first']} first ({entry['source']}), and " +
+                   first["how"].replace("{provider}", "{provider}", 1))
+            return how, "preloaded", first["loads_first"]
+    return None
+
+
 def preload_plan(path: str, missing: set) -> dict:
-    """provider path -> (reason, package) that a package loads before ``path`` and that
-    provide some of its ``missing`` NEEDED names."""
+    """provider path -> (reason, package, context) that a package loads before ``path`` and
+    that provide some of its ``missing`` NEEDED names (context: 'preloaded', or
+    'preload-step' when only a step the user calls loads it, see preload_reason)."""
     plan: dict = {}
     site = site_packages_of(path)
     if site is not None:
         top = _top_package(path, site)
-        template = NVIDIA_PRELOADERS.get(top)
-        if template is not None:
-            wheel_libs = nvidia_wheel_libs(site)
+        known = preload_reason(top)
+        if known is not None:
+            template, context, loads = known
+            wheel_libs = nvidia_wheel_libs(site) if "nvidia-wheels" in loads else {}
             for name in sorted(missing):
                 provider = wheel_libs.get(name)
-                if provider is None and top.startswith("cupy"):
+                if provider is None and "cuda-toolkit" in loads:
                     provider = _cuda_toolkit_lib(name)
                 if provider is not None and provider not in plan:
                     rel = os.path.relpath(provider, site)
-                    plan[provider] = (template.format(provider="site-packages/" + rel),
-                                      package_of(provider) or "")
+                    reason = template.format(provider="site-packages/" + rel) \
+                        if provider.startswith(site + os.sep) else template.format(provider=provider)
+                    # (a 2-tuple where the package's own import loads it: the common case)
+                    plan[provider] = (reason, package_of(provider) or "") if context == "preloaded" \
+                        else (reason, package_of(provider) or "", context)
     if "libjvm.so" in missing:
         home = _jdk_home(path)
         if home is not None:
@@ -141,21 +162,113 @@ def preload_plan(path: str, missing: set) -> dict:
     return plan
 
 
-def preloader_hint(path: str) -> str:
-    """For a library of a package that preloads the NVIDIA wheels, what would provide a
-    missing one: cupy loads its CUDA libraries on first use of the submodule, from a wheel
-    or the CUDA Toolkit, and its [ctk] extra installs them."""
+def preloader_hint(path: str, name: str = "", needed=()) -> str:
+    """For a library of a package that loads NVIDIA's libraries before its own, what would
+    provide a missing one (``name``, needed by ``path`` whose NEEDED list is ``needed``):
+    the pip requirement that ships it for the CUDA major ``path`` was built for
+    (rules/context/pip_distributions.yaml); cupy's [ctk] extra installs them all."""
     site = site_packages_of(path)
     if site is None:
         return ""
     top = _top_package(path, site)
-    if top.startswith("cupy"):
-        dist = package_of(path) or "cupy-cuda12x"
-        return (f"; cupy loads it (cuda-pathfinder) from an NVIDIA wheel or the CUDA Toolkit when this "
-                f"module is first used, and none is installed: pip install \"{dist}[ctk]\"")
-    if top in ("torch", "nvidia"):
-        return "; torch loads it from site-packages/nvidia/*/lib, and no NVIDIA wheel there has it"
-    return ""
+    entry = package_context.entry_for(top)
+    if entry is None:
+        return ""
+    if entry["imports_first"] and not entry["loads_first"]:
+        first = package_context.entry_for(entry["imports_first"])
+        if first is None:
+            return ""
+        top, entry = entry["imports_first"], first
+    if "nvidia-wheels" not in entry["loads_first"]:
+        return ""
+    requirement = package_context.requirement_for(name, package_context.cuda_major_of(needed)) if name else None
+    if entry["extra"]:
+        dist = package_of(path) or entry["distribution"]
+        return f"; {entry['missing_hint']}: pip install \"{dist}[{entry['extra']}]\""
+    who = entry["preload_step"] or top
+    text = "; " + (entry["missing_hint"] or
+                   f"{who} loads it from site-packages/nvidia/*/lib, and no NVIDIA wheel there has it")
+    if requirement:
+        text += f": pip install '{requirement}' ships it"
+    return text
+
+
+def missing_context(path: str, name: str, needed=()) -> dict | None:
+    """What the package around ``path`` says about a NEEDED ``name`` nothing resolves:
+    {'context', 'reason'[, 'where']} for an optional provider (loaded only when asked for)
+    or a variant of a library the package does not pick in this environment; None
+    otherwise (judge it as any library)."""
+    site = site_packages_of(path)
+    if site is None:
+        return None
+    top = _top_package(path, site)
+    entry = package_context.entry_for(top)
+    if entry is None:
+        return None
+    base = os.path.basename(path)
+    for optional in entry["optional"]:
+        if fnmatch.fnmatch(base, optional["files"]):
+            requirement = package_context.requirement_for(name, package_context.cuda_major_of(needed))
+            where = f"; pip install '{requirement}' ships it" if requirement else ""
+            return {"context": "optional-provider", "reason": optional["what"], "where": where}
+    variants = entry["variants"]
+    if variants is not None:
+        picked = picked_variant(site, os.path.dirname(path), variants)
+        if picked is not None and variants["files"].match(base) and picked[0] != base:
+            return {"context": "variant", "reason": f"{top} loads {picked[0]} here ({picked[1]}; "
+                                                    f"{variants['source']})"}
+    return None
+
+
+_TORCH_VERSION = re.compile(r"^(__version__|cuda|hip)\b[^=]*=\s*['\"]?([^'\"\s]*)['\"]?\s*$", re.M)
+
+
+def torch_build(site: str) -> dict | None:
+    """{'version', 'cuda', 'hip'} of the torch installed in ``site`` (torch/version.py, as
+    torch.version reads it), or None where there is none."""
+    try:
+        with open(os.path.join(site, "torch", "version.py"), encoding="utf-8", errors="replace") as handle:
+            text = handle.read(65536)
+    except OSError:
+        return None
+    found = {key: (value if value not in ("None", "") else None) for key, value in _TORCH_VERSION.findall(text)}
+    return {"version": found.get("__version__") or "?", "cuda": found.get("cuda"), "hip": found.get("hip")}
+
+
+def picked_variant(site: str, directory: str, variants: dict):
+    """(file name, why) of the variant the package loads with the torch of ``site``: the
+    build for torch's backend (CUDA, ROCm, else the CPU one) at torch's version, else the
+    nearest of the same major, lower first; None where there is no torch to pick by."""
+    torch = torch_build(site)
+    if torch is None:
+        return None
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return None
+    builds = {}
+    for name in names:
+        match = variants["files"].match(name)
+        if match:
+            builds.setdefault(match.group("backend"), {})[match.group("version")] = name
+    backend, version = ("rocm", torch["hip"]) if torch["hip"] else ("cuda", torch["cuda"]) if torch["cuda"] \
+        else ("cpu", None)
+    label = f"torch {torch['version']}" + (f", {backend.upper() if backend == 'cuda' else 'ROCm'} {version}"
+                                           if version else ", no CUDA")
+    if backend == "cpu" or not version:
+        name = builds.get("cpu", {}).get("")
+        return (name, label) if name else None
+    parts = version.split(".")
+    wanted = "".join(parts[:2])
+    available = builds.get(backend, {})
+    if wanted in available:
+        return available[wanted], label
+    same = sorted((v for v in available if v.startswith(parts[0]) and v[len(parts[0]):len(parts[0]) + 1] != ""),
+                  key=lambda v: int(v))
+    lower = [v for v in same if int(v) < int(wanted)]
+    higher = [v for v in same if int(v) > int(wanted)]
+    chosen = lower[-1] if lower else (higher[0] if higher else None)
+    return (available[chosen], label) if chosen else None
 
 
 # Libraries the NVIDIA driver installs (not the CUDA toolkit, not a wheel): a host without

@@ -600,6 +600,10 @@ class Scanner:
         why = practice.optional_plugin(res.requester)
         if why:
             return {"context": "optional-plugin", "reason": why}
+        needed = self._needed_of(res.requester)
+        known = practice.missing_context(res.requester, res.name, needed)
+        if known:
+            return known
         why = practice.driver_absent(res.name, self.resolver)
         if why:
             return {"context": "no-driver", "reason": why}
@@ -608,7 +612,7 @@ class Scanner:
             return {"context": "private", "loader": private[0], "reason": private[1]}
         copies = practice.installed_copies(res.name, res.requester, self.tree_index)
         if not copies:
-            hint = practice.preloader_hint(res.requester)
+            hint = practice.preloader_hint(res.requester, res.name, needed)
             return {"where": hint} if hint else {}
         described = []
         for copy in copies:
@@ -616,6 +620,13 @@ class Scanner:
             described.append(practice.short(copy) + (f" ({package})" if package else ""))
         return {"installed_at": copies, "package": practice.package_of(copies[0]) or "",
                 "where": "; installed at " + ", ".join(described) + ", which is not on its loader path"}
+
+    def _needed_of(self, path: str) -> tuple:
+        """The NEEDED names of ``path`` (read before: the resolver keeps it), () if unreadable."""
+        try:
+            return tuple(self.resolver.read(path).needed)
+        except (ELFError, OSError):
+            return ()
 
     def _private_loader(self, requester: str, name: str):
         """(program, reason) when a program of the requester's Debian package, or of a
