@@ -226,12 +226,13 @@ def _explain_missing(res, source: _Source) -> dict:
     found: dict = {}
     python = source.python
     site = python_static.site_of(res.requester)
-    if python is not None and site is not None and site in python.site_dirs:
+    if python is not None and site is not None and site in python.site_dirs and \
+            python_static.is_extension_module(res.requester):
         # an extension module (or a library one loads) of the image's Python: the import fails
         module = python_static.module_name(res.requester, site)
         found = {"python": python.interpreter, "python_version": python.version, "module": module,
-                 "import_error": f"`import {module}` in {python.interpreter} fails: ImportError: {name}: "
-                                 "cannot open shared object file: No such file or directory"}
+                 "where": f"; `import {module}` in the image's {python.interpreter} (Python {python.version}) "
+                          f"fails with ImportError: {name}: cannot open shared object file"}
     if name.startswith(INJECTED):
         return dict(found, context="injected",
                     reason=f"{name} is mounted from the host by the NVIDIA container toolkit")
@@ -240,7 +241,7 @@ def _explain_missing(res, source: _Source) -> dict:
     if removed:
         path, layer = sorted(removed)[0]
         return dict(found, removed_by_layer=layer, removed_path=path,
-                    where=f"; {path} was removed by a whiteout in layer {layer}")
+                    where=f"; {path} was removed by a whiteout in layer {layer}" + found.get("where", ""))
     return found
 
 

@@ -253,7 +253,7 @@ def preload_plan(tree, path: str, missing: set) -> dict:
     if site is None:
         return plan
     top = posixpath.relpath(path, site).split("/", 1)[0]
-    template = practice.NVIDIA_PRELOADERS.get(top)
+    template = _nvidia_preloader(top)
     if template is None:
         return plan
     wheel_libs = nvidia_wheel_libs(tree, site)
@@ -263,6 +263,29 @@ def preload_plan(tree, path: str, missing: set) -> dict:
             rel = posixpath.relpath(provider, site)
             plan[provider] = (template.format(provider="site-packages/" + rel), "")
     return plan
+
+
+def _nvidia_preloader(top: str) -> str | None:
+    """The reason template of a package that loads the NVIDIA wheels' libraries before its
+    own (practice.py's table of packages), or None."""
+    reason = getattr(practice, "preload_reason", None)
+    if reason is not None:
+        known = reason(top)
+        if known is None or known[1] != "preloaded" or "nvidia-wheels" not in known[2]:
+            return None
+        return known[0]
+    return getattr(practice, "NVIDIA_PRELOADERS", {}).get(top)
+
+
+_EXTENSION = re.compile(r"\.(?:cpython-\d+[^/.]*|abi3)\.so$|^[^/.]+\.so$")
+
+
+def is_extension_module(path: str) -> bool:
+    """A file importlib's ExtensionFileLoader takes: NAME.cpython-311-x86_64-linux-gnu.so,
+    NAME.abi3.so or NAME.so (a library such as libfoo.so.1 is not one)."""
+    name = posixpath.basename(path)
+    return bool(_EXTENSION.search(name)) and not (name.startswith("lib") and ".cpython-" not in name
+                                                 and ".abi3." not in name)
 
 
 def module_name(path: str, site: str) -> str:
