@@ -155,11 +155,27 @@ def _lean_ldd(argv: list[str]):
                   tree=flags["--tree"], execute=ldd.execute)
 
 
+# the variables that can ask for traces (seedance.telemetry.wanted decides): without any of
+# them no telemetry module is imported at all
+_TRACE_VARIABLES = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
 def main(argv: list[str] | None = None, prog: str = "seedance", command: str | None = None) -> int:
     """Parse, run, and turn every failure into one line on stderr:
     `seedance: error: ...`, exit 2.  Help goes to stdout, and only on --help.
-    COMMAND: run as an alias of that subcommand (seedance-check is `seedance check`)."""
+    COMMAND: run as an alias of that subcommand (seedance-check is `seedance check`).
+    With the OpenTelemetry variables set, the whole command is one span (seedance.telemetry)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not os.environ.keys().isdisjoint(_TRACE_VARIABLES):
+        from . import telemetry
+
+        if telemetry.wanted():
+            return telemetry.run_command(lambda: _main(argv, prog, command),
+                                         command or _command_named(argv), argv)
+    return _main(argv, prog, command)
+
+
+def _main(argv: list[str], prog: str, command: str | None) -> int:
     try:
         if command:
             parser = alias_parser(command, prog)
@@ -331,8 +347,8 @@ def console(front_end: bool = True) -> None:
     """The `seedance` console script.  ``front_end``: a `seedance run` goes to seedance-run,
     the C launcher, at once (``python -m seedance``, which the launcher itself execs for
     what it leaves to Python, passes False)."""
-    if front_end and sys.argv[1:2] == ["run"]:
-        _launch()  # returns only when the launcher is not built
+    if front_end and sys.argv[1:2] == ["run"] and os.environ.keys().isdisjoint(_TRACE_VARIABLES):
+        _launch()  # returns only when the launcher is not built (a traced run is Python's)
     if sys.argv[1:2] in (["check"], ["ldd"]):
         # A `seedance ldd` or `seedance check` reads its objects, reports and the process ends
         # (_quick_exit): the cyclic collector's passes over what the exit frees anyway walk

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from operator import attrgetter
 
+from .. import telemetry
 from ..elf.reader import ELF_MAGIC, read_elf
 from ..judge.engine import load_rules
 from ..model.errors import BadInput, ELFError, describe_os_error
@@ -116,6 +117,8 @@ class Scanner:
         self.resolver = Resolver(env=env)
         self.dedup.stat_of = self.resolver._stat_of
         roots, configs = [], []
+        phases = telemetry.phases("check")  # walk, resolve, rules: spans when traced
+        phases.next("walk")
         if self.options.host_scope:
             roots, configs = self._host_targets()
         else:
@@ -139,6 +142,7 @@ class Scanner:
                 self._abi_jobs.start()
         if len(roots) >= HELPER_MIN_ROOTS:
             practice.prefetch_dpkg()  # which package ships a file: read on a thread now
+        phases.next("resolve", {"seedance.check.roots": len(roots)})
         self.progress.start(len(roots), "checking")
         try:
             for path in roots:
@@ -160,7 +164,9 @@ class Scanner:
         elif self.torch_builds:
             from . import torch_ext
             self.facts.extend(torch_ext.torch_ext_facts(builds=self.torch_builds, torch=self.python_torch))
+        phases.next("rules", {"seedance.check.facts": len(self.facts)})
         findings = rules.evaluate(self.facts, strict=self.options.strict)
+        phases.end()
         kinds = Counter(map(_KIND_OF, self.facts))  # counted in C: a check of /usr/lib makes thousands
         stats = {"files_scanned": self.stats["files"], "elf_objects": self.stats["elf"],
                  "closure_objects": len(self.objects_seen), "skipped": self.stats["skipped"],

@@ -187,6 +187,9 @@ def execute(args) -> int:
             report.add(live_findings(pid, rules, args.strict))
     if finding_filter.active:
         report.stats["filtered"] = finding_filter.apply(report)
+    from .. import telemetry
+    telemetry.note_report(report)
+    telemetry.phases("check").next("render")  # ends with the command's span
     unreadable = _named_unreadable(args.targets, report.stats.get("errors", ()))
     for problem in report.stats.get("errors", ()):
         text = escape_path(problem["error"])  # a SeedanceError's text is escaped already

@@ -271,8 +271,22 @@ def join_quota(labels: dict, notice: Callable[[str], None]):
 
 def run_program(request: RunRequest, notice: Callable[[str], None]):
     """Run the program under the shim to its end; read, judge and give back its registry
-    slots.  Returns (RunResult, Report)."""
-    from .. import shim
+    slots.  Returns (RunResult, Report).  Traced (seedance.telemetry): one span from the
+    wrap to the exit, whose context the program gets in TRACEPARENT/TRACESTATE, with the
+    shim's events (cuInit, refused allocations) and the leaks as its events."""
+    from .. import telemetry
+
+    with telemetry.span("run.program", {"process.executable.path": request.exe,
+                                        "process.executable.name": os.path.basename(request.exe)}) as span:
+        result, report = _run_program(request, notice, span)
+        span.set("process.exit.code", result.exit_code)
+        telemetry.note_report(report)
+        telemetry.leak_events(span, report)
+    return result, report
+
+
+def _run_program(request: RunRequest, notice: Callable[[str], None], span):
+    from .. import shim, telemetry
     from ..shim.binding import expected_version
     from ..shim.wrap import wrap_env
     from .events import start_drain, start_record
@@ -301,7 +315,8 @@ def run_program(request: RunRequest, notice: Callable[[str], None]):
         mem_value, result.mem_limit = parse_mem_limit(request.mem_limit)
     handles = request.handles if request.handles is not None else default_handles(env)
     result.handles = handles
-    env, group_key = wrap_env(env, audit=request.audit, events=request.events_out is not None,
+    # traced, the shim records its events too: they become events of the run's span
+    env, group_key = wrap_env(env, audit=request.audit, events=request.events_out is not None or telemetry.active(),
                               follow_children=request.follow_children, affinity=affinity_value,
                               mem_limit=mem_value, handles=handles)
 
@@ -322,12 +337,15 @@ def run_program(request: RunRequest, notice: Callable[[str], None]):
         registry = shim.Registry.open()
     except NotAvailable:
         pass
+    env = telemetry.child_env(env)  # TRACEPARENT: the program's spans continue this run's trace
     with contextlib.ExitStack() as stack:
         drain = None
-        if request.events_out is not None:
-            stream = stack.enter_context(request.events_out.open_stream())
-            stream.write(json.dumps(start_record(cmd)) + "\n")
-            drain = start_drain(registry, group_key, stream)
+        if request.events_out is not None or telemetry.active():
+            stream = None
+            if request.events_out is not None:
+                stream = stack.enter_context(request.events_out.open_stream())
+                stream.write(json.dumps(start_record(cmd)) + "\n")
+            drain = start_drain(registry, group_key, telemetry.shim_events(span, stream))
 
         started = time.monotonic()
         try:
@@ -336,6 +354,7 @@ def run_program(request: RunRequest, notice: Callable[[str], None]):
             if quota is not None:
                 quota.release()
             raise
+        span.set("process.pid", child.pid)
         if quota is not None:
             stack.callback(quota.release)
             quota.record(child.pid)
@@ -345,7 +364,8 @@ def run_program(request: RunRequest, notice: Callable[[str], None]):
 
         if drain:
             drain.finish()
-            result.events_file, result.events_written = request.events, drain.written
+            if request.events_out is not None:
+                result.events_file, result.events_written = request.events, drain.written
             registry = registry or getattr(drain, "registry", None)
     report = judge_and_release(registry, group_key, result, request.affinity, notice)
     return result, report

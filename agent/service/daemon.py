@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, telemetry
 from ..judge.engine import load_rules
 from ..model.errors import NotAvailable, SeedanceError
 from ..model.report import Fact, Finding
@@ -210,7 +210,9 @@ class Agent:
             if due > now:
                 continue
             try:
-                interval = getattr(self, f"_task_{task}")()
+                # each registry GC pass is a trace of its own when traced (seedance.telemetry)
+                with telemetry.agent_pass("agent.gc") if task == "gc" else telemetry.NULL:
+                    interval = getattr(self, f"_task_{task}")()
             except SeedanceError as exc:
                 self.log(f"{task}-failed", "error", error=str(exc))
                 interval = None
@@ -313,6 +315,8 @@ class Agent:
                     self.counters["leaks_reported"] += 1
                     self.counters["leaked_bytes"] += leaked
             if leaked:
+                telemetry.event("seedance.leak", {"seedance.leak.pid": inst.pid, "seedance.leak.bytes": leaked,
+                                                  "process.executable.path": inst.exe})
                 self.log("leak", "warning", pid=inst.pid, start_time=inst.start_time, slot=inst.slot,
                          exe=inst.exe, bytes=leaked, allocations=len(allocations),
                          devices=sorted({a.device for a in allocations}),
@@ -381,6 +385,7 @@ class Agent:
             self.counters["scan_errors"] += 1
             self._scan_info = {**self._scan_info, "state": "failed", "error": error}
         self.log("scan-failed", "error", error=error)
+        telemetry.record_pass("agent.scan", getattr(self, "_scan_started", time.time()), error=error)
         self._due["scan"] = time.monotonic() + self.config.scan_interval
 
     def _collect_scan(self) -> None:
@@ -399,6 +404,7 @@ class Agent:
             self._scan_info = {"state": "done", "at": time.time(), "findings": len(findings),
                                "duration_s": report.get("stats", {}).get("duration_s")}
         self.log("scan", findings=len(findings), duration_s=report.get("stats", {}).get("duration_s"))
+        telemetry.record_pass("agent.scan", self._scan_started, report=report)
         self._due["scan"] = time.monotonic() + self.config.scan_interval
 
     def _task_probes(self):

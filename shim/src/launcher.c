@@ -762,10 +762,29 @@ static int front_end(int *argc, char ***argv)
     exit(2);
 }
 
+/* OpenTelemetry asked for traces (the test seedance.telemetry.wanted makes): the run is
+ * Python's then.  The run's span is made and exported by the OpenTelemetry SDK, and the
+ * TRACEPARENT the program gets must name that span: a traceparent made up here would name
+ * a span no collector ever receives, a broken parent link in every trace, and the shim's
+ * events become events of that span.  Untraced runs keep this fast path. */
+static int tracing_wanted(void)
+{
+    const char *off = getenv("OTEL_SDK_DISABLED");
+    if (off && strcasecmp(off, "true") == 0)
+        return 0;
+    const char *exporters = getenv("OTEL_TRACES_EXPORTER");
+    if (exporters && *exporters)
+        return strcasecmp(exporters, "none") != 0;
+    const char *traces = getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), *any = getenv("OTEL_EXPORTER_OTLP_ENDPOINT");
+    return (traces && *traces) || (any && *any);
+}
+
 int main(int argc, char **argv)
 {
     front_end(&argc, &argv);
     orig_argv = argv;
+    if (tracing_wanted())
+        to_python();
     const char *affinity = NULL, *mem_limit = NULL, *handles = NULL;
     int follow = 0, audit = 0, strict = 0, i = 1;
     for (; i < argc; i++) {
