@@ -35,6 +35,7 @@ class TorchAbiCache:
     def __init__(self, key=None):
         self._abi: dict = {}
         self._defined: dict = {}  # key(path) -> frozenset of the names it exports
+        self._tables: dict = {}  # key(path) -> (every name it exports, its strong undefined names)
         # the file a path names (the scan's (dev, inode)): torch's test programs reach
         # torch/bin/../lib/libtorch_cpu.so, its extensions torch/lib/libtorch_cpu.so
         self._key = key or str
@@ -94,6 +95,36 @@ class TorchAbiCache:
             left -= self.defined(path, info)
         return sorted(left)
 
+    def tables(self, path: str) -> tuple:
+        """(names ``path`` defines, its strong undefined names), every name, read once."""
+        key = self._key(path)
+        known = self._tables.get(key)
+        if known is None:
+            known = self._tables[key] = _all_symbols(path)
+        return known
+
+    def unbound_others(self, ext_path: str, closure_objects: dict, torch_paths) -> list:
+        """The strong undefined names of ``ext_path`` outside the c10/at/torch namespaces and
+        the Python C API that no object loaded with it defines: ld.so binds every one at an
+        RTLD_NOW dlopen (Python's import), whatever its name, so one missing fails the import
+        with "undefined symbol".  The interpreter provides the Py*/_Py* names (the C API's
+        reserved prefixes); the loader rules judge those with the interpreter in scope."""
+        _defined, undefined = self.tables(ext_path)
+        left = {name for name in undefined
+                if not name.startswith(TORCH_PREFIXES) and not name.startswith(_PYTHON_API)}
+        if not left:
+            return []
+        torch_dirs = {os.path.dirname(p) for p in torch_paths}
+        # torch's own libraries first: they define nearly every name a torch extension imports
+        # besides libc's and libstdc++'s, so the CUDA libraries are rarely read at all
+        ordered = sorted((p for p in closure_objects if p != ext_path),
+                         key=lambda p: (os.path.dirname(p) not in torch_dirs, _size(p), p))
+        for path in ordered:
+            left -= self.tables(path)[0]
+            if not left:
+                return []
+        return sorted(left)
+
     def abi(self, path: str) -> str | None:
         if path not in self._abi:
             try:
@@ -128,7 +159,10 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
         return []
     imports = [s.name for s in ext_info.symbols if not s.defined and s.binding != "WEAK"
                and s.name.startswith(TORCH_PREFIXES)]
-    if not imports:
+    # the C functions torch exports (aoti_torch_* shims, THP* of libtorch_python) and C++
+    # ones outside the c10/at/torch namespaces fail the import the same way when missing
+    others = cache.unbound_others(ext_path, closure_objects, torch_paths)
+    if not imports and not others:
         return []
     torch_dir = os.path.dirname(os.path.dirname(sorted(torch_paths, key=lambda p: ("libc10" not in p, p))[0]))
     torch = torch_at(torch_dir, source=torch_source)
@@ -136,7 +170,8 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
     facts = []
     abi_fact = cxx_abi_fact(ext_path, ext_info, torch_paths, cache)
     mismatch = abi_fact is not None and abi_fact.data["ext_abi"] != abi_fact.data["torch_abi"]
-    missing = cache.missing(imports, ext_path, closure_objects, torch_paths, read_symbols, read_exports)
+    missing = sorted(set(cache.missing(imports, ext_path, closure_objects, torch_paths, read_symbols,
+                                       read_exports)) | set(others)) if imports else others
     # The rebuild command is only ever shown with a finding (a mismatch or a missing symbol);
     # working it out asks pip's RECORDs and dpkg which package ships the file, reads that
     # the healthy majority (torch's own test programs, every extension built right) never need.
@@ -170,6 +205,34 @@ def cxx_abi_fact(ext_path: str, ext_info, torch_paths, cache: TorchAbiCache) -> 
                          "example_symbol": example},
                         source="collect.cxxabi")
     return None
+
+
+# The Python C API's reserved prefixes (Include/Python.h: every public name is Py* or _Py*)
+_PYTHON_API = ("Py", "_Py")
+
+
+def _all_symbols(path: str) -> tuple:
+    """(frozenset of the names ``path`` exports, frozenset of its strong undefined names);
+    empty for an object that cannot be read (the loader rules report it)."""
+    from ..elf import fastread
+
+    tables = fastread.symbol_tables(path) if fastread.enabled() else None
+    if isinstance(tables, tuple):
+        defs, undefs = tables
+        return frozenset(defs), frozenset(name for name, _version in undefs)
+    try:
+        info = read_elf(path, symbols=True)
+    except Exception:  # noqa: BLE001 - unreadable: reported by the loader rules
+        return frozenset(), frozenset()
+    return (frozenset(s.name for s in info.symbols if s.defined and s.binding != "LOCAL" and not s.hidden),
+            frozenset(s.name for s in info.symbols if not s.defined and s.binding != "WEAK"))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _links_torch(info) -> bool:

@@ -279,9 +279,15 @@ class _Planner:
                     ok = False
                     continue
                 base_spec = self.done.get(base)
+                source_known = self._known.get(base_spec.origin, {}) if base_spec is not None else {}
                 for alias in stmt.names:
                     if alias.name == "*":
                         continue
+                    if alias.name in source_known:
+                        # `from torch._utils_internal import USE_RTLD_GLOBAL_WITH_LIBTORCH`:
+                        # a constant of the module it comes from decides this module's tests
+                        self._known.setdefault(spec.origin, {})[alias.asname or alias.name] = \
+                            source_known[alias.name]
                     sub = f"{base}.{alias.name}"
                     if sub in self.done or sub in self.interp.modules:
                         continue
@@ -323,6 +329,10 @@ class _Planner:
             else:
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
                     value = _known_value(stmt.value, self._known.get(spec.origin, {}))
+                    if isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func).endswith("getdlopenflags"):
+                        # `old_flags = sys.getdlopenflags()` before a setdlopenflags(): the
+                        # later setdlopenflags(old_flags) puts these back
+                        value = _Flags(self.interp.dlopenflags if self.flags is None else self.flags)
                     if value is not _UNKNOWN:
                         self._known.setdefault(spec.origin, {})[stmt.targets[0].id] = value
                     functions = self._functions.get(spec.origin, {})
@@ -369,7 +379,7 @@ class _Planner:
                         self.import_name(value)
                         continue
                 if name == "setdlopenflags" and node.args:
-                    value = _dl_flags(node.args[0])
+                    value = _dl_flags(node.args[0], self._known.get(spec.origin, {}))
                     if value is not None:
                         self.flags = value  # every later extension import uses these
                         continue
@@ -385,12 +395,20 @@ _RTLD = {"RTLD_LAZY": 0x1, "RTLD_NOW": 0x2, "RTLD_NOLOAD": 0x4, "RTLD_DEEPBIND":
          "RTLD_GLOBAL": 0x100, "RTLD_LOCAL": 0, "RTLD_NODELETE": 0x1000}
 
 
-def _dl_flags(node):
-    """The value of os.RTLD_NOW | os.RTLD_GLOBAL (ctypes.RTLD_*, bare names, ints), or None."""
+class _Flags(int):
+    """dlopen flags read back with sys.getdlopenflags(): a value only setdlopenflags() uses
+    (never a module constant that an `if` compares)."""
+
+
+def _dl_flags(node, known: dict | None = None):
+    """The value of os.RTLD_NOW | os.RTLD_GLOBAL (ctypes.RTLD_*, bare names, ints, a name
+    bound to sys.getdlopenflags() earlier), or None."""
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return node.value
+    if isinstance(node, ast.Name) and isinstance((known or {}).get(node.id), _Flags):
+        return int(known[node.id])
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        left, right = _dl_flags(node.left), _dl_flags(node.right)
+        left, right = _dl_flags(node.left, known), _dl_flags(node.right, known)
         return None if left is None or right is None else left | right
     name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
     return _RTLD.get(name)
@@ -459,6 +477,9 @@ def _static_test(test, interp: Interpreter, known: dict | None = None):
         left = ast.unparse(test.left)
         facts = {"platform.python_implementation()": {"cpython": "CPython", "pypy": "PyPy"}.get(
                      interp.implementation, interp.implementation),
+                 # platform.system() is uname's sysname: "Linux" wherever sys.platform is "linux"
+                 "platform.system()": {"linux": "Linux", "darwin": "Darwin", "win32": "Windows"}.get(
+                     interp.platform, _UNKNOWN),
                  "sys.implementation.name": interp.implementation, "sys.platform": interp.platform,
                  "os.name": "nt" if interp.platform == "win32" else "posix",
                  "__name__": "<an imported module>"}  # never '__main__' for an import
@@ -508,6 +529,13 @@ def _static_test(test, interp: Interpreter, known: dict | None = None):
     if isinstance(test, ast.Call) and ast.unparse(test.func) == "sys.platform.startswith" and test.args \
             and isinstance(test.args[0], ast.Constant):
         return interp.platform.startswith(test.args[0].value)
+    if isinstance(test, ast.Name) and known and test.id in known and not isinstance(known[test.id], _Flags):
+        return bool(known[test.id])
+    if isinstance(test, ast.Call):
+        # `os.getenv("TORCH_USE_RTLD_GLOBAL")` as a test: the interpreter inherits this environment
+        value = _known_value(test, known or {})
+        if value is not _UNKNOWN:
+            return bool(value)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         inner = _static_test(test.operand, interp, known)
         return None if inner is None else not inner

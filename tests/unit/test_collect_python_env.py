@@ -129,3 +129,35 @@ def test_a_module_that_cannot_be_parsed_is_a_note_not_a_crash(tmp_path, source):
     interp = ask_interpreter(PYTHON, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     plan = plan_imports(interp, ["broken"])
     assert any("cannot be parsed" in note for note in plan.notes) and plan.loads == []
+
+
+def test_flags_set_in_a_branch_not_taken_and_restored_do_not_leak(tmp_path):
+    """torch's own `import torch` does this: a branch taken only when a constant of another
+    module (False) or an unset variable says so sets RTLD_GLOBAL|RTLD_LAZY around one import
+    and puts sys.getdlopenflags() back.  Later extensions load RTLD_NOW, so one with an
+    undefined symbol fails its import: the real import is the oracle."""
+    from seedance.collect.python_env import predict_imports
+
+    pkg = tmp_path / "flagpkg"
+    for name in ("e_core", "e_after"):
+        F.extension(str(pkg), name, [], rpath=None, refs=["flagpkg_symbol_nobody_defines"] if name == "e_after" else ())
+    _write(str(pkg / "_internal.py"), "USE_GLOBAL = False\n")
+    _write(str(pkg / "__init__.py"), """
+        import os, sys, platform
+        from ._internal import USE_GLOBAL
+        if (USE_GLOBAL or os.getenv("FLAGPKG_TEST_GLOBAL")) and platform.system() != "Windows":
+            old_flags = sys.getdlopenflags()
+            sys.setdlopenflags(os.RTLD_GLOBAL | os.RTLD_LAZY)
+            from . import e_core
+            sys.setdlopenflags(old_flags)
+        else:
+            from . import e_core
+        from . import e_after
+        """)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    env.pop("FLAGPKG_TEST_GLOBAL", None)
+    real = F.run_python(str(tmp_path), "import flagpkg")
+    assert real.returncode != 0 and b"flagpkg_symbol_nobody_defines" in real.stderr
+    prediction = predict_imports(ask_interpreter(PYTHON, env=env), ["flagpkg"], search_orders=False)
+    assert not prediction.ok and "undefined symbol: flagpkg_symbol_nobody_defines" in prediction.error
+    assert {load.module: load.flags for load in prediction.plan.loads}["flagpkg.e_core"] is None
