@@ -1,101 +1,146 @@
-"""seedance: build and install.
+"""seedance: what the build does beyond pyproject.toml, which holds the metadata, the
+dependencies and the package mapping.
 
-The repository layout shows the architecture (agent/, shim/, probes/, rules/); the
-installed import names are all under ``seedance`` so nothing generic such as ``agent`` or
-``probes`` lands in site-packages.
+Only what a declarative file cannot say is here, all of it made at build time:
+  * the C parts: the CUDA shim (libseedance_shim.so) with its launcher seedance-run
+    (shim/build_shim.py), and the C ELF reader (agent/elf/build_fastelf.py), whose cffi
+    sources are generated from their headers first.  Both are optional: without a C
+    compiler the pure-Python parts still install (check and ldd work; run says why not);
+  * seedance-run in the scripts directory, as well as beside the shim;
+  * the man pages and bash/zsh completion scripts generated from the parsers (shtab,
+    argparse-manpage: build requirements only), installed where man(1), bash-completion and
+    zsh's fpath look below the install prefix;
+  * the example plugins, built (gcc; nvcc where present) into plugin archives inside the
+    package, the default source of `seedance plugin install NAME`.
 """
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
-# The CUDA preload shim: a plain C library built through setuptools' compiler
-# at install time (also for `pip install -e .`); shim/build_shim.py holds the details.
-import importlib.util as _ilu
-import os as _os
-from setuptools.command.build_ext import build_ext as _build_ext
+try:
+    from setuptools.command.build_scripts import build_scripts
+except ImportError:  # setuptools keeps distutils' command under its own name
+    from distutils.command.build_scripts import build_scripts
 
-_spec = _ilu.spec_from_file_location(
-    "_seedance_build_shim", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "shim", "build_shim.py"))
-_build_shim = _ilu.module_from_spec(_spec)
-_spec.loader.exec_module(_build_shim)
-# The C ELF reader: a cffi extension (agent/elf/build_fastelf.py); optional:
-# without a compiler read_elf uses the Python reader, with the same answers.
-_spec = _ilu.spec_from_file_location(
-    "_seedance_build_fastelf", _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "agent", "elf",
-                                             "build_fastelf.py"))
-_build_fastelf = _ilu.module_from_spec(_spec)
-_spec.loader.exec_module(_build_fastelf)
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name, *path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, *path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build_shim = _load("_seedance_build_shim", "shim", "build_shim.py")
+build_fastelf = _load("_seedance_build_fastelf", "agent", "elf", "build_fastelf.py")
 
 # What cffi generates from the headers (the C reader's wrapper, the shim's pre-parsed ABI
 # module) is written by every build, before any file is compiled or copied, and never kept
 # in git (.gitignore): cffi is a build requirement (pyproject.toml).
-_build_fastelf.write_wrapper()
-_build_shim.write_ffi_module()
+build_fastelf.write_wrapper()
+build_shim.write_ffi_module()
 
-PACKAGE_DIRS = {
-    "seedance": "agent",
-    "seedance.commands": "agent/commands",
-    "seedance.files": "agent/files",
-    "seedance.run": "agent/run",
-    "seedance.render": "agent/render",
-    "seedance.judge": "agent/judge",
-    "seedance.model": "agent/model",
-    "seedance.elf": "agent/elf",
-    "seedance.resolve": "agent/resolve",
-    "seedance.collect": "agent/collect",
-    "seedance.fix": "agent/fix",
-    "seedance.plugins": "agent/plugins",
-    "seedance.service": "agent/service",
-    "seedance.rules_data": "rules",
-    "seedance.probes": "probes",
-    "seedance.trace": "agent/trace",
-    "seedance.shim": "shim",
-    "seedance.profile": "agent/profile",
-    "seedance.quota": "agent/quota",
-}
+# The repository layout shows the architecture (agent/, shim/, probes/, rules/); the
+# installed import names are all under `seedance`, so nothing generic such as `agent` or
+# `probes` lands in site-packages.  Each sub-package of agent/ installs as seedance.<name>.
+PACKAGE_DIRS = {"seedance": "agent", "seedance.probes": "probes", "seedance.rules_data": "rules",
+                "seedance.shim": "shim"}
+PACKAGES = sorted([*PACKAGE_DIRS, *(f"seedance.{entry.name}" for entry in os.scandir(os.path.join(ROOT, "agent"))
+                                    if os.path.isfile(os.path.join(entry.path, "__init__.py")))])
+
+# Filled by BuildPy with the generated man pages and completion scripts; install_data reads
+# this same list object after the build has run.
+DATA_FILES = []
+SHARE_DIRS = {"man": "share/man/man1", "bash": "share/bash-completion/completions",
+              "zsh": "share/zsh/site-functions"}
+
+
+class BuildPy(build_py):
+    """The pure-Python build, then the files generated from it."""
+
+    def run(self):
+        super().run()
+        if self.editable_mode:
+            # `make install` writes both into the venv itself (completion_files, build.py)
+            return
+        self.generate_share()
+        self.build_example_plugins()
+
+    def generate_share(self):
+        """Man pages and completion scripts from the parsers just copied to build_lib: the
+        package imported from there by a child interpreter, which has the build
+        requirements (shtab, argparse-manpage) on its path, as this one does."""
+        prefix = os.path.join(self.get_finalized_command("build").build_base, "seedance-share")
+        shutil.rmtree(prefix, ignore_errors=True)
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                "from seedance.commands.completion_files import install; "
+                "[print(i.kind, i.path) for i in install(sys.argv[2])]")
+        with tempfile.TemporaryDirectory() as elsewhere:  # no seedance.py of the cwd first
+            out = subprocess.run([sys.executable, "-c", code, os.path.abspath(self.build_lib),
+                                  os.path.abspath(prefix)], cwd=elsewhere, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"generating the man pages and completion scripts failed:\n{out.stderr}")
+        grouped = {}
+        for line in out.stdout.splitlines():
+            kind, path = line.split(" ", 1)
+            grouped.setdefault(SHARE_DIRS[kind], []).append(os.path.relpath(path, ROOT))
+        DATA_FILES[:] = sorted((where, sorted(files)) for where, files in grouped.items())
+
+    def build_example_plugins(self):
+        """The example plugins as .tar.gz plugin archives (the form `plugin install` reads):
+        their libraries are the traps seedance finds (a libstdc++ newer than any system's, a
+        libcudart the host may lack), so they travel as plugin payloads rather than as ELF
+        files of the wheel, which auditwheel would judge as the wheel's own."""
+        examples = _load("_seedance_build_examples", "examples", "plugins", "build.py")
+        out_dir = os.path.join(self.build_lib, "seedance", "plugins", "examples")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        try:
+            built, skipped = examples.build_archives(out_dir)
+        except (OSError, RuntimeError) as exc:
+            reason = " ".join(str(exc).split())[:300]
+            self.warn(f"the example plugins are not built ({reason}): `seedance plugin install NAME` needs "
+                      f"--from DIR then")
+            shutil.rmtree(out_dir, ignore_errors=True)
+            return
+        for name, why in skipped:
+            self.warn(f"example plugin {name} not built: {why}")
+
+
+class BuildScripts(build_scripts):
+    """seedance-run, built by build_ext beside the shim, copied into the scripts directory as
+    the binary it is (distutils' copy reads a script as text to adjust its #! line)."""
+
+    def get_source_files(self):
+        return []  # built, not a source: never in the sdist
+
+    def run(self):
+        self.mkpath(self.build_dir)
+        built_ext = self.get_finalized_command("build_ext")
+        ext = next(e for e in built_ext.extensions if e.name == "seedance.shim.libseedance_shim")
+        launcher = os.path.join(os.path.dirname(built_ext.get_ext_fullpath(ext.name)), build_shim.LAUNCHER)
+        if not os.path.isfile(launcher):
+            return  # not built (no compiler): build_ext said so
+        target = os.path.join(self.build_dir, build_shim.LAUNCHER)
+        self.copy_file(launcher, target)
+        self._change_modes([target])
+
 
 setup(
-    name="seedance",
-    version="0.1.0",
-    description="Find and fix the hidden traps that waste GPU compute and break GPU plugins",
-    python_requires=">=3.9",
     package_dir=PACKAGE_DIRS,
-    packages=sorted(PACKAGE_DIRS),
-    package_data={"seedance": ["schemas/*.json"], "seedance.probes": ["*.bpf.c", "*.h"], "seedance.rules_data": ["*.yaml", "README.md"],
-                  "seedance.shim": ["include/*.h", "src/*.c", "src/*.h", "src/*.def"]},
-    ext_modules=[_build_shim.extension(), _build_fastelf.extension()],
-    cmdclass={"build_ext": _build_shim.make_build_ext(_build_ext)},
-    install_requires=[
-        "pyelftools>=0.31",
-        "lief>=0.15",
-        "cffi>=1.16",
-        "PyYAML>=6",
-        "ruamel.yaml>=0.18",
-        "jsonschema>=4",
-        "common-expression-language>=0.10",
-        "packaging>=23",
-        "nvidia-ml-py>=12",
-        "prometheus_client>=0.20",
-        # fatbin images are LZ4 (CUDA <= 12) or Zstandard (CUDA 12.8+/13) compressed: reading
-        # their kernels needs both; pure-Python LZ4 remains the fallback
-        "zstandard>=0.20",
-        "lz4>=4",
-        # closure pictures (check --graph) and call graphs (profile calls): the Python
-        # package writes DOT, Debian's graphviz renders it (Makefile APT_PACKAGES)
-        "graphviz>=0.20",
-        # completion scripts and man pages generated from the parsers (`seedance completion`,
-        # make install): static scripts, no import of seedance on every <TAB>
-        "shtab>=1.6",
-        "argparse-manpage>=4",
-    ],
-    # `seedance agent run --otlp-endpoint`: imported only when an endpoint is configured
-    extras_require={"otlp": ["opentelemetry-sdk>=1.20", "opentelemetry-exporter-otlp-proto-http>=1.20"]},
-    entry_points={
-        "console_scripts": [
-            "seedance=seedance.cli:console",
-            "seedance-check=seedance.cli:check_alias",
-            "seedance-fix=seedance.cli:fix_alias",
-            "seedance-plugin=seedance.cli:plugin_alias",
-            "seedance-bench=seedance.cli:bench_alias",
-            "seedance-profiler=seedance.cli:profiler_alias",
-        ]
-    },
+    packages=PACKAGES,
+    ext_modules=[build_shim.extension(), build_fastelf.extension()],
+    cmdclass={"build_ext": build_shim.make_build_ext(build_ext), "build_py": BuildPy,
+              "build_scripts": BuildScripts},
+    # the placeholder that makes setuptools run build_scripts and install_scripts;
+    # BuildScripts supplies the built file
+    scripts=[os.path.join("shim", build_shim.LAUNCHER)],
+    data_files=DATA_FILES,
 )

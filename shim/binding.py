@@ -30,9 +30,19 @@ def library_path() -> Path:
     override = os.environ.get("SEEDANCE_SHIM_LIB")
     path = Path(override) if override else HERE / LIBRARY_NAME
     if not path.is_file():
-        raise NotAvailable(f"{path}: the CUDA shim is not built (reinstall seedance with a C compiler: "
-                           f"`pip install -e .`)")
+        raise NotAvailable(f"{path}: the CUDA shim is not built: {_not_built_reason()}; install seedance's "
+                           f"wheel, or reinstall from source with a C compiler (gcc)")
     return path
+
+
+def _not_built_reason() -> str:
+    """The reason the package build left beside the shim when compiling it failed
+    (shim/build_shim.py NOT_BUILT_NOTE), else what is known without it."""
+    try:
+        with open(HERE / "not-built.txt", encoding="utf-8", errors="replace") as handle:
+            return " ".join(handle.read(400).split()) or "its build failed"
+    except OSError:
+        return "this install was made without building it"
 
 
 def launcher_path() -> Path:

@@ -101,7 +101,30 @@ def extension(version: str | None = None):
         extra_compile_args=CFLAGS,
         extra_link_args=LDFLAGS,
         py_limited_api=False,
+        # without a C compiler (an sdist install) the pure-Python parts still install:
+        # check and ldd need no shim, and `seedance run` says it is not built and why
+        optional=True,
     )
+
+
+# Written beside the package's shim when its build failed: the one line `seedance run`
+# gives (shim/binding.py reads it), so the user learns why, not only that it is missing.
+NOT_BUILT_NOTE = "not-built.txt"
+
+
+def near_paths() -> dict:
+    """Where an install from a wheel puts the interpreter and the shim, relative to the
+    launcher's two copies (the package's shim/ directory and the scripts directory), from
+    this interpreter's install scheme: a venv's bin/ beside lib/python3.X/site-packages/.
+    The launcher tries them before anything else (launcher.c near_self)."""
+    import sysconfig
+
+    scripts = sysconfig.get_path("scripts")
+    shim_dir = os.path.join(sysconfig.get_path("platlib"), "seedance", "shim")
+    python = os.path.join(scripts, "python%d.%d" % sys.version_info[:2])
+    return {"SD_PYTHON_NEAR_PACKAGE": os.path.relpath(python, shim_dir),
+            "SD_PYTHON_NEAR_SCRIPTS": os.path.relpath(python, scripts),
+            "SD_SHIM_NEAR_SCRIPTS": os.path.relpath(os.path.join(shim_dir, LIBRARY), scripts)}
 
 
 def make_build_ext(base):
@@ -122,10 +145,25 @@ def make_build_ext(base):
             return super().get_export_symbols(ext)
 
         def build_extension(self, ext):
-            super().build_extension(ext)
-            if ext.name == "seedance.shim.libseedance_shim":
-                check_no_libpython(self.get_ext_fullpath(ext.name))
+            if ext.name != "seedance.shim.libseedance_shim":
+                return super().build_extension(ext)
+            from setuptools.errors import CCompilerError, CompileError, LinkError, PlatformError
+
+            note = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), NOT_BUILT_NOTE)
+            try:
+                super().build_extension(ext)
                 self.build_launcher(ext)
+            except (CCompilerError, CompileError, LinkError, PlatformError, OSError) as exc:
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                self.warn(f"the CUDA shim and seedance-run are not built ({reason}); "
+                          f"check and ldd work without them, `seedance run` does not")
+                os.makedirs(os.path.dirname(note), exist_ok=True)
+                with open(note, "w") as handle:
+                    handle.write(f"its build failed when seedance was installed: {reason}\n")
+                return
+            if os.path.exists(note):
+                os.remove(note)
+            check_no_libpython(self.get_ext_fullpath(ext.name))
 
         # `pip install -e .` builds in a temporary tree and copies the outputs back next to
         # the sources: the launcher goes along with the library
@@ -154,6 +192,9 @@ def make_build_ext(base):
             out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
             macros = [*ext.define_macros, ("SD_PYTHON", f'"{sys.executable}"'),
                       ("SD_PYTHON_SAFE_PATH", f'"{SAFE_PATH_FLAG}"')]
+            if not self.inplace and not getattr(self, "editable_mode", False):
+                # a wheel: installed elsewhere, under another interpreter
+                macros += [(name, f'"{value}"') for name, value in near_paths().items()]
             objects = self.compiler.compile([LAUNCHER_SOURCE], output_dir=self.build_temp, macros=macros,
                                             extra_postargs=CFLAGS)
             self.compiler.link_executable(objects, LAUNCHER, output_dir=out_dir, extra_postargs=["-ldl"])

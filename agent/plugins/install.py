@@ -69,7 +69,7 @@ def locate(request: str, sources) -> Path:
     if not offered:
         known = sorted({f"{s.name}-v{s.version}" for s in sources})
         where = ("; available: " + ", ".join(known[:12])) if known else \
-            " (no source dirs with plugins: give --from DIR, set SEEDANCE_PLUGIN_PATH, or run `make install` to build the built-in examples)"
+            " (no source dirs with plugins: give --from DIR or set SEEDANCE_PLUGIN_PATH; the built-in examples come with a wheel, or with `make install` in a clone)"
         raise BadInput(f"{request}: no such file, and no plugin by that name in the source dirs{where}")
     return Path(max(offered, key=lambda s: version_key(s.version)).path)
 

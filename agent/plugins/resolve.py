@@ -36,12 +36,15 @@ class Pick:
 
 
 def builtin_source_dir() -> Path | None:
-    """The example plugins built by `make install` (examples/plugins/build.py) into
-    <prefix>/share/seedance/plugins of the environment seedance runs in: the default
-    source of `plugin install NAME` when SEEDANCE_PLUGIN_PATH is unset.  None when they
-    were not built (an install without make)."""
-    path = Path(sys.prefix) / "share" / "seedance" / "plugins"
-    return path if path.is_dir() else None
+    """The example plugins: the default source of `plugin install NAME` when
+    SEEDANCE_PLUGIN_PATH is unset.  `make install` builds them (examples/plugins/build.py)
+    into <prefix>/share/seedance/plugins of the environment seedance runs in; a wheel carries
+    them as plugin archives in the package (setup.py).  None when neither was built (an
+    install from source without a C compiler)."""
+    for path in (Path(sys.prefix) / "share" / "seedance" / "plugins", Path(__file__).resolve().parent / "examples"):
+        if path.is_dir():
+            return path
+    return None
 
 
 def pick_version(dependent: str, name: str, range_text: str, installed: dict, available: dict) -> Pick:

@@ -88,6 +88,38 @@ def _run(cmd) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
 
 
+def build_archives(out_dir) -> tuple:
+    """Every example as OUT_DIR/NAME.tar.gz (manifest.yaml in its one top-level directory,
+    the layout `seedance plugin install` reads), for the package build (setup.py): returns
+    (archives written, [(name, why not built)]).  Members are sorted and their owners and
+    times fixed: what a build machine's clock or user was says nothing about a plugin."""
+    import tarfile
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written, skipped = [], []
+
+    def normalise(info):
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        info.mtime = 0
+        return info
+
+    with tempfile.TemporaryDirectory(prefix="seedance-examples-") as tmp:
+        for name in examples():
+            if needs_nvcc(name) and not have_nvcc():
+                skipped.append((name, "nvcc not found"))
+                continue
+            root = build(name, Path(tmp))
+            archive = out / f"{name}.tar.gz"
+            with tarfile.open(archive, "w:gz") as tar:
+                for path in [root, *sorted(root.rglob("*"))]:
+                    tar.add(path, arcname=str(Path(name) / path.relative_to(root)), recursive=False,
+                            filter=normalise)
+            written.append(archive)
+    return written, skipped
+
+
 def main(argv) -> int:
     if not argv:
         print(__doc__)

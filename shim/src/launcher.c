@@ -73,10 +73,47 @@ static char **orig_argv;
 
 /* ---- the Python implementation, for everything this program does not do ---------- */
 
-/* The interpreter seedance was built with; a wheel installed elsewhere may not have it,
- * then whatever python3 is on PATH (it must import seedance too). */
+/* A wheel's build knows where an install puts things only relative to each other: the
+ * interpreter (in a venv, bin/python3.X beside the scripts), the package's shim directory
+ * (lib/python3.X/site-packages/seedance/shim).  The build defines these paths relative to
+ * each of the launcher's two installed copies (build_shim.py); an editable build leaves them
+ * empty, as the launcher stays in shim/ and SD_PYTHON is the venv's interpreter. */
+#ifndef SD_PYTHON_NEAR_PACKAGE
+#define SD_PYTHON_NEAR_PACKAGE ""
+#endif
+#ifndef SD_PYTHON_NEAR_SCRIPTS
+#define SD_PYTHON_NEAR_SCRIPTS ""
+#endif
+#ifndef SD_SHIM_NEAR_SCRIPTS
+#define SD_SHIM_NEAR_SCRIPTS ""
+#endif
+
+/* <this program's directory>/REL into OUT when REL is set and names a file there: 0 */
+static int near_self(const char *rel, char *out, size_t len)
+{
+    char self[PATH_MAX];
+    ssize_t n = rel[0] ? readlink("/proc/self/exe", self, sizeof self - 1) : -1;
+    if (n <= 0)
+        return -1;
+    self[n] = '\0';
+    *strrchr(self, '/') = '\0';
+    if ((size_t)snprintf(out, len, "%s/%s", self, rel) >= len || access(out, F_OK) != 0)
+        return -1;
+    return 0;
+}
+
+/* The interpreter this install belongs to (found beside the launcher's copy, as above), else
+ * the one seedance was built with; a wheel installed elsewhere may have neither, then
+ * whatever python3 is on PATH (it must import seedance too). */
 static void exec_python(char **argv)
 {
+    static char near[PATH_MAX];
+    if (near_self(SD_PYTHON_NEAR_PACKAGE, near, sizeof near) == 0 ||
+        near_self(SD_PYTHON_NEAR_SCRIPTS, near, sizeof near) == 0) {
+        argv[0] = near;
+        execv(near, argv);
+    }
+    argv[0] = (char *)SD_PYTHON;
     execv(SD_PYTHON, argv);
     argv[0] = (char *)"python3";
     execvp("python3", argv);
@@ -853,6 +890,10 @@ int main(int argc, char **argv)
     self[n] = '\0';
     *strrchr(self, '/') = '\0';
     snprintf(library, sizeof library, "%s/libseedance_shim.so", self);
+    char near[PATH_MAX]; /* the copy in a wheel's scripts directory: the package's shim */
+    if (access(library, F_OK) != 0 && near_self(SD_SHIM_NEAR_SCRIPTS, near, sizeof near) == 0 &&
+        realpath(near, library) == NULL)
+        to_python();
     const char *override = getenv("SEEDANCE_SHIM_LIB");
     if (override && *override)
         to_python(); /* tests: the Python binding's override and its version check */
