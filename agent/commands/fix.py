@@ -1,16 +1,17 @@
 """seedance fix: act on what the check found, journal every change, verify, check again.
 
 Subcommands: cuda-mismatch, env-leak, torch-ext, undo, history (and handle-leak, which
-seedance.fix.handle_leak registers).  Only this module prints; the fixers in seedance.fix
-(flows.py: the plan and check-again of each) return plans and results.
+seedance.fix.handle_leak registers).  Only this module prints: each fixer's whole sequence
+runs in seedance.fix.flows, which hands every step to the show callback given here the
+moment it happens; this module turns each step into its lines, so a fix cut short has
+printed exactly the files it changed.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from ..model.errors import BadInput, NotAvailable, UsageError, escape_path
+from ..model.errors import NotAvailable, UsageError, escape_path
 
 
 def print(text: str = "", file=None) -> None:  # noqa: A001 - every line this module prints
@@ -112,10 +113,16 @@ def configure_parser(sub):
     parser.set_defaults(execute=lambda args: _no_subcommand(parser))
 
 
+# what `fix handle-leak` does where it is installed, and where to read about it
+HANDLE_LEAK_MISSING = ("seedance.fix.handle_leak is missing (where installed, it switches the shim to "
+                       "per-instance CUDA handles with the agent's collector of dead instances' handles, or back "
+                       "to shared ones, through the fix journal: see docs/fix.md and docs/agent.md)")
+
+
 def _register_handle_leak(fixes) -> None:
     """seedance.fix.handle_leak provides `fix handle-leak`; without it, say so and exit 2."""
     try:
-        from ..fix import handle_leak as module  # not importlib.util.find_spec: ~1 ms of every fix
+        from ..fix import handle_leak as module  # the import is the test: find_spec would search sys.path twice
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__.rpartition('.')[0]}.fix.handle_leak":
             raise
@@ -123,12 +130,12 @@ def _register_handle_leak(fixes) -> None:
     if module is not None and hasattr(module, "configure_parser"):
         module.configure_parser(fixes)
         return
-    leak = fixes.add_parser("handle-leak", help="per-instance CUDA handles with a collector (not yet available)",
-                            description="Not yet available: planned in the agent issue.")
+    leak = fixes.add_parser("handle-leak", help="per-instance CUDA handles with a collector (not in this install)",
+                            description=f"Not available in this install: {HANDLE_LEAK_MISSING}.")
     leak.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     def execute(args) -> int:
-        raise NotAvailable("seedance fix handle-leak: not yet available (planned in the agent issue)")
+        raise NotAvailable(f"seedance fix handle-leak: not available in this install: {HANDLE_LEAK_MISSING}")
 
     leak.set_defaults(execute=execute)
 
@@ -139,245 +146,178 @@ def _no_subcommand(parser) -> int:
                      "undo or history (see seedance fix --help)")
 
 
-def _journal(recover: bool = True):
-    from ..fix.flows import open_journal
+def _argv() -> list:
+    return ["seedance", *sys.argv[1:]] if sys.argv else []
 
-    journal, recovered = open_journal(recover)
-    for result in recovered:
+
+def _show_common(step) -> None:
+    """The steps every fixer reports: the journal's recovery of an interrupted fix, and the
+    entry a fix was journaled in."""
+    if step.kind == "recovered":
+        result = step.detail
         if result.refused:  # one line each run until it is resolved; the entry stays open
             print(f"seedance: warning: interrupted fix {result.id} not rolled back: "
                   f"{result.refused}", file=sys.stderr)
         else:
             print(f"seedance: recovered interrupted fix {result.id}: {' '.join(result.notes)}",
                   file=sys.stderr)
-    return journal
-
-
-def _argv() -> list:
-    return ["seedance", *sys.argv[1:]] if sys.argv else []
+    elif step.kind == "journaled":
+        files = "" if step.detail is None else f": {step.detail} file(s)"
+        print(f"journal {step.path}{files}; undo with: seedance fix undo {step.path}")
 
 
 # --- cuda-mismatch -----------------------------------------------------------------------------
 
 def _cuda_mismatch(args) -> int:
-    from ..fix.flows import cyclic_collector_paused, start_dlopen_zygote
-
-    zygote = start_dlopen_zygote(args.dry_run)
-    try:
-        with cyclic_collector_paused():
-            return _relink(args, zygote)
-    finally:
-        if zygote is not None:
-            zygote.close()
-
-
-def _relink(args, zygote) -> int:
-    from ..fix import atomic, relink
-    from ..fix.journal import VerifyFailed
-    from ..model.errors import ELFError
-
-    relink.require_elf(args.paths)
-    roots = args.paths or relink.default_roots()
-    if not roots:
-        raise BadInput("no roots to scan: none of /usr/lib, $CONDA_PREFIX/lib, ./build, site-packages exists")
-    runtime = args.runtime
-    if args.pid is not None and runtime == "auto":
-        runtime = str(relink.process_major(args.pid))
-        print(f"pid {args.pid} uses the CUDA {runtime} runtime: aligning with it")
-    journal = None if args.dry_run else _journal()
-    relinker = relink.Relinker(roots, runtime=runtime, zygote=zygote)
-    # a scan of the default roots takes seconds: say so on a terminal, never on stdout
+    from ..fix.flows import fix_cuda_mismatch
     from ..render.progress import Progress, wanted
-    report = relinker.check(Progress(enabled=wanted(args), label="scanning"))
-    plan = relinker.plan(report)
-    if not plan.findings:
-        print(f"no cuda-mismatch findings in {', '.join(roots)}: nothing to relink")
-        return 0
-    print(f"{len(plan.findings)} cuda-mismatch finding(s):")
-    for finding in plan.findings:
-        print(f"  {finding.rule}: {finding.message}")
-    for path, why in plan.skipped:
-        print(f"  skipped {path}: {why}")
-    runnable = []
-    for action in plan.actions:
-        if action.refusal is None:
-            try:
-                diff = relinker.preview(action)
-            except ELFError as exc:
-                action.refusal = str(exc)
-                diff = []
-        if action.refusal:
-            print(f"refused {action.path}: {action.refusal}")
-            continue
-        runnable.append(action)
+
+    # a scan of the default roots takes seconds: say so on a terminal, never on stdout
+    progress = Progress(enabled=wanted(args), label="scanning")
+    return fix_cuda_mismatch(args.paths, args.runtime, args.pid, args.dry_run, progress, _argv(),
+                             lambda step: _show_relink(step, args.verbose)).exit_code
+
+
+def _show_relink(step, verbose: bool) -> None:
+    kind, detail = step.kind, step.detail
+    if kind == "runtime-aligned":
+        pid, runtime = detail
+        print(f"pid {pid} uses the CUDA {runtime} runtime: aligning with it")
+    elif kind == "planned":
+        roots, plan = detail
+        if not plan.findings:
+            print(f"no cuda-mismatch findings in {', '.join(roots)}: nothing to relink")
+            return
+        print(f"{len(plan.findings)} cuda-mismatch finding(s):")
+        for finding in plan.findings:
+            print(f"  {finding.rule}: {finding.message}")
+        for path, why in plan.skipped:
+            print(f"  skipped {path}: {why}")
+    elif kind == "refused":
+        print(f"refused {step.path}: {detail}")
+    elif kind == "previewed":
+        action, diff = detail
         growth = "zero growth" if action.growth == 0 else f"grows {action.growth:+d} bytes"
         print(f"{action.path}: -> CUDA {action.target_major} ({action.strategy}, {growth})")
         for line in diff:
             print(f"    {line}")
-        if args.verbose:
+        if verbose:
             for name, target in action.targets.items():
                 print(f"    {name} will resolve to {target}")
             for change in action.changes:
                 print(f"    edit {change}")
-    refused = len(plan.actions) - len(runnable)
-    if args.dry_run:
-        print(f"dry run: {len(runnable)} library(ies) would be relinked, {refused} refused; nothing written")
-        return 1 if refused or plan.skipped else 0
-    if not runnable:
+    elif kind == "dry-run":
+        relinkable, refused = detail
+        print(f"dry run: {relinkable} library(ies) would be relinked, {refused} refused; nothing written")
+    elif kind == "nothing-relinked":
         print("nothing relinked")
-        return 1
-    relinker.drop_mappings()  # the plans are made; nothing of ours maps a target from here on
-    relinker.start_verifier()  # without a zygote: its interpreter starts while the pre-flight checks run
-    try:
-        mapped = atomic.MappedIndex.scan()
-        for action in runnable:  # every refusal before any file is touched
-            atomic.check_rewritable(action.path, mapped)
-        failed = []
-        with journal.begin("fix cuda-mismatch", _argv(), [f.message for f in plan.findings]) as entry:
-            for action in runnable:
-                relinker.start_verifier()
-                edit = relinker.edit(action)
-                try:
-                    entry.replace_file(action.path, edit.fill_deferred,
-                                       verify=lambda temp, a=action: relinker.verify(a, temp),
-                                       summary="; ".join(action.changes), expect=action.identity)
-                    print(f"relinked {action.path} ({action.strategy}, verified: re-parsed, resolved, dlopen ok)")
-                except VerifyFailed as exc:
-                    failed.append(str(exc))
-                    print(f"not relinked: {exc}")
-    finally:
-        relinker.close()
-    written = [r for r in entry.files if r["state"] == "written"]
-    if written:
-        print(f"journal {entry.id}: {len(written)} file(s); undo with: seedance fix undo {entry.id}")
-    return _recheck_relink(relinker, plan, [r["path"] for r in written], refused or failed or plan.skipped,
-                           args.verbose)
-
-
-def _recheck_relink(relinker, plan, written, incomplete, verbose=False) -> int:
-    """Check again: the roots that load a rewritten file, the first check's findings elsewhere."""
-    from ..fix.flows import recheck_relink
-
-    recheck = recheck_relink(relinker, plan, written)
-    if verbose:
-        if recheck.rechecked is None:
-            print("check again: every root")
-        else:
-            print(f"check again: {len(recheck.rechecked)} root(s) that load a rewritten file "
-                  f"(the other roots' findings stand as found): {' '.join(recheck.rechecked)}")
-    print(f"check again: {len(recheck.gone)} of {len(recheck.before)} finding(s) gone, "
-          f"{len(recheck.now)} remaining")
-    for rule, message in sorted(recheck.now):
-        print(f"  still: {rule}: {message}")
-    return 1 if recheck.now or incomplete else 0
+    elif kind == "relinked":
+        print(f"relinked {step.path} ({detail}, verified: re-parsed, resolved, dlopen ok)")
+    elif kind == "not-relinked":
+        print(f"not relinked: {detail}")
+    elif kind == "rechecked":
+        if verbose:
+            if detail.rechecked is None:
+                print("check again: every root")
+            else:
+                print(f"check again: {len(detail.rechecked)} root(s) that load a rewritten file "
+                      f"(the other roots' findings stand as found): {' '.join(detail.rechecked)}")
+        print(f"check again: {len(detail.gone)} of {len(detail.before)} finding(s) gone, "
+              f"{len(detail.now)} remaining")
+        for rule, message in sorted(detail.now):
+            print(f"  still: {rule}: {message}")
+    else:
+        _show_common(step)
 
 
 # --- env-leak ------------------------------------------------------------------------------------
 
 def _env_leak(args) -> int:
-    from ..fix import atomic, envleak
-    from ..fix.flows import config_diff, plan_env_leak, remaining_env_leaks, verify_config
+    from ..fix.flows import fix_env_leak
 
-    plan = plan_env_leak(args.scope, args.inject)
-    if not plan.paths:
-        print(f"no seedance configs in scope {args.scope}: nothing to fix")
-        return 0
-    findings, edits, drop_in = plan.findings, plan.edits, plan.drop_in
-    if not findings:
-        print(f"no env-leak findings in {len(plan.paths)} config(s)")
-        return 0
-    print(f"{len(findings)} env-leak finding(s) in {len(plan.by_path)} config(s)")
-    for edit in edits:
-        for line in config_diff(edit):
-            print(f"    {line}")
-    if drop_in:
-        print(f"    LD_PRELOAD moves to {drop_in}")
-    for finding in plan.unfixable:
-        print(f"  cannot fix here: {finding.message}")
-    if args.dry_run:
+    return fix_env_leak(args.scope, args.inject, args.dry_run, _argv(),
+                        lambda step: _show_env_leak(step, args.scope)).exit_code
+
+
+def _show_env_leak(step, scope: str) -> None:
+    kind, detail = step.kind, step.detail
+    if kind == "planned":
+        from ..fix.flows import config_diff
+
+        plan = detail
+        if not plan.paths:
+            print(f"no seedance configs in scope {scope}: nothing to fix")
+        elif not plan.findings:
+            print(f"no env-leak findings in {len(plan.paths)} config(s)")
+        else:
+            print(f"{len(plan.findings)} env-leak finding(s) in {len(plan.by_path)} config(s)")
+            for edit in plan.edits:
+                for line in config_diff(edit):
+                    print(f"    {line}")
+            if plan.drop_in:
+                print(f"    LD_PRELOAD moves to {plan.drop_in}")
+            for finding in plan.unfixable:
+                print(f"  cannot fix here: {finding.message}")
+    elif kind == "dry-run":
         print("dry run: nothing written")
-        return 1 if plan.unfixable else 0
-    if not edits:
-        return 1
-    mapped = atomic.MappedIndex.scan()
-    for edit in edits:
-        atomic.check_rewritable(edit.path, mapped)
-    if drop_in and os.path.exists(drop_in):
-        atomic.check_rewritable(drop_in, mapped)
-    journal = _journal()
-    with journal.begin("fix env-leak", _argv(), [f.message for f in findings]) as entry:
-        for edit in edits:
-            entry.replace_file(edit.path, edit.new, verify=lambda temp, e=edit: verify_config(e, temp),
-                               summary=f"{len(edit.changes)} value(s) made lazy or moved")
-            print(f"rewrote {edit.path} ({len(edit.changes)} value(s))")
-        if drop_in:
-            existing = open(drop_in, encoding="utf-8").read() if os.path.exists(drop_in) else None
-            content = envleak.drop_in_content(existing, "LD_PRELOAD", plan.preloads, entry.id).encode()
-            if existing is None:
-                entry.create_file(drop_in, content, mode=0o644, summary="LD_PRELOAD for the user session")
-            else:
-                entry.replace_file(drop_in, content, summary="LD_PRELOAD for the user session")
-            print(f"wrote {drop_in}: applies at the next login (or: systemctl --user daemon-reexec)")
-    print(f"journal {entry.id}; undo with: seedance fix undo {entry.id}")
-    remaining = remaining_env_leaks(plan.paths)
-    print(f"check again: {len(findings) - len(remaining)} of {len(findings)} env-leak finding(s) gone, "
-          f"{len(remaining)} remaining")
-    for finding in remaining:
-        print(f"  still: {finding.message}")
-    return 1 if remaining else 0
+    elif kind == "rewrote":
+        print(f"rewrote {step.path} ({detail} value(s))")
+    elif kind == "wrote-drop-in":
+        print(f"wrote {step.path}: applies at the next login (or: systemctl --user daemon-reexec)")
+    elif kind == "rechecked":
+        before, remaining = detail
+        print(f"check again: {len(before) - len(remaining)} of {len(before)} env-leak finding(s) gone, "
+              f"{len(remaining)} remaining")
+        for finding in remaining:
+            print(f"  still: {finding.message}")
+    else:
+        _show_common(step)
 
 
 # --- torch-ext -------------------------------------------------------------------------------------
 
 def _torch_ext(args) -> int:
-    from ..fix import torchext
-    from ..fix.flows import plan_torch_ext, remaining_stale_builds
+    from ..fix.flows import fix_torch_ext
 
-    plan = plan_torch_ext(args.clean_cache, args.rebuild)  # an unknown NAME is refused before any change
-    roots, findings, facts, stale, chosen = plan.roots, plan.findings, plan.facts, plan.stale, plan.chosen
-    print(f"{len(facts)} cached extension build(s) in {', '.join(roots)}; {len(stale)} stale")
-    for build in stale:
-        print(f"  stale {build.path}: {'; '.join(build.reasons)}")
-    if not stale:
-        return 0
-    if args.dry_run:
-        if args.clean_cache:
-            print(f"dry run: would move {len(stale)} build(s) into the journal")
-        for build in chosen:
+    return fix_torch_ext(args.clean_cache, args.rebuild, args.dry_run, _argv(),
+                         lambda step: _show_torch_ext(step, args.clean_cache)).exit_code
+
+
+def _show_torch_ext(step, clean_cache: bool) -> None:
+    kind, detail = step.kind, step.detail
+    if kind == "planned":
+        plan = detail
+        print(f"{len(plan.facts)} cached extension build(s) in {', '.join(plan.roots)}; {len(plan.stale)} stale")
+        for build in plan.stale:
+            print(f"  stale {build.path}: {'; '.join(build.reasons)}")
+    elif kind == "dry-run":
+        plan = detail
+        if clean_cache:
+            print(f"dry run: would move {len(plan.stale)} build(s) into the journal")
+        for build in plan.chosen:
             print(f"dry run: would rebuild {build.name} from {', '.join(build.sources) or '?'}")
         print("dry run: nothing written")
-        return 0
-    journal = _journal()
-    moved = {b.path for b in (stale if args.clean_cache else chosen)}
-    with journal.begin("fix torch-ext", _argv(), [f.message for f in findings]) as entry:
-        for build in stale:
-            if build.path in moved:
-                entry.move_into(build.path, summary=f"stale {build.name}: {'; '.join(build.reasons)}")
-                print(f"moved {build.path} into journal {entry.id}")
-        for build in chosen:
-            dest = torchext.expected_build_dir(build.name)
-            record = entry.expect_new_dir(dest, summary=f"rebuild of {build.name}") \
-                if dest and not os.path.exists(dest) else None
-            result = torchext.rebuild(build)
-            if record is not None:
-                entry.created(record)
-            archs = ";".join(result["archs"]) or "none (CPU-only torch or no GPU)"
-            print(f"rebuilt {build.name} for torch {result['torch']} in {result['build_dir']} "
-                  f"(TORCH_CUDA_ARCH_LIST {archs}); imported ok")
-    print(f"journal {entry.id}; undo with: seedance fix undo {entry.id}")
-    remaining = remaining_stale_builds(roots)
-    print(f"check again: {len(stale) - len([r for r in remaining if r.subject['path'] in moved])} of "
-          f"{len(stale)} stale build(s) gone, {len(remaining)} remaining")
-    for finding in remaining:
-        print(f"  still: {finding.message}")
-    return 1 if remaining else 0
+    elif kind == "moved":
+        print(f"moved {step.path} into journal {detail}")
+    elif kind == "rebuilt":
+        archs = ";".join(detail["archs"]) or "none (CPU-only torch or no GPU)"
+        print(f"rebuilt {step.path} for torch {detail['torch']} in {detail['build_dir']} "
+              f"(TORCH_CUDA_ARCH_LIST {archs}); imported ok")
+    elif kind == "rechecked":
+        stale, gone, remaining = detail
+        print(f"check again: {gone} of {stale} stale build(s) gone, {len(remaining)} remaining")
+        for finding in remaining:
+            print(f"  still: {finding.message}")
+    else:
+        _show_common(step)
 
 
 # --- journal ---------------------------------------------------------------------------------------
 
 def _undo(args) -> int:
-    journal = _journal(recover=False)  # undo recovers itself: an interrupted fix is undone by it
-    result = journal.undo(args.id)  # RestoreRefused/DamagedEntry: one line, exit 2, nothing written
+    from ..fix.flows import undo_fix
+
+    result = undo_fix(args.id)  # RestoreRefused/DamagedEntry: one line, exit 2, nothing written
     for path in result.restored:
         print(f"restored {path} (sha256 verified)")
     for path in result.unchanged:
@@ -389,30 +329,25 @@ def _undo(args) -> int:
 
 
 def _history(args) -> int:
-    import json  # only history prints JSON
+    from ..fix.flows import fix_history
 
-    journal = _journal()
-    entries = journal.entries(damaged=True)  # a damaged manifest is one line, never a traceback
+    history = fix_history(_show_common)
     if args.json:
+        import json  # only history prints JSON
+
         # JSON escapes what it holds itself; the output is many lines (print escapes one)
-        sys.stdout.write(json.dumps([{k: e.manifest.get(k) for k in ("id", "status", "created", "finished",
-                                                                     "command", "argv", "findings", "files",
-                                                                     "note")}
-                                     for e in entries], indent=2) + "\n")
+        sys.stdout.write(json.dumps([entry.manifest for entry in history.entries], indent=2) + "\n")
         return 0
-    if not entries:
-        print(f"no fixes journaled in {journal.root}")
+    if not history.entries:
+        print(f"no fixes journaled in {history.root}")
         return 0
-    for entry in entries:
-        m = entry.manifest
+    for entry in history.entries:
         if entry.damaged:
             print(f"{entry.id}  damaged      {entry.damaged}")
             continue
-        files = [f for f in m["files"] if f.get("state") in ("written", "undone", "rolled-back")]
-        note = m["note"] if isinstance(m.get("note"), str) and m["note"] else ""
-        print(f"{m['id']}  {str(m.get('status')):<11}  {m.get('command', '')}  "
-              f"{len(files)} file(s){'  ' + note if note else ''}")
-        for record in files:
+        note = f"  {entry.note}" if entry.note else ""
+        print(f"{entry.id}  {str(entry.status):<11}  {entry.command}  {len(entry.files)} file(s){note}")
+        for record in entry.files:
             link = f" (via {record['link']})" if isinstance(record.get("link"), str) else ""
             print(f"    {record['action']:<10} {record['path']}{link}")
     return 0

@@ -1,9 +1,11 @@
-"""The plan and check-again halves of each fixer's sequence (findings -> plan -> journaled
-apply -> verify -> check again), for `seedance fix`.
+"""Each fixer's whole sequence (findings -> plan -> journaled apply -> verify -> check
+again), and the journal's undo and history, for `seedance fix`.
 
-Each function takes plain arguments and returns what it found or decided; the command
-prints it.  The journaled apply loops stay beside the lines they print, one per file as
-it is written, so that a fix cut short has said exactly which files it changed.
+Each fixer takes plain arguments and a ``show`` callback, and returns a FixOutcome: its
+Steps in order and its exit code.  It hands every Step to ``show`` the moment it happens,
+before the next begins: the command prints each one then, so a fix cut short (a refusal
+half-way, a verify that fails, Ctrl-C, a full disk) has already said exactly which files it
+changed, and the journal entry it names undoes them.  Nothing here prints.
 """
 from __future__ import annotations
 
@@ -13,6 +15,53 @@ import os
 from dataclasses import dataclass, field
 
 from ..model.errors import BadInput, UsageError
+from ..model.record import NEW, Record
+
+
+class Step(Record):
+    """One thing a fix found, decided or did, in the order it happened.
+
+    kind    what happened: "recovered" (an interrupted fix the journal rolled back, or
+            could not: detail is its UndoResult) and "journaled" (path: the entry's id,
+            detail: the count of files written, where the fixer says it) for every fixer;
+            each fixer's own kinds are listed in its docstring
+    path    the file, directory or build it is about, when it is about one
+    detail  what the kind carries: a plan, a diff, a reason, a count, a rebuild's result
+    """
+    _fields = ("kind", "path", "detail")
+
+    def __init__(self, kind: str, path: str | None = None, detail=None):
+        self.kind = kind
+        self.path = path
+        self.detail = detail
+
+
+class FixOutcome(Record):
+    """What a fix did: its steps in order, its journal entry (None when it wrote nothing
+    through the journal: a dry run, nothing to fix) and the command's exit code (0 clean,
+    1 findings remain or a change was refused)."""
+    _fields = ("exit_code", "steps", "entry_id")
+
+    def __init__(self, exit_code: int, steps: list = NEW, entry_id: str | None = None):
+        self.exit_code = exit_code
+        self.steps = [] if steps is NEW else steps
+        self.entry_id = entry_id
+
+
+class _Steps:
+    """Collects a fix's steps, handing each to ``show`` as it is made."""
+
+    def __init__(self, show):
+        self._show = show
+        self.steps = []
+
+    def __call__(self, kind: str, path: str | None = None, detail=None) -> None:
+        step = Step(kind, path, detail)
+        self.steps.append(step)
+        self._show(step)
+
+    def outcome(self, exit_code: int, entry_id: str | None = None) -> FixOutcome:
+        return FixOutcome(exit_code, self.steps, entry_id)
 
 
 def open_journal(recover: bool = True):
@@ -23,6 +72,15 @@ def open_journal(recover: bool = True):
     journal = Journal()
     recovered = list(journal.recover_entries()) if recover else []
     return journal, recovered
+
+
+def _journal_recovered(step: _Steps):
+    """The journal, its interrupted entries recovered first (each one a "recovered" step):
+    a file an interrupted fix left half-changed is put back before anything reads it."""
+    journal, recovered = open_journal()
+    for result in recovered:
+        step("recovered", detail=result)
+    return journal
 
 
 # --- cuda-mismatch -------------------------------------------------------------------------------
@@ -75,6 +133,94 @@ def recheck_relink(relinker, plan, written: list) -> Recheck:
     remaining = relinker.recheck(plan.findings, written)
     return Recheck(before={(f.rule, f.message) for f in plan.findings},
                    now={(f.rule, f.message) for f in remaining}, rechecked=relinker.rechecked)
+
+
+def fix_cuda_mismatch(paths: list, runtime: str, pid: int | None, dry_run: bool, progress, argv: list,
+                      show) -> FixOutcome:
+    """Relink the libraries under PATHS (default: relink.default_roots()) whose CUDA-family
+    NEEDED entries do not resolve, lie or mix majors; journaled, each verified before it is
+    renamed into place, then checked again.  PROGRESS draws the scan.
+
+    Steps: "runtime-aligned" (detail: (pid, runtime)), "planned" (detail: (roots, plan)),
+    "refused" (path, detail: why) or "previewed" (path, detail: (action, its dynamic-entry
+    diff)) per library, then "dry-run" (detail: (relinkable, refused)) or "nothing-relinked",
+    or per library "relinked" (detail: its strategy) or "not-relinked" (detail: why), then
+    "journaled" (detail: files written) and "rechecked" (detail: a Recheck)."""
+    zygote = start_dlopen_zygote(dry_run)
+    try:
+        with cyclic_collector_paused():
+            return _relink(paths, runtime, pid, dry_run, progress, argv, _Steps(show), zygote)
+    finally:
+        if zygote is not None:
+            zygote.close()
+
+
+def _relink(paths, runtime, pid, dry_run, progress, argv, step: _Steps, zygote) -> FixOutcome:
+    from ..model.errors import ELFError
+    from . import atomic, relink
+    from .journal import VerifyFailed
+
+    relink.require_elf(paths)
+    roots = paths or relink.default_roots()
+    if not roots:
+        raise BadInput("no roots to scan: none of /usr/lib, $CONDA_PREFIX/lib, ./build, site-packages exists")
+    if pid is not None and runtime == "auto":
+        runtime = str(relink.process_major(pid))
+        step("runtime-aligned", detail=(pid, runtime))
+    journal = None if dry_run else _journal_recovered(step)
+    relinker = relink.Relinker(roots, runtime=runtime, zygote=zygote)
+    plan = relinker.plan(relinker.check(progress))
+    step("planned", detail=(roots, plan))
+    if not plan.findings:
+        return step.outcome(0)
+    runnable = []
+    for action in plan.actions:
+        if action.refusal is None:
+            try:
+                diff = relinker.preview(action)
+            except ELFError as exc:
+                action.refusal = str(exc)
+                diff = []
+        if action.refusal:
+            step("refused", action.path, action.refusal)
+            continue
+        runnable.append(action)
+        step("previewed", action.path, (action, diff))
+    refused = len(plan.actions) - len(runnable)
+    if dry_run:
+        step("dry-run", detail=(len(runnable), refused))
+        return step.outcome(1 if refused or plan.skipped else 0)
+    if not runnable:
+        step("nothing-relinked")
+        return step.outcome(1)
+    relinker.drop_mappings()  # the plans are made; nothing of ours maps a target from here on
+    relinker.start_verifier()  # without a zygote: its interpreter starts while the pre-flight checks run
+    try:
+        mapped = atomic.MappedIndex.scan()
+        for action in runnable:  # every refusal before any file is touched
+            atomic.check_rewritable(action.path, mapped)
+        failed = []
+        with journal.begin("fix cuda-mismatch", argv, [f.message for f in plan.findings]) as entry:
+            for action in runnable:
+                relinker.start_verifier()
+                edit = relinker.edit(action)
+                try:
+                    entry.replace_file(action.path, edit.fill_deferred,
+                                       verify=lambda temp, a=action: relinker.verify(a, temp),
+                                       summary="; ".join(action.changes), expect=action.identity)
+                    step("relinked", action.path, action.strategy)
+                except VerifyFailed as exc:
+                    failed.append(str(exc))
+                    step("not-relinked", action.path, str(exc))
+    finally:
+        relinker.close()
+    written = [r["path"] for r in entry.files if r["state"] == "written"]
+    if written:
+        step("journaled", entry.id, len(written))
+    recheck = recheck_relink(relinker, plan, written)
+    step("rechecked", detail=recheck)
+    incomplete = refused or failed or plan.skipped
+    return step.outcome(1 if recheck.now or incomplete else 0, entry.id)
 
 
 # --- env-leak ------------------------------------------------------------------------------------
@@ -151,6 +297,52 @@ def remaining_env_leaks(paths: list) -> list:
     return [f for f in run_check(CheckOptions(targets=paths)).findings if f.rule == "env-leak"]
 
 
+def fix_env_leak(scope: str, inject: str | None, dry_run: bool, argv: list, show) -> FixOutcome:
+    """Make ${VAR} lazy in the configs of SCOPE that the env-leak rule flags (and move
+    LD_PRELOAD into environment.d with --inject); journaled, each config verified before it
+    is renamed into place, then checked again.
+
+    Steps: "planned" (detail: the EnvLeakPlan), then "dry-run", or per config "rewrote"
+    (detail: the values changed) and "wrote-drop-in" (path: the environment.d file), then
+    "journaled" and "rechecked" (detail: (findings before, the findings that remain))."""
+    from . import atomic, envleak
+
+    step = _Steps(show)
+    plan = plan_env_leak(scope, inject)
+    step("planned", detail=plan)
+    if not plan.paths or not plan.findings:
+        return step.outcome(0)
+    edits, drop_in = plan.edits, plan.drop_in
+    if dry_run:
+        step("dry-run")
+        return step.outcome(1 if plan.unfixable else 0)
+    if not edits:
+        return step.outcome(1)
+    mapped = atomic.MappedIndex.scan()
+    for edit in edits:
+        atomic.check_rewritable(edit.path, mapped)
+    if drop_in and os.path.exists(drop_in):
+        atomic.check_rewritable(drop_in, mapped)
+    journal = _journal_recovered(step)
+    with journal.begin("fix env-leak", argv, [f.message for f in plan.findings]) as entry:
+        for edit in edits:
+            entry.replace_file(edit.path, edit.new, verify=lambda temp, e=edit: verify_config(e, temp),
+                               summary=f"{len(edit.changes)} value(s) made lazy or moved")
+            step("rewrote", edit.path, len(edit.changes))
+        if drop_in:
+            existing = open(drop_in, encoding="utf-8").read() if os.path.exists(drop_in) else None
+            content = envleak.drop_in_content(existing, "LD_PRELOAD", plan.preloads, entry.id).encode()
+            if existing is None:
+                entry.create_file(drop_in, content, mode=0o644, summary="LD_PRELOAD for the user session")
+            else:
+                entry.replace_file(drop_in, content, summary="LD_PRELOAD for the user session")
+            step("wrote-drop-in", drop_in)
+    step("journaled", entry.id)
+    remaining = remaining_env_leaks(plan.paths)
+    step("rechecked", detail=(plan.findings, remaining))
+    return step.outcome(1 if remaining else 0, entry.id)
+
+
 # --- torch-ext -----------------------------------------------------------------------------------
 
 @dataclass
@@ -183,3 +375,109 @@ def remaining_stale_builds(roots: list) -> list:
 
     after, _facts = torchext.check_caches(roots)
     return [f for f in after if f.rule == "torch-ext-stale"]
+
+
+def fix_torch_ext(clean_cache: bool, rebuild: str | None, dry_run: bool, argv: list, show) -> FixOutcome:
+    """Move the stale extension builds into the journal (--clean-cache) and rebuild those
+    --rebuild names for the current torch, then inventory the caches again.
+
+    Steps: "planned" (detail: the TorchExtPlan), then "dry-run", or per build "moved" (path:
+    the build, detail: the journal entry) and "rebuilt" (path: the extension's name, detail:
+    torchext.rebuild()'s result), then "journaled" and "rechecked" (detail: (stale builds
+    before, those of them gone, the findings that remain))."""
+    from . import torchext
+
+    step = _Steps(show)
+    plan = plan_torch_ext(clean_cache, rebuild)  # an unknown NAME is refused before any change
+    step("planned", detail=plan)
+    stale, chosen = plan.stale, plan.chosen
+    if not stale:
+        return step.outcome(0)
+    if dry_run:
+        step("dry-run", detail=plan)
+        return step.outcome(0)
+    journal = _journal_recovered(step)
+    moved = {b.path for b in (stale if clean_cache else chosen)}
+    with journal.begin("fix torch-ext", argv, [f.message for f in plan.findings]) as entry:
+        for build in stale:
+            if build.path in moved:
+                entry.move_into(build.path, summary=f"stale {build.name}: {'; '.join(build.reasons)}")
+                step("moved", build.path, entry.id)
+        for build in chosen:
+            dest = torchext.expected_build_dir(build.name)
+            record = entry.expect_new_dir(dest, summary=f"rebuild of {build.name}") \
+                if dest and not os.path.exists(dest) else None
+            result = torchext.rebuild(build)
+            if record is not None:
+                entry.created(record)
+            step("rebuilt", build.name, result)
+    step("journaled", entry.id)
+    remaining = remaining_stale_builds(plan.roots)
+    gone = len(stale) - len([r for r in remaining if r.subject["path"] in moved])
+    step("rechecked", detail=(len(stale), gone, remaining))
+    return step.outcome(1 if remaining else 0, entry.id)
+
+
+# --- the journal ---------------------------------------------------------------------------------
+
+def undo_fix(entry_id: str | None):
+    """Put back the files of the fix ENTRY_ID (default: the latest committed one) byte for
+    byte; its UndoResult.  RestoreRefused or DamagedEntry when it cannot, nothing written.
+    The journal is not recovered first: undo recovers an interrupted entry itself."""
+    journal, _recovered = open_journal(recover=False)
+    return journal.undo(entry_id)
+
+
+# what `fix history --json` shows of each entry's manifest
+HISTORY_FIELDS = ("id", "status", "created", "finished", "command", "argv", "findings", "files", "note")
+# the files a history line lists: those a fix changed, and what became of them
+_LISTED_STATES = ("written", "undone", "rolled-back")
+
+
+class HistoryEntry(Record):
+    """One journal entry as `fix history` lists it.
+
+    id        the entry's id
+    damaged   why its manifest is unusable ('' when it is fine)
+    status    open, committed, rolled-back, undone
+    command   the fix that made it ("fix cuda-mismatch")
+    note      why it ended as it did ('' when nothing needs saying)
+    files     the manifest's records of the paths it changed
+    manifest  the manifest's fields in HISTORY_FIELDS, for --json
+    """
+    _fields = ("id", "damaged", "status", "command", "note", "files", "manifest")
+
+    def __init__(self, id: str, damaged: str, status, command: str, note: str, files: list, manifest: dict):
+        self.id = id
+        self.damaged = damaged
+        self.status = status
+        self.command = command
+        self.note = note
+        self.files = files
+        self.manifest = manifest
+
+
+class FixHistory(Record):
+    """The fix journal's entries, oldest first, and where it lives."""
+    _fields = ("root", "entries", "steps")
+
+    def __init__(self, root, entries: list = NEW, steps: list = NEW):
+        self.root = root
+        self.entries = [] if entries is NEW else entries
+        self.steps = [] if steps is NEW else steps  # the "recovered" steps of opening it
+
+
+def fix_history(show) -> FixHistory:
+    """Every journal entry, damaged ones too (a manifest that cannot be read is listed with
+    why, never a traceback); interrupted entries are recovered first, each a "recovered"
+    step handed to ``show``."""
+    step = _Steps(show)
+    journal = _journal_recovered(step)
+    listed = []
+    for entry in journal.entries(damaged=True):
+        m = entry.manifest
+        note = m["note"] if isinstance(m.get("note"), str) and m["note"] else ""
+        files = [] if entry.damaged else [f for f in m["files"] if f.get("state") in _LISTED_STATES]
+        listed.append(HistoryEntry(m["id"] if not entry.damaged else entry.id, entry.damaged, m.get("status"),
+                                   m.get("command", ""), note, files, {k: m.get(k) for k in HISTORY_FIELDS}))
+    return FixHistory(journal.root, listed, step.steps)
