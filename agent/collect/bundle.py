@@ -13,7 +13,10 @@ for .tar.gz) through seedance.render.output:
   objects.json         per closure object: sha256, size, mtime, dynamic section, versions
   host/...             uname, glibc, versions, nvidia-smi -q, NVRM/Xid kernel lines
   ldso/...             /etc/ld.so.cache and the ld.so config files
-  processes/PID/...    maps and the (redacted) environment of each scanned process
+  processes/PID/...    maps and the (redacted) environment of each scanned process; for a
+                       process in a container or chroot, its identity (process.json) and
+                       its own ld.so inputs under processes/PID/root/etc/, read inside
+                       its root (collect/rootfs.py)
   configs/...          the (redacted) seedance and plugin configs that were read
   binaries/...         only with --with-binaries
 
@@ -125,7 +128,11 @@ def capture(options, target, progress=None, with_binaries: bool = False, stderr=
         where = f"processes/{pid}/environ.json"
         add(where, json.dumps(redactor.environ(where, view.environ), indent=1, sort_keys=True))
         add(f"processes/{pid}/maps", _read_bytes(f"/proc/{pid}/maps") or b"")
-        add(f"processes/{pid}/process.json", json.dumps({"pid": pid, "exe": view.exe, "root": view.root}))
+        about = {"pid": pid, "exe": view.exe, "root": view.root}
+        if view.foreign:
+            about["container"] = view.container.subject() if view.container is not None else None
+            _root_ldso_members(add, pid, view)
+        add(f"processes/{pid}/process.json", json.dumps(about))
     for path in _config_paths(scanner):
         text = _read_text(path)
         if text is not None:
@@ -173,8 +180,12 @@ def _objects(infos: dict, scanner, with_binaries: bool, add) -> tuple:
     for path, info in sorted(infos.items()):
         entry = {"path": path}
         try:
-            st = os.stat(path)
-            entry.update(size=st.st_size, mtime=st.st_mtime, sha256=_sha256(path))
+            fd = _open_captured(path)
+            try:
+                st = os.fstat(fd)
+                entry.update(size=st.st_size, mtime=st.st_mtime, sha256=_sha256(path))
+            finally:
+                os.close(fd)
         except OSError as exc:
             entry["error"] = str(exc)
         if info is not None:
@@ -280,6 +291,49 @@ def _ldso_members(add) -> None:
             add("ldso" + path, data)
 
 
+# What a process in another root loads by: its own ld.so inputs, captured from inside that
+# root under processes/PID/root/...
+_ROOT_LDSO = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.preload")
+
+
+def _root_ldso_members(add, pid: int, view) -> None:
+    """The ld.so inputs of a process in a container or chroot, read inside its root with
+    collect/rootfs.py: a link there that points at an absolute path starts again at the
+    container's /, so a planted `/etc/ld.so.conf -> /etc/shadow` captures the container's
+    file of that name (or nothing), never the host's."""
+    from .process import root_views
+
+    root = root_views().root(view)
+    if root is False:
+        return
+    try:
+        paths = list(_ROOT_LDSO)
+        try:
+            paths += [f"/etc/ld.so.conf.d/{name}" for name in sorted(root.listdir("/etc/ld.so.conf.d"))]
+        except OSError:
+            pass
+        for path in paths:
+            try:
+                data = root.read(path, limit=MAX_MEMBER_BYTES)
+            except (OSError, ValueError):
+                continue  # missing, a directory, a loop, or a link out of the root
+            add(f"processes/{pid}/root{path}", data)
+    finally:
+        if not root_views().shared(root):
+            root.close()
+
+
+def _open_captured(path: str) -> int:
+    """A fd on a file the scan read: a path under /proc/PID/root/ (a container's file) is
+    opened inside that root, so a component swapped for a symlink since the scan resolved
+    it is followed within the container, never out to a host file."""
+    parts = path.split("/", 4)
+    if len(parts) == 5 and parts[1] == "proc" and parts[2].isdigit() and parts[3] == "root":
+        from . import rootfs
+        return rootfs.open(f"/proc/{parts[2]}/root", "/" + parts[4])
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
 def _torch_version(scanner) -> str | None:
     torch = getattr(scanner, "python_torch", None)
     if torch is not None:
@@ -313,7 +367,7 @@ def _run(command: list) -> str | None:
 
 def _read_bytes(path: str, limit: int = MAX_MEMBER_BYTES) -> bytes | None:
     try:
-        with open(path, "rb") as handle:
+        with open(_open_captured(path), "rb") as handle:
             data = handle.read(limit + 1)
     except OSError:
         return None
@@ -327,7 +381,7 @@ def _read_text(path: str) -> str | None:
 
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open(_open_captured(path), "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

@@ -463,3 +463,62 @@ def test_trace_tags_a_container_process_events_and_findings(engine, tmp_path):
         assert mixed[0]["subject"]["container"]["id"] == engine.id
     else:  # a chroot without a container's cgroup: nothing invented
         assert "container" not in exits[0] and "container" not in mixed[0]["subject"]
+
+
+def _bundle_bytes(path):
+    import tarfile
+
+    import zstandard
+
+    with open(path, "rb") as handle:
+        raw = zstandard.ZstdDecompressor().stream_reader(handle).read()
+    with tarfile.open(fileobj=__import__("io").BytesIO(raw)) as tar:
+        names = tar.getnames()
+    return raw, names
+
+
+def _keys(findings):
+    return sorted((f["rule"], json.dumps(f["subject"], sort_keys=True)) for f in findings)
+
+
+def test_bundle_captures_the_container_view_and_replays_the_same_findings(engine, tmp_path):
+    root = f"/proc/{engine.pid}/root"
+    inside = "INSIDE" + uuid.uuid4().hex[:10].upper()
+    confd = f"{root}/etc/ld.so.conf.d"
+    os.makedirs(confd, exist_ok=True)
+    with open(f"{confd}/app.conf", "w") as handle:
+        handle.write(f"/app\n# {inside}\n")
+    # a config of the container that is an absolute link to a host-only file (the marker):
+    # inside the root it names /tmp/hostsecret-..., which the container does not have
+    os.symlink(engine.host_files[0], f"{confd}/zz-evil.conf")
+    victim = f"{root}/app/libtwo.so"  # a finding to replay: a library deleted inside
+    saved = open(victim, "rb").read()
+    os.unlink(victim)
+    bundle = tmp_path / "ct.tar.zst"
+    try:
+        live = seedance("check", "--pid", str(engine.pid), "--bundle", str(bundle), "--json", "--no-cache")
+    finally:
+        with open(victim, "wb") as handle:
+            handle.write(saved)
+        os.chmod(victim, 0o755)
+        os.unlink(f"{confd}/zz-evil.conf")
+        os.unlink(f"{confd}/app.conf")
+    assert live.returncode == 0, live.stderr  # lib-deleted is a warning
+    raw, names = _bundle_bytes(bundle)
+    assert engine.marker.encode() not in raw  # no host file came in through a link
+    assert inside.encode() in raw  # the container's own config did
+    mine = f"processes/{engine.pid}/root/etc"
+    assert f"{mine}/ld.so.conf.d/app.conf" in names, names
+    # /etc/ld.so.conf, ld.so.cache and zz-evil.conf are links out of the root: not captured
+    assert not [n for n in names if n in (f"{mine}/ld.so.conf", f"{mine}/ld.so.cache")
+                or n.endswith("zz-evil.conf")], names
+    about = json.loads(__import__("tarfile").open(fileobj=__import__("io").BytesIO(raw))
+                       .extractfile(f"processes/{engine.pid}/process.json").read())
+    if engine.name == "podman":
+        assert about["container"]["id"] == engine.id
+    replayed = seedance("check", "--from-bundle", str(bundle), "--json")
+    assert replayed.returncode == live.returncode, replayed.stderr
+    live_findings = json.loads(live.stdout)["findings"]
+    assert [f for f in live_findings if f["rule"] == "lib-deleted"]
+    assert _keys(json.loads(replayed.stdout)["findings"]) == _keys(live_findings)
+    _no_marker(engine, live.stdout, live.stderr, replayed.stdout, replayed.stderr)
