@@ -68,6 +68,7 @@ class Agent:
         self._probes_info: dict = {"state": "off"}
         self._nvml_info: dict = {"state": "off"}
         self._scan_info: dict = {"state": "off"}
+        self._gpu_stack: dict | None = None  # labels of seedance_gpu_stack_info, from the latest check
         self._scan_child = None
         self._pending: list[int] = []
         self._stop = False
@@ -395,6 +396,7 @@ class Agent:
         except Exception as exc:
             self._scan_failed(str(exc))
             return
+        stack = report.pop("gpu_stack", None)
         findings = [Finding(**{k: f[k] for k in ("rule", "severity", "trap", "layer", "subject", "message",
                                                  "evidence", "fix")}) for f in report.get("findings", [])]
         self.state.replace_findings("scan", findings)
@@ -403,6 +405,8 @@ class Agent:
             self.counters["scans"] += 1
             self._scan_info = {"state": "done", "at": time.time(), "findings": len(findings),
                                "duration_s": report.get("stats", {}).get("duration_s")}
+            if stack is not None:
+                self._gpu_stack = stack
         self.log("scan", findings=len(findings), duration_s=report.get("stats", {}).get("duration_s"))
         telemetry.record_pass("agent.scan", self._scan_started, report=report)
         self._due["scan"] = time.monotonic() + self.config.scan_interval
@@ -602,6 +606,7 @@ class Agent:
                 "devices": list(self._devices),
                 "counters": dict(self.counters),
                 "scan": dict(self._scan_info),
+                "gpu_stack": dict(self._gpu_stack) if self._gpu_stack else None,
             }
         if self.state is not None:
             snap["finding_counts"] = [list(row) for row in self.state.finding_counts()]
@@ -654,7 +659,13 @@ def run_periodic_check(rules_dir: str | None, paths: list | None = None) -> dict
 
     # paths that did not change since the last period are answered from the check cache
     # (collect/check_cache.py: every input stat'ed again); the host scope is never cached
-    return run_cached(CheckOptions(targets=list(paths or []), rules_dir=rules_dir)).to_dict()
+    report = run_cached(CheckOptions(targets=list(paths or []), rules_dir=rules_dir)).to_dict()
+    from ..telemetry.stack import gpu_stack
+
+    # the info metric of this host's GPU software stack (seedance_gpu_stack_info), made here
+    # in the niced, capped child like the check it goes with
+    report["gpu_stack"] = gpu_stack(list(paths or []), (report.get("host", {}).get("gpu") or {}).get("driver_version"))
+    return report
 
 
 def _drain(fd: int) -> None:

@@ -143,6 +143,15 @@ class SnapshotCollector:
                 power.add_metric(labels, float(dev["power_watts"]))
             procs.add_metric(labels, float(len(dev.get("processes", []))))
         yield from (util, mem, total, power, procs)
+        stack = snap.get("gpu_stack")
+        if stack:
+            # one series per host, labels bounded by seedance.telemetry.stack; the drift rules
+            # count hosts by each label (deploy/prometheus-rules.yaml)
+            from ..telemetry.stack import LABELS
+
+            yield InfoMetricFamily("seedance_gpu_stack", "GPU software stack of this host: driver, CUDA runtimes, "
+                                   "torch with its CUDA and C++ ABI, NCCL, cuDNN, container images",
+                                   value={label: str(stack.get(label, "none")) for label in LABELS})
         yield GaugeMetricFamily("seedance_probes_attached", "1 when the trace probes are attached",
                                 value=1.0 if agent.get("probes", {}).get("state") == "attached" else 0.0)
 
