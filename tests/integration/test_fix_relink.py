@@ -310,7 +310,7 @@ def test_handle_leak_is_not_yet_available_or_provided(env):
     if not (Path(__file__).resolve().parents[2] / "agent" / "fix" / "handle_leak.py").exists():
         proc = run_cli("fix", "handle-leak", env=env)
         one_line_exit_2(proc)
-        assert "not yet available" in proc.stderr
+        assert "not available in this install" in proc.stderr
 
 
 def test_fix_help_has_examples():
