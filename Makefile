@@ -10,9 +10,15 @@ WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
 APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree pax-utils python3-pyelftools systemd graphviz jq man-db strace podman runc skopeo umoci uidmap
 
-.PHONY: install run test system-deps headers bench bench-churn mutate clean
+.PHONY: install dashboard run test system-deps headers bench bench-churn mutate clean image
 
-install: $(STAMP) $(SHARE_STAMP)
+install: $(STAMP) $(SHARE_STAMP) deploy/grafana-dashboard.json
+
+# The fleet dashboard, generated with grafana-foundation-sdk (tools/grafana_dashboard.py): a
+# build output, never kept in git, so it cannot fall out of step with the rules it queries
+dashboard: deploy/grafana-dashboard.json
+deploy/grafana-dashboard.json: tools/grafana_dashboard.py deploy/prometheus-rules.yaml | $(STAMP)
+	$(BIN)/python tools/grafana_dashboard.py $@ >/dev/null
 
 # Completion scripts and man pages generated from the parsers (shtab, argparse-manpage), and
 # the example plugins built into the default plugin source, all under .venv/share:

@@ -40,3 +40,24 @@ def test_every_alert_and_every_drift_label_is_unit_tested():
     drift = [rule["labels"]["drift_label"] for group in rules["groups"] for rule in group["rules"]
              if rule.get("alert") == "SeedanceStackDrift"]
     assert sorted(drift) == sorted(LABELS)  # one drift rule per label of seedance_gpu_stack_info
+
+
+def test_the_generated_dashboard_queries_only_rules_and_metrics_that_exist():
+    pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk not installed (requirements-test.txt)")
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("grafana_dashboard", DEPLOY.parent / "tools" / "grafana_dashboard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    board = module.build()
+    exprs = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
+    assert len(exprs) >= 10 and board["uid"] == "seedance-fleet"
+    rules = yaml.safe_load(RULES.read_text())
+    recorded = {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
+    used = {name for expr in exprs for name in re.findall(r"\bseedance:[a-z0-9_:]+", expr)}
+    assert used and used <= recorded, used - recorded
+    metrics_source = (DEPLOY.parent / "agent" / "service" / "metrics.py").read_text()
+    for name in {n for expr in exprs for n in re.findall(r"\bseedance_[a-z0-9_]+", expr)}:
+        family = re.sub(r"_(info|total)$", "", name)
+        assert f'"{family}"' in metrics_source or f'"{family[len("seedance_"):]}"' in metrics_source, name
