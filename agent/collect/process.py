@@ -67,6 +67,8 @@ class ProcessView(Record):
         prefix = self.root.rstrip("/")
         if prefix and path.startswith(prefix + "/"):
             return path[len(prefix):]
+        if prefix and path == prefix:  # the root itself (a cwd at the chroot's top)
+            return "/"
         return path
 
     def host_path(self, path: str) -> str:

@@ -393,18 +393,20 @@ def _pids_in(engine):
 
 
 def _start_inside(engine, program):
-    """A second process in the container's root (podman exec, or chroot for the unshare
-    engine); (host pid, Popen or None) once it maps libtwo.so or ``program``'s libraries."""
+    """A second process in the container (podman exec, or nsenter into the unshare
+    engine's namespaces and root): (host pid, Popen or None) once it runs ``program``."""
     name = os.path.basename(program)
     if engine.name == "podman":
         started = _run(["podman", "exec", "-d", engine.container, program])
         assert started.returncode == 0, started.stderr
         proc = None
-    else:
-        proc = subprocess.Popen(["chroot", engine.root, program])
+    else:  # into the namespace's mounts, pids and root, as podman exec does
+        proc = subprocess.Popen(["nsenter", "-t", str(engine.pid), "-m", "-p", "-r", "-w", program])
     for _ in range(50):
-        candidates = _pids_in(engine) if proc is None else [proc.pid]
+        candidates = _pids_in(engine) if proc is None else _children(proc.pid)
         for pid in candidates:
+            if pid == engine.pid:
+                continue  # the container's own /app/two
             try:
                 with open(f"/proc/{pid}/comm") as handle:
                     if handle.read().strip() == name[:15]:
@@ -522,3 +524,29 @@ def test_bundle_captures_the_container_view_and_replays_the_same_findings(engine
     assert [f for f in live_findings if f["rule"] == "lib-deleted"]
     assert _keys(json.loads(replayed.stdout)["findings"]) == _keys(live_findings)
     _no_marker(engine, live.stdout, live.stderr, replayed.stdout, replayed.stderr)
+
+
+def test_one_view_per_container_outlives_the_process_it_was_read_through(engine):
+    # two processes of one container share its root handle and identity (read once); the
+    # handle stays usable after the process it was opened through has exited
+    from seedance.collect import process
+
+    pid, proc = _start_inside(engine, "/app/two")
+    try:
+        second = process.read_process(pid)
+        views = process.root_views()
+        handle = views.root(second)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        if proc is not None:
+            proc.wait(timeout=10)
+    for _ in range(50):
+        if not os.path.exists(f"/proc/{pid}/root/app"):
+            break
+        time.sleep(0.1)
+    first = process.read_process(engine.pid)
+    assert first.root_key == second.root_key is not None
+    assert first.container is second.container
+    assert views.root(first) is handle
+    assert handle.stat("/app/libtwo.so").st_ino == os.stat(f"/proc/{engine.pid}/root/app/libtwo.so").st_ino
+    assert views.resolver(first) is views.resolver(second)
