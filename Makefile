@@ -59,8 +59,10 @@ headers:
 	  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true; \
 	fi
 
-# the shim is compiled by `pip install -e .`, so its sources are prerequisites too
-$(STAMP): setup.py requirements-test.txt $(wildcard shim/src/*.c shim/src/*.h shim/src/*.def shim/include/*.h shim/*.py agent/elf/*.c agent/elf/*.h) | system-deps
+# the shim is compiled by `pip install -e .`, so its sources are prerequisites too.  The
+# editable install skips what a wheel's build generates (man pages, completions, example
+# plugin archives): the two recipes above write them into the venv, from the working tree.
+$(STAMP): pyproject.toml setup.py requirements-test.txt $(wildcard shim/src/*.c shim/src/*.h shim/src/*.def shim/include/*.h shim/*.py agent/elf/*.c agent/elf/*.h) | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(PIP_FIND) --upgrade pip setuptools wheel
 	$(BIN)/pip install -q $(PIP_FIND) -r requirements-test.txt
@@ -103,6 +105,24 @@ bench-churn: install
 MUTATE ?=
 mutate: install
 	$(BIN)/python bench/run_mutation.py $(MUTATE_ARGS) $(MUTATE)
+
+# The DaemonSet's image, seedance:$(VERSION) (deploy/Containerfile).  The base comes from
+# Debian's archive through mmdebstrap (deploy/mkbase.sh; cached as a tar in
+# ~/.cache/seedance-images), the wheels from `pip wheel .` here; podman builds with runc and
+# the lowered rlimits these machines need.  `make image BCC=no` leaves out python3-bpfcc
+# (and LLVM with it) for nodes that run without the eBPF probes: seedance:$(VERSION)-nobpf.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' agent/__init__.py)
+BCC ?= yes
+IMAGE_PACKAGES := python3 python3-venv $(if $(filter no,$(BCC)),,python3-bpfcc)
+IMAGE_TAG ?= seedance:$(VERSION)$(if $(filter no,$(BCC)),-nobpf,)
+PODMAN_BUILD := podman build --runtime /usr/sbin/runc --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
+image: | $(STAMP)
+	@set -e; base=$$(deploy/mkbase.sh seedance-base$(if $(filter no,$(BCC)),-nobpf,) $(IMAGE_PACKAGES)); \
+	ctx=build/image; rm -rf $$ctx; mkdir -p $$ctx/wheels; \
+	$(BIN)/pip wheel -q $(PIP_FIND) . -w $$ctx/wheels; \
+	$(PODMAN_BUILD) -q -f deploy/Containerfile --build-arg BASE=$$base --build-arg VERSION=$(VERSION) \
+	  -t $(IMAGE_TAG) $$ctx >/dev/null; \
+	echo "$(IMAGE_TAG): $$(podman image inspect --format '{{.Size}}' $(IMAGE_TAG) | awk '{printf "%.0f MB", $$1/1e6}') (base $$base)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info shim/libseedance_shim.so agent/elf/_fastelf_cffi.c shim/_shim_cffi.py

@@ -34,6 +34,7 @@ COMMANDS = {
     "pareto": "pareto",
     "quota": "quota",
     "completion": "completion",
+    "doctor": "doctor",
 }
 
 EPILOG = """\

@@ -29,11 +29,15 @@ def parser_for(prog: str):
 
 
 def completion_script(shell: str, prog: str = "seedance") -> str:
-    import shtab
-
     if shell not in SHELLS:
         from ..model.errors import UsageError
         raise UsageError(f"completion: unsupported shell {shell!r} (choose: {', '.join(SHELLS)})")
+    try:
+        import shtab
+    except ImportError:
+        # shtab is a build requirement, not an install one: the package build generated the
+        # scripts (setup.py) and pip put them below the install's prefix
+        return installed_script(shell, prog)
     parser = parser_for(prog)
     # shell function names may not hold '-': _seedance_check, not _seedance-check
     return shtab.complete(parser, shell=shell, root_prefix=prog.replace("-", "_"))
@@ -46,10 +50,32 @@ def manpage(prog: str = "seedance") -> str:
 
     parser = parser_for(prog)
     page = Manpage(parser)
+    # NAME's "prog - what it does": whatis, apropos and lexgrog read the page by that line
+    page.description = (parser.description or "").split(". ")[0].rstrip(".") or None
     page.version = __version__
     page.project_name = "seedance"
     page.url = None
     return str(page)
+
+
+def installed_script(shell: str, prog: str) -> str:
+    """The script the build generated for PROG, read where the install put it (install()'s
+    layout below the environment's prefix, or the user base of a --user install)."""
+    import site
+    import sys
+
+    from ..model.errors import NotAvailable
+
+    relative = (Path("share", "bash-completion", "completions", prog) if shell == "bash"
+                else Path("share", "zsh", "site-functions", f"_{prog}"))
+    prefixes = [sys.prefix, site.getuserbase()]
+    for prefix in prefixes:
+        try:
+            return (Path(prefix) / relative).read_text()
+        except OSError:
+            continue
+    raise NotAvailable(f"completion: no {shell} script for {prog} below {' or '.join(prefixes)} (this install "
+                       f"came without its generated files; pip install shtab lets seedance write one)")
 
 
 @dataclass(frozen=True)

@@ -306,12 +306,9 @@ def run_bench(manifest: Manifest, config: BenchConfig, handler=None) -> dict:
 def plot(result: dict, path) -> str:
     """PNG of P50/P99 latency over the measured rounds, one panel per rate.  PATH is a file
     name or a binary file object (the bench command hands the bytes to seedance.render.output)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise BadInput(f"--plot needs matplotlib: {exc}") from None
+    from ..model.extras import pyplot
+
+    plt = pyplot("bench --plot")
     labels = list(result["rates"])
     fig, axes = plt.subplots(1, len(labels), figsize=(5 * len(labels), 3.6), squeeze=False)
     for axis, label in zip(axes[0], labels):

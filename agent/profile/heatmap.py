@@ -72,9 +72,9 @@ def terminal_view(frag, verdicts: list, width: int = 80, height: int = 16) -> st
 def heatmap_png(frag, verdicts: list, target, title: str) -> None:
     import io
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..model.extras import pyplot
+
+    plt = pyplot("the heat map picture")
     from matplotlib.colors import ListedColormap
 
     grid = occupancy_grid(frag, MAX_ROWS_PNG, MAX_COLS_PNG)

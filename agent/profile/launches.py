@@ -237,10 +237,9 @@ def timeline_png(profile: LaunchProfile, launches, target, title: str) -> None:
     (seconds from the first launch)."""
     import io
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..model.extras import pyplot
 
+    plt = pyplot("the launch timeline picture")
     times = [float(r["t"]) for r in launches]
     t0 = min(times + [t for t, _ in profile.power]) if (times or profile.power) else 0.0
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 5.4), dpi=110,

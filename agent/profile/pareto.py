@@ -295,10 +295,9 @@ def plot(result: ParetoResult, target) -> None:
 
     ``target`` is a seedance.render.output OutputTarget; matplotlib is imported only here.
     """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..model.extras import pyplot
 
+    plt = pyplot("pareto --plot")
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     front = [p.variant for p in result.frontier]
     ax.plot([v.latency_ms for v in front], [v.accuracy for v in front], "-o", color="#1f77b4", label="frontier")

@@ -10,10 +10,6 @@ from __future__ import annotations
 import socket
 from typing import Callable
 
-from ..model.errors import NotAvailable
-
-_EXPORTER_PACKAGE = "opentelemetry-exporter-otlp-proto-http"
-
 
 def metrics_url(endpoint: str) -> str:
     """OTEL_EXPORTER_OTLP_ENDPOINT is a base URL; the metrics signal lives at /v1/metrics."""
@@ -37,8 +33,9 @@ class OtlpExporter:
             from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
             from opentelemetry.sdk.resources import Resource
         except ImportError as exc:
-            raise NotAvailable(f"OTLP export needs {_EXPORTER_PACKAGE} and opentelemetry-sdk "
-                               f"(pip install {_EXPORTER_PACKAGE}): {exc.name} is missing") from None
+            from ..model.extras import missing
+
+            raise missing("otlp", "OTLP export", exc) from None
         from opentelemetry.metrics import Observation
 
         resource = Resource.create({"service.name": "seedance-agent", "service.version": self.version,

@@ -18,11 +18,19 @@ TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
 
 
+# bcc's Python module comes with the distribution's bcc build (it drives libbcc through
+# ctypes and must match it); PyPI's "bcc" is an unrelated project.  A venv sees it when made
+# with --system-site-packages (make install links it into .venv instead).
+BCC_INSTALL = ("install your distribution's bcc (Debian/Ubuntu: apt install python3-bpfcc; Fedora: "
+               "dnf install python3-bcc) and use a Python that sees it (a venv made with "
+               "--system-site-packages); PyPI's bcc is another project")
+
+
 def bcc_problem() -> str | None:
     try:
-        import bcc  # noqa: F401  (Debian's python3-bpfcc, linked into the venv by make install)
+        import bcc  # noqa: F401  (the distribution's python3-bpfcc / python3-bcc)
     except ImportError as exc:
-        return f"bcc is not importable ({exc}); install python3-bpfcc and run make install"
+        return f"bcc is not importable ({exc}): {BCC_INSTALL}"
     except OSError as exc:  # libbcc.so missing under the Python module
         return f"bcc cannot load libbcc ({exc})"
     return None

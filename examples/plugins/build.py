@@ -23,6 +23,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NVCC = os.environ.get("NVCC", "/usr/local/cuda/bin/nvcc")
+# the C compiler, as setuptools takes it (CC may carry flags): the package build and the
+# shim's use the same one
+
+
+def _cc() -> list:
+    import shlex
+
+    return shlex.split(os.environ.get("CC") or "gcc")
 
 
 def examples() -> list:
@@ -57,7 +65,7 @@ def build(name: str, out_dir: Path) -> Path:
         for source in sorted((dest / "src").glob("*.c")):
             target = lib_dir / f"lib{source.stem}.so"
             macro = f"-D{source.stem.upper()}_VERSION=\"{version}\""
-            _run(["gcc", "-shared", "-fPIC", "-O2", macro, "-o", str(target), str(source),
+            _run([*_cc(), "-shared", "-fPIC", "-O2", macro, "-o", str(target), str(source),
                   *map(str, stubs), "-lm"])
     for source in sorted((dest / "src").glob("*.cu")):
         target = lib_dir / f"lib{source.stem}.so"
@@ -76,7 +84,7 @@ def _build_stubs(stub_src: Path, out: Path) -> list:
         soname = source.name[:-2]
         version_script = stub_src / f"{soname}.map"
         target = out / soname
-        _run(["gcc", "-shared", "-fPIC", "-o", str(target), str(source), f"-Wl,-soname,{soname}",
+        _run([*_cc(), "-shared", "-fPIC", "-o", str(target), str(source), f"-Wl,-soname,{soname}",
               f"-Wl,--version-script={version_script}"])
         built.append(target)
     return built
