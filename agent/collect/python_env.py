@@ -61,6 +61,10 @@ class ExtensionLoad:
     path: str
     importer: str  # the name given to --imports that led here
     flags: int | None = None  # dlopen flags set by a sys.setdlopenflags() before it; None: the interpreter's
+    # "import": Python's own extension loader; "ctypes": ctypes.CDLL/LoadLibrary of a path the
+    # module names; "torch.ops": torch.ops/torch.classes.load_library, which wraps ctypes
+    how: str = "import"
+    guarded: bool = False  # inside a try whose handlers catch the OSError: a failure is not the import's
 
 
 @dataclass
@@ -200,6 +204,7 @@ class _Planner:
         self._functions: dict = {}  # module origin -> {name: FunctionDef}
         self._called: set = set()  # (origin, function) already walked
         self._known: dict = {}  # module origin -> {name: value known before running}
+        self._guarded = 0  # depth of try bodies whose handlers catch OSError
 
     def import_name(self, fullname: str) -> bool:
         """Import ``fullname`` and its parents; False when it is not found."""
@@ -301,7 +306,12 @@ class _Planner:
                 if verdict is not True:
                     ok = self._walk(stmt.orelse, spec, package) and ok
             elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
-                body_ok = self._walk(stmt.body, spec, package)
+                catches = any(_catches_oserror(handler.type) for handler in stmt.handlers)
+                self._guarded += catches
+                try:
+                    body_ok = self._walk(stmt.body, spec, package)
+                finally:
+                    self._guarded -= catches
                 if not body_ok:
                     for handler in stmt.handlers:
                         self._walk(handler.body, spec, package)
@@ -333,6 +343,11 @@ class _Planner:
                         # `old_flags = sys.getdlopenflags()` before a setdlopenflags(): the
                         # later setdlopenflags(old_flags) puts these back
                         value = _Flags(self.interp.dlopenflags if self.flags is None else self.flags)
+                    if value is _UNKNOWN:
+                        # `_lib = os.path.join(os.path.dirname(__file__), "lib")`: a path
+                        # a later ctypes.CDLL or torch.ops.load_library names
+                        value = _path_value(stmt.value, self._known.get(spec.origin, {}), spec.origin)
+                        value = _UNKNOWN if value is None else _Path(value)
                     if value is not _UNKNOWN:
                         self._known.setdefault(spec.origin, {})[stmt.targets[0].id] = value
                     functions = self._functions.get(spec.origin, {})
@@ -383,12 +398,112 @@ class _Planner:
                     if value is not None:
                         self.flags = value  # every later extension import uses these
                         continue
+                if name in _PATH_LOADS and self._load_by_path(node, name, spec):
+                    continue
                 if name == "import_module" and node.args and isinstance(node.args[0], ast.Constant) \
                         and isinstance(node.args[0].value, str) and not node.args[0].value.startswith("."):
                     self.import_name(node.args[0].value)
                 elif name in _DYNAMIC_CALLS or name in ("import_module", "__import__"):
                     self.plan.notes.append(f"{spec.origin}:{node.lineno}: {name}() runs at import time; "
                                            "what it loads is not known statically (use --observe)")
+
+
+    def _load_by_path(self, call, name: str, spec: _Spec) -> bool:
+        """ctypes.CDLL(PATH[, mode]), ctypes.cdll.LoadLibrary(PATH), torch.ops.load_library(PATH)
+        and torch.classes.load_library(PATH) where PATH is known statically: one more dlopen,
+        in the import's order.  False when the path (or the mode) is not known."""
+        func = ast.unparse(call.func)
+        if name == "load_library":
+            if not func.endswith(("ops.load_library", "classes.load_library")):
+                return False
+            how = "torch.ops"
+        else:
+            how = "ctypes"
+        if not call.args or isinstance(call.args[0], ast.Starred):
+            return False
+        known = self._known.get(spec.origin, {})
+        path = _path_value(call.args[0], known, spec.origin)
+        if path is None or ("/" in path and not os.path.isabs(path)):
+            return False  # relative to the working directory: not known before running
+        mode_node = call.args[1] if len(call.args) > 1 and name != "load_library" else next(
+            (kw.value for kw in call.keywords if kw.arg == "mode"), None)
+        mode = 0 if mode_node is None else _dl_flags(mode_node, known)  # ctypes.DEFAULT_MODE: RTLD_LOCAL
+        if mode is None:
+            return False
+        if how == "torch.ops":
+            path = os.path.realpath(path)  # torch._utils_internal.resolve_library_path
+        # ctypes' dlopen always adds RTLD_NOW (Modules/_ctypes/callproc.c, py_dl_open)
+        load = ExtensionLoad(f"{spec.name}: {func}", path, self.importer, (mode & ~0x1) | 0x2, how,
+                             self._guarded > 0)
+        self.plan.loads.append(load)
+        self.plan.per_name.setdefault(self.importer, []).append(load)
+        return True
+
+
+_PATH_LOADS = {"CDLL", "PyDLL", "LoadLibrary", "load_library"}
+
+
+class _Path(str):
+    """A path a module computes from its own __file__ (never a constant an `if` compares)."""
+
+
+def _catches_oserror(node) -> bool:
+    """Whether an except clause of this type catches the OSError of a failed ctypes load."""
+    if node is None:
+        return True
+    if isinstance(node, ast.Tuple):
+        return any(_catches_oserror(item) for item in node.elts)
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return name in ("OSError", "Exception", "BaseException", "EnvironmentError", "IOError")
+
+
+def _path_value(node, known: dict, module_file: str):
+    """The path an expression names, when it depends only on literals, the module's own
+    __file__ and names bound to such paths: os.path.join/dirname/abspath/realpath/normpath,
+    str()/os.fspath(), pathlib's Path(...), .parent, .resolve(), .absolute(), / and
+    .joinpath().  None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id == "__file__":
+            return module_file
+        value = known.get(node.id)
+        return str(value) if isinstance(value, str) else None
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _path_value(node.value, known, module_file)
+        return os.path.dirname(inner) if inner is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        left, right = _path_value(node.left, known, module_file), _path_value(node.right, known, module_file)
+        return os.path.join(left, right) if left is not None and right is not None else None
+    if not isinstance(node, ast.Call) or node.keywords:
+        return None
+    func = ast.unparse(node.func)
+    tail = func.rpartition(".")[2]
+    if isinstance(node.func, ast.Attribute) and tail in ("resolve", "absolute", "joinpath") \
+            and not func.startswith(("os.", "posixpath.")):
+        base = _path_value(node.func.value, known, module_file)
+        if base is None:
+            return None
+        if tail == "joinpath":
+            parts = [_path_value(arg, known, module_file) for arg in node.args]
+            return None if None in parts else os.path.join(base, *parts)
+        return os.path.realpath(base) if tail == "resolve" else os.path.abspath(base)
+    args = [_path_value(arg, known, module_file) for arg in node.args]
+    if None in args or not args:
+        return None
+    if func in ("os.path.join", "path.join", "join"):
+        return os.path.join(*args)
+    if len(args) != 1:
+        return None
+    if func in ("os.path.dirname", "path.dirname", "dirname"):
+        return os.path.dirname(args[0])
+    if func in ("os.path.abspath", "path.abspath", "abspath", "os.path.normpath"):
+        return os.path.abspath(args[0])
+    if func in ("os.path.realpath", "path.realpath", "realpath"):
+        return os.path.realpath(args[0])
+    if func in ("str", "os.fspath", "Path", "pathlib.Path", "PurePath", "pathlib.PurePath", "PosixPath"):
+        return args[0]
+    return None
 
 
 _RTLD = {"RTLD_LAZY": 0x1, "RTLD_NOW": 0x2, "RTLD_NOLOAD": 0x4, "RTLD_DEEPBIND": 0x8,
@@ -619,6 +734,7 @@ class Prediction:
     orders: list = field(default_factory=list)  # (order, ok) tried when it fails
     working_order: tuple | None = None
     searched_orders: bool = False
+    guarded: set = field(default_factory=set)  # model.steps indexes of failures the module catches
 
     def loaded_names(self) -> list:
         """The names ld.so maps, in order, as LD_DEBUG=files prints them (file=NAME)."""
@@ -683,11 +799,21 @@ def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Pr
         sim.dlopen(Load(path, "import", flags, module, "<startup>"))
     plan = plan_imports(interp, names)
     ok, error, failed = True, None, None
+    guarded: set = set()  # indexes of failed steps whose OSError the module catches
     missing = dict(plan.missing)
     for name in names:
         for load in plan.per_name.get(name, ()):
-            step = sim.dlopen(Load(load.path, "import", flags if load.flags is None else load.flags,
-                                   load.module, name))
+            step = sim.dlopen(Load(load.path, "import" if load.how == "import" else "dlopen",
+                                   flags if load.flags is None else load.flags, load.module, name))
+            if load.how != "import":
+                if not step.ok and load.guarded:
+                    guarded.add(len(sim.model.steps) - 1)
+                    plan.notes.append(f"{load.module}: {load.path} fails to load ({step.error}); the module "
+                                      "catches the OSError and goes on")
+                elif not step.ok:
+                    ok, error, failed = False, _python_load_error(load, step.error), load.module
+                    break
+                continue
             if any(sym.startswith("PyImport_Import") for sym, _v in sim.symbols.undefined(load.path)):
                 # numpy's _multiarray_umath imports datetime, contextvars, ... from its C init
                 plan.notes.append(f"{load.path}: imports modules from C when initialised "
@@ -700,7 +826,16 @@ def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Pr
         if name in missing:
             ok, error, failed = False, f"ModuleNotFoundError: No module named '{missing[name]}'", name
             break
-    return Prediction(names, sim.model, plan, interp, ok, error, failed)
+    return Prediction(names, sim.model, plan, interp, ok, error, failed, guarded=guarded)
+
+
+def _python_load_error(load: ExtensionLoad, error: str) -> str:
+    """The exception a failed load by path ends the import with: ctypes raises OSError with
+    dlerror()'s text (Modules/_ctypes/callproc.c); torch.ops.load_library catches that and
+    raises OSError("Could not load this library: PATH") from it (torch/_ops.py)."""
+    if load.how == "torch.ops":
+        return f"OSError: Could not load this library: {load.path}"
+    return f"OSError: {error}"
 
 
 def predict_dlopens(executable: str, libraries, flags: int, resolver=None,
@@ -815,7 +950,9 @@ def shadowing_facts(prediction: Prediction) -> list:
     python = prediction.plan is not None
     why_args = (f"--imports {','.join(prediction.names)}" if python
                 else f"--in {prediction.model.executable}")
-    for step in prediction.model.steps:
+    for index, step in enumerate(prediction.model.steps):
+        if index in prediction.guarded:
+            continue  # a load the module tries and does without (a note says so)
         module = step.load.module or step.load.target
         how = f"import {step.load.importer}" if python else f"dlopen {step.load.target}"
         for shadow in step.shadowed:
@@ -832,9 +969,16 @@ def shadowing_facts(prediction: Prediction) -> list:
                                 + (f" ({copies})" if copies else "")),
                 "error": step.error or ""}, source="python_env"))
         if not step.ok and not step.shadowed and step.load.kind != "exec":
+            then = f"; {hint}" if hint else ""
+            if python and step.load.kind == "dlopen":
+                # a library the module loads by path (ctypes, torch.ops.load_library): Python
+                # raises what ctypes or torch raises, not ImportError
+                how = f"loaded by path when {how} runs"
+                then = f"; the import raises {prediction.error}{then}" if prediction.failed_module == module \
+                    else then
             facts.append(Fact("process-load", {"path": step.load.target}, {
                 "event": "failed", "importer": step.load.importer or "", "module": module,
-                "how": how, "why_args": why_args, "then": f"; {hint}" if hint else "",
+                "how": how, "why_args": why_args, "then": then,
                 "error": step.error or "", "order_hint": hint}, source="python_env"))
     if python and not prediction.ok and prediction.failed_module in dict(prediction.plan.missing):
         # no load fails: Python's own finder does (ModuleNotFoundError, before any dlopen)

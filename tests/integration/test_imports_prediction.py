@@ -84,3 +84,88 @@ def test_the_extension_check_names_the_c_symbol(c_shim_extensions, tmp_path):
             assert missing and "aoti_torch_removed_in_this_release" in missing[0]["message"], rules
         else:
             assert missing == [], rules
+
+
+# --- libraries a package loads by path when it is imported --------------------------------
+
+_BY_PATH = {
+    # module: the __init__.py that loads lib/libx.so by path
+    "by_join": """
+        import ctypes, os
+        _here = os.path.dirname(os.path.abspath(__file__))
+        _lib = ctypes.CDLL(os.path.join(_here, "lib", "libx.so"), mode=ctypes.RTLD_GLOBAL)
+        """,
+    "by_pathlib": """
+        import ctypes
+        from pathlib import Path
+        ctypes.cdll.LoadLibrary(str(Path(__file__).resolve().parent / "lib" / "libx.so"))
+        """,
+    "by_guarded": """
+        import ctypes, os
+        try:
+            ctypes.CDLL(os.path.join(os.path.dirname(__file__), "lib", "libx.so"))
+        except OSError:
+            _lib = None
+        """,
+}
+
+
+def _by_path_site(root, with_dependency):
+    """Packages whose __init__ loads lib/libx.so, which NEEDs liby.so.1: present beside it
+    (RUNPATH $ORIGIN) or not shipped at all."""
+    site = os.path.join(root, "site")
+    for module, source in _BY_PATH.items():
+        lib = os.path.join(site, module, "lib")
+        os.makedirs(lib, exist_ok=True)
+        F.shared_lib(os.path.join(root, "liby.so.1"), "int y_value(void) { return 1; }\n", soname="liby.so.1")
+        if with_dependency:
+            shutil.copy(os.path.join(root, "liby.so.1"), lib)
+        F.shared_lib(os.path.join(lib, "libx.so"), "extern int y_value(void);\nint x_value(void) { return y_value(); }\n",
+                     rpath="$ORIGIN", links=(os.path.join(root, "liby.so.1"),))
+        F.package(site, module, source)
+    return site
+
+
+@pytest.mark.parametrize("with_dependency", [False, True], ids=["liby-missing", "liby-shipped"])
+def test_a_library_loaded_by_path_decides_the_import(tmp_path, with_dependency):
+    from seedance.collect.python_env import ask_interpreter, predict_imports
+
+    site = _by_path_site(str(tmp_path), with_dependency)
+    interp = ask_interpreter(PYTHON, env=dict(os.environ, PYTHONPATH=site))
+    for module in _BY_PATH:
+        real = F.run_python(site, f"import {module}")
+        prediction = predict_imports(interp, [module], search_orders=False)
+        assert prediction.ok == (real.returncode == 0), (module, prediction.error, real.stderr[-300:])
+        if real.returncode:
+            assert prediction.error == real.stderr.decode().strip().splitlines()[-1]
+        dlopened = [step.load.target for step in prediction.model.steps if step.load.kind == "dlopen"]
+        assert dlopened and dlopened[0].endswith(f"{module}/lib/libx.so")
+
+
+def test_a_failed_load_by_path_is_a_finding_and_exit_1(tmp_path):
+    site = _by_path_site(str(tmp_path), with_dependency=False)
+    env = dict(os.environ, PYTHONPATH=site)
+    report = tmp_path / "report.json"
+    proc = _seedance("check", "--python", PYTHON, "--imports", "by_join,by_guarded", "--report-json", str(report),
+                     env=env)
+    failed = [f for f in _findings(report) if f["rule"] == "process-load-fails"]
+    assert proc.returncode == 1, proc.stderr
+    # by_guarded catches the OSError and imports: only by_join's load is a finding
+    assert [f["subject"]["path"] for f in failed] == [os.path.join(site, "by_join", "lib", "libx.so")]
+    assert "the import raises OSError: liby.so.1: cannot open shared object file" in failed[0]["message"]
+
+
+def test_torch_ops_load_library_fails_the_import_with_torchs_text(tmp_path, torch):
+    from seedance.collect.python_env import ask_interpreter, predict_imports
+
+    site = _by_path_site(str(tmp_path), with_dependency=False)
+    F.package(site, "by_torch_ops", """
+        import os
+        import torch
+        torch.ops.load_library(os.path.join(os.path.dirname(__file__), "..", "by_join", "lib", "libx.so"))
+        """)
+    real = F.run_python(site, "import by_torch_ops")
+    prediction = predict_imports(ask_interpreter(PYTHON, env=dict(os.environ, PYTHONPATH=site)),
+                                 ["by_torch_ops"], search_orders=False)
+    assert real.returncode != 0
+    assert prediction.error == real.stderr.decode().strip().splitlines()[-1]

@@ -97,10 +97,14 @@ def test_missing_top_level_module_is_reported(site):
 
 
 def test_dynamic_loads_are_named_not_guessed(tmp_path):
-    _write(str(tmp_path / "dyn" / "__init__.py"), "import ctypes\nctypes.CDLL('libz.so.1')\n")
+    """A computed name is a note; a literal one is a dlopen in the import's order."""
+    _write(str(tmp_path / "dyn" / "__init__.py"), "import ctypes, ctypes.util\n"
+                                                   "ctypes.CDLL(ctypes.util.find_library('z'))\n"
+                                                   "ctypes.CDLL('libz.so.1')\n")
     interp = ask_interpreter(PYTHON, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     plan = plan_imports(interp, ["dyn"])
     assert any(note.startswith(str(tmp_path / "dyn" / "__init__.py") + ":2: CDLL()") for note in plan.notes)
+    assert [(load.path, load.how) for load in plan.loads if load.how != "import"] == [("libz.so.1", "ctypes")]
 
 
 def test_interpreter_that_is_not_python_is_bad_input(tmp_path):
