@@ -7,6 +7,9 @@ import os
 import sys
 
 from ..model.errors import UsageError
+from ._argtypes import bounded_int
+
+_lines = bounded_int(0, 1_000_000)
 
 EPILOG = """\
 examples:
@@ -15,10 +18,14 @@ examples:
   seedance agent run --otlp-endpoint http://127.0.0.1:4318
   seedance agent install --user                        write ~/.config/systemd/user/seedance-agent.service
   seedance agent install --user --print                show the unit instead of writing it
+  seedance agent start                                 start it (systemctl --user start: returns once it serves)
   seedance agent status                                running? pid, uptime (exit 3 when not, as systemctl)
   seedance agent reload                                reload rules and agent.yaml (SIGHUP)
+  seedance agent restart                               stop, then start
   seedance agent stop                                  stop it (systemctl --user stop when a user manager runs it)
-  seedance agent uninstall --user                      stop, disable and remove the unit
+  seedance agent logs -n 20 -f                         its log: the journal under systemd, else its log file
+  seedance agent uninstall --user                      stop, disable, remove the unit, socket and state
+  seedance agent uninstall --user --keep-state         ... but keep agent.db (findings, instance history)
 
 The agent is a python process: `pidof seedance` finds nothing.  Without this command,
 `pkill -HUP -f 'seedance agent run'` reloads it.
@@ -48,24 +55,34 @@ def configure_parser(sub):
     install.set_defaults(execute=execute_install)
 
     for name, help_text, execute in (
+            ("start", "start the agent (systemctl --user start, or in the background with a log file)",
+             execute_start),
             ("status", "is the agent running: pid, uptime, how it was started (exit 3 when not)", execute_status),
             ("stop", "stop the agent (systemctl --user stop, or SIGTERM to the process)", execute_stop),
-            ("reload", "reload rules and agent.yaml (SIGHUP)", execute_reload)):
+            ("restart", "stop the agent if it runs, then start it (systemctl --user restart)", execute_restart),
+            ("reload", "reload rules and agent.yaml (systemctl --user reload, or SIGHUP)", execute_reload),
+            ("logs", "the agent's log: journalctl --user -u seedance-agent, else its log file", execute_logs)):
         action = actions.add_parser(name, help=help_text, epilog=EPILOG,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         action.add_argument("--user", action="store_true", help="the user service (the only mode; accepted "
                                                                 "as systemctl --user takes it)")
         if name == "status":
             action.add_argument("--json", action="store_true", help="the state as JSON")
+        if name == "logs":
+            action.add_argument("-n", "--lines", type=_lines, default=50, metavar="N",
+                                help="the last N lines (default 50)")
+            action.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
         action.set_defaults(execute=execute)
     uninstall = actions.add_parser("uninstall", help="stop and disable the agent, remove its unit",
                                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     uninstall.add_argument("--user", action="store_true", help="the user service (required, as for install)")
+    uninstall.add_argument("--keep-state", action="store_true",
+                           help="keep the agent's state (agent.db: findings and instance history)")
     uninstall.set_defaults(execute=execute_uninstall)
 
     def no_action(args) -> int:
-        raise UsageError("seedance agent: choose an action: run, install, status, stop, reload or uninstall "
-                         "(see seedance agent --help)")
+        raise UsageError("seedance agent: choose an action: run, install, start, status, stop, restart, reload, "
+                         "logs or uninstall (see seedance agent --help)")
 
     parser.set_defaults(execute=no_action)
 
@@ -235,7 +252,13 @@ def execute_reload(args) -> int:
     import signal
 
     from ..model.errors import NotAvailable
+    from ..service import unit
 
+    if unit.unit_state() in ("active", "reloading"):
+        # the unit's ExecReload (kill -HUP $MAINPID), with the manager showing "reloading"
+        _systemctl_or_fail("reload", unit.UNIT_NAME)
+        print(f"reloaded {unit.UNIT_NAME} (systemctl --user reload)")
+        return 0
     agent = _find()
     if agent is None:
         raise NotAvailable(f"seedance agent reload: no agent running (no agent answers at {_socket()})")
@@ -244,18 +267,151 @@ def execute_reload(args) -> int:
     return 0
 
 
+def _systemctl_or_fail(*words: str) -> None:
+    from ..service import unit
+
+    proc = unit.systemctl_user(*words)
+    if proc.returncode != 0:
+        raise UsageError(f"systemctl --user {' '.join(words)}: "
+                         f"{(proc.stderr.strip().splitlines() or [f'exit {proc.returncode}'])[-1]}")
+
+
+START_TIMEOUT_S = 30.0  # how long `agent start` waits for a hand-started agent's socket
+
+
+def _unit_managed() -> bool:
+    """A user manager runs and knows the unit: then it, and only it, starts and stops the agent."""
+    from ..service import unit
+
+    state = unit.unit_state()
+    return state is not None and (unit.user_unit_dir() / unit.UNIT_NAME).exists()
+
+
+def execute_start(args) -> int:
+    import subprocess
+    import time
+
+    from ..model.errors import NotAvailable
+    from ..service import unit
+
+    if _unit_managed():
+        # Type=notify: this returns once the agent said READY=1 (socket and /metrics up)
+        _systemctl_or_fail("start", unit.UNIT_NAME)
+        agent = _find()
+        print(f"started {unit.UNIT_NAME} (systemctl --user start)" + (f", pid {agent.pid}" if agent else ""))
+        return 0
+    agent = _find()
+    if agent is not None:
+        print(f"seedance agent: already running (pid {agent.pid}): nothing to start")
+        return 0
+    # No user manager: start it in its own session, its log appended to a file `agent logs` reads.
+    log = log_file()
+    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(log, "ab") as out:
+        os.chmod(log, 0o600)
+        child = subprocess.Popen([*unit.agent_command(), "agent", "run"], stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=out, start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        agent = _find()
+        if agent is not None:
+            print(f"started the agent (pid {agent.pid}, no user manager); its log: {log}")
+            return 0
+        if child.poll() is not None:
+            raise NotAvailable(f"seedance agent start: the agent exited with status {child.returncode} before "
+                               f"serving; see {log} (seedance agent logs)")
+        time.sleep(0.1)
+    raise NotAvailable(f"seedance agent start: pid {child.pid} did not answer at {_socket()} within "
+                       f"{START_TIMEOUT_S:.0f} s; see {log}")
+
+
+def log_file():
+    """Where a hand-started agent (no user manager, so no journal) appends its log."""
+    from ..service.config import state_dir
+
+    return state_dir() / "agent.log"
+
+
+def execute_restart(args) -> int:
+    from ..service import unit
+
+    if _unit_managed():
+        _systemctl_or_fail("restart", unit.UNIT_NAME)
+        agent = _find()
+        print(f"restarted {unit.UNIT_NAME} (systemctl --user restart)" + (f", pid {agent.pid}" if agent else ""))
+        return 0
+    execute_stop(args)
+    return execute_start(args)
+
+
+def _journal_has_unit() -> bool:
+    import shutil
+
+    from ..service import unit
+
+    return bool(shutil.which("journalctl")) and unit.unit_state() is not None and \
+        (unit.user_unit_dir() / unit.UNIT_NAME).exists()
+
+
+def execute_logs(args) -> int:
+    import time
+
+    from ..model.errors import NotAvailable
+    from ..service import unit
+
+    if _journal_has_unit():
+        # the journal keeps each line's PRIORITY (the agent's "<N>" prefix): -p warning filters
+        argv = ["journalctl", "--user", "-u", unit.UNIT_NAME, "--no-pager", "-n", str(args.lines)]
+        if args.follow:
+            argv.append("-f")
+        sys.stdout.flush()
+        os.execvp(argv[0], argv)
+    log = log_file()
+    try:
+        handle = open(log, "rb")
+    except FileNotFoundError:
+        raise NotAvailable(f"seedance agent logs: no journal for {unit.UNIT_NAME} and no log file at {log} "
+                           "(an agent run in a terminal logs to its stderr)") from None
+    with handle:
+        tail = _last_lines(handle, args.lines)
+        out = sys.stdout.buffer
+        out.write(tail)
+        out.flush()
+        while args.follow:
+            chunk = handle.read(1 << 16)
+            if chunk:
+                out.write(chunk)
+                out.flush()
+            else:
+                time.sleep(0.5)
+    return 0
+
+
+def _last_lines(handle, count: int, block: int = 1 << 16) -> bytes:
+    """The last COUNT lines of an open binary file, reading backwards; leaves it at its end."""
+    handle.seek(0, os.SEEK_END)
+    end = position = handle.tell()
+    data = b""
+    while position > 0 and data.count(b"\n") <= count:
+        step = min(block, position)
+        position -= step
+        handle.seek(position)
+        data = handle.read(step) + data
+    handle.seek(end)
+    lines = data.splitlines(keepends=True)
+    return b"".join(lines[-count:]) if count else b""
+
+
 def execute_uninstall(args) -> int:
     from ..service import unit
+    from ..service.config import socket_path, state_dir
 
     if not args.user:
         raise UsageError("seedance agent uninstall: only --user is supported (a systemd user service)")
     path = unit.user_unit_dir() / unit.UNIT_NAME
     running, _why = unit.user_manager_running()
     if running and path.exists():
-        proc = unit.systemctl_user("disable", "--now", unit.UNIT_NAME)
-        if proc.returncode != 0:
-            raise UsageError(f"systemctl --user disable --now {unit.UNIT_NAME}: "
-                             f"{(proc.stderr.strip().splitlines() or [f'exit {proc.returncode}'])[-1]}")
+        _systemctl_or_fail("disable", "--now", unit.UNIT_NAME)
         print(f"disabled and stopped {unit.UNIT_NAME}")
     elif _find() is not None:
         execute_stop(args)
@@ -265,8 +421,28 @@ def execute_uninstall(args) -> int:
         print(f"removed {item}")
     if running and removed:
         unit.systemctl_user("daemon-reload")
+        # a unit that failed before it was removed stays listed as "not-found failed"
+        unit.systemctl_user("reset-failed", unit.UNIT_NAME)
     if not removed:
         print(f"no unit at {path}: nothing to remove")
-    from ..service.config import state_dir
-    print(f"kept the agent's state in {state_dir()} (remove it by hand if you want it gone)")
+    # a socket left by an agent that was killed (a stopped one removes its own)
+    sock = socket_path()
+    if sock.is_socket():
+        sock.unlink()
+        print(f"removed {sock}")
+    state = state_dir()
+    # agent.db with its WAL and any copy moved aside as corrupt, and a hand-started agent's log
+    agent_files = sorted([*state.glob("agent.db*"), *state.glob("agent.log*")]) if state.is_dir() else []
+    if args.keep_state:
+        print(f"kept the agent's state in {state} (--keep-state)")
+        return 0
+    gone = agent_files
+    for item in gone:
+        item.unlink()
+    # the state directory is shared with quota's state: removed only when nothing else is left in it
+    try:
+        state.rmdir()
+    except OSError:
+        pass
+    print(f"removed the agent's state in {state}" if gone else f"no agent state in {state}")
     return 0

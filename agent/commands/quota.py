@@ -131,7 +131,8 @@ def _event_line(event: dict) -> str:
 def _event_text(event: dict) -> str:
     name = event["event"]
     if name == "placed":
-        return f"  placed workload {event['workload']} (pids {', '.join(map(str, event['pids']))}): {event['limits']}"
+        return (f"  placed workload {event['workload']} (pids {', '.join(map(str, event['pids']))}): {event['limits']}"
+                + (f" (not enforced: {event['enforcement']})" if event.get("enforced") is False else ""))
     if name in ("burst", "unburst"):
         verb = "raised to" if name == "burst" else "lowered to"
         return (f"  {event['policy']}: workload {event['workload']} {verb} {event['cpu_millicores']}m "

@@ -120,7 +120,8 @@ class QuotaController:
     @property
     def backend(self) -> cgroups.Backend:
         if self._backend is None:
-            self._backend = cgroups.detect()
+            from . import systemd
+            self._backend = systemd.detect()
         return self._backend
 
     def _pressure(self, placement: cgroups.Placement, key: str) -> float:
@@ -165,8 +166,11 @@ class QuotaController:
                                        "bursting": False, "cpu_millicores": policy.cpu_millicores,
                                        "labels": workload.labels, "since": time.time()}
                 self.counters["placed"] += 1
-                events.append({"event": "placed", "policy": policy.name, "workload": wid,
-                               "pids": list(workload.pids), "limits": limits})
+                event = {"event": "placed", "policy": policy.name, "workload": wid,
+                         "pids": list(workload.pids), "limits": limits}
+                if hasattr(self.backend, "enforcement"):
+                    event["enforced"], event["enforcement"] = self.backend.enforcement(placement)
+                events.append(event)
             else:
                 # processes of the workload that were started before it was placed
                 placement = cgroups.Placement.from_dict(entry["placement"])

@@ -2,7 +2,12 @@
 
 Type=notify so `systemctl --user start` returns when the agent is really serving (READY=1
 after the state db, status socket and metrics are up); WatchdogSec so a wedged loop is
-restarted; Restart=on-failure but not on a clean stop.
+restarted; Restart=on-failure but not on a clean stop.  On a missed watchdog ping systemd
+sends SIGABRT (WatchdogSignal=), which a stopped or wedged-in-the-kernel process never acts
+on: SIGABRT dumps core, and the kernel delivers a core-dumping signal only when the process
+runs again.  TimeoutAbortSec= bounds that wait before SIGKILL, instead of TimeoutStopSec's
+20 s, so a wedged agent is back within WatchdogSec + 5 s + RestartSec.  ExecReload= uses the
+shell's kill: /bin/kill is procps', which a minimal Debian does not install (203/EXEC).
 
 Hardening: a user manager has no privileges to set up mount namespaces or drop
 capabilities unless it can create a user namespace, which many hosts forbid (and then the
@@ -82,8 +87,9 @@ After=default.target
 Type=notify
 NotifyAccess=main
 ExecStart={exec_start}
-ExecReload=/bin/kill -HUP $MAINPID
+ExecReload=/bin/sh -c "kill -HUP ${{MAINPID}}"
 WatchdogSec={watchdog_sec}s
+TimeoutAbortSec=5s
 Restart=on-failure
 RestartSec=2s
 TimeoutStopSec=20s
