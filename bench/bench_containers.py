@@ -4,7 +4,8 @@
 
 Target: `seedance check --no-cache` (the whole command, as a user runs it) with 20 running
 podman containers costs at most 2x the same check with them stopped.  Each container runs
-a small gcc-built program that maps a few libraries (libm, libz, libdl, libc) and sleeps;
+a small gcc-built program that maps a few libraries (libm, libz, libdl, libc), forks two
+workers and sleeps (three processes per container, beside its conmon);
 the image is `podman import`ed from those host files.  Rounds interleave: containers
 started -> check, containers stopped -> check, so a machine that slows down mid-run slows
 both sides.  Best and median of each side and their ratio are printed.
@@ -36,6 +37,8 @@ int main(int argc, char **argv) {
     /* touch each library so none is dropped by --as-needed */
     volatile double x = cos((double)argc);
     (void)x; (void)zlibVersion(); (void)dlerror();
+    /* two workers beside it, as a trainer's data loaders: three processes per container */
+    if (fork() > 0) fork();
     for (;;) pause();
 }
 """
@@ -119,6 +122,40 @@ def timed_check(seedance: list) -> tuple:
     return elapsed, processes
 
 
+def collect_containers(pids: list, shared: bool, repeat: int = 5) -> float:
+    """Seconds for the check's per-process collectors over the containers' processes (each
+    container's process and its conmon), best of ``repeat``: with the per-container views
+    shared (as a check runs), or read again for every process."""
+    from seedance.collect import process
+
+    targets = set(pids)
+    for pid in pids:  # its conmon (the parent) and its workers (the children)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                targets.add(int(handle.read().rpartition(b")")[2].split()[1]))
+            with open(f"/proc/{pid}/task/{pid}/children") as handle:
+                targets.update(int(child) for child in handle.read().split())
+        except (OSError, ValueError, IndexError):
+            pass
+    best = None
+    for _ in range(repeat):
+        process._VIEWS = process.RootViews()
+        started = time.perf_counter()
+        for pid in sorted(targets):
+            if not shared:
+                process._VIEWS = process.RootViews()
+            try:
+                view = process.read_process(pid)
+            except (process.ProcessGone, PermissionError):
+                continue
+            process.mapped_lib_facts(view)
+            process.runtime_facts(view)
+            process.preload_facts(view)
+        elapsed = time.perf_counter() - started
+        best = elapsed if best is None else min(best, elapsed)
+    return best
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--containers", type=int, default=20)
@@ -143,6 +180,14 @@ def main() -> int:
         pids = fleet.running_pids()
         print(f"{len(pids)} containers running ({tag})")
         timed_check(seedance)  # warm the page cache and the interpreter's files for both sides
+        try:
+            shared = collect_containers(pids, shared=True)
+            alone = collect_containers(pids, shared=False)
+            print(f"the collectors over the containers' processes (in this process, best of 5): "
+                  f"{shared * 1000:.1f} ms with per-container views shared, "
+                  f"{alone * 1000:.1f} ms read again per process")
+        except ImportError:
+            print("(seedance is not importable from this python: in-process timing skipped)")
         for round_no in range(args.rounds):
             fleet.start()
             t_run, n_run = timed_check(seedance)
