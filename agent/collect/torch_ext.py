@@ -175,9 +175,10 @@ _LOCATE = ("import importlib.util, json, sys\n"
            " getattr(sys, 'abiflags', ''))}))\n")
 
 
-def torch_for_python(python: str, timeout: float = 60) -> TorchInstall:
-    """The torch that interpreter ``python`` imports (check --python PATH); BadInput when
-    it is not a Python or has no torch."""
+def torch_for_python(python: str, timeout: float = 60) -> TorchInstall | None:
+    """The torch that interpreter ``python`` imports (check --python PATH); None when it has
+    none (its environment is checked all the same: an extension of it is judged against the
+    torch beside it, if any); BadInput when it is not a Python."""
     import json
     import subprocess
 
@@ -198,7 +199,7 @@ def torch_for_python(python: str, timeout: float = 60) -> TorchInstall:
     if not isinstance(answer, dict):
         raise BadInput(f"--python {python}: not a Python interpreter (exit {proc.returncode})")
     if not answer.get("torch"):
-        raise BadInput(f"--python {python}: that interpreter has no torch to import")
+        return None
     install = torch_at(answer["torch"], source=f"--python {python}")
     if install is None:
         raise BadInput(f"--python {python}: {answer['torch']} has no readable torch/version.py")

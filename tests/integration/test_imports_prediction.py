@@ -169,3 +169,27 @@ def test_torch_ops_load_library_fails_the_import_with_torchs_text(tmp_path, torc
                                  ["by_torch_ops"], search_orders=False)
     assert real.returncode != 0
     assert prediction.error == real.stderr.decode().strip().splitlines()[-1]
+
+
+# --- an interpreter without torch ----------------------------------------------------------
+
+def test_an_interpreter_without_torch_is_checked_all_the_same(tmp_path):
+    """--python names a venv with no torch: its site-packages and its imports are checked
+    like any other (an extension whose NEEDED is missing fails its import for real)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0
+    lib = os.path.join(str(tmp_path), "libgone.so.1")
+    F.shared_lib(lib, "int gone(void) { return 1; }\n", soname="libgone.so.1")
+    F.extension(os.path.join(site, "needsgone"), "_core", ["gone"], links=(lib,), rpath="$ORIGIN")
+    F.package(site, "needsgone", "from . import _core\n")
+    os.unlink(lib)
+    real = subprocess.run([python, "-c", "import needsgone"], capture_output=True, text=True)
+    assert "libgone.so.1: cannot open shared object file" in real.stderr
+    for args in (["check", "--python", python, site], ["check", "--python", python, "--imports", "needsgone,json"]):
+        proc = _seedance(*args)
+        assert proc.returncode == 1, (args, proc.stdout[-800:], proc.stderr)
+        assert "libgone.so.1" in proc.stdout and "no torch" not in proc.stderr

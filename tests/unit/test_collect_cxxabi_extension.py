@@ -104,13 +104,9 @@ def test_python_names_the_torch_that_interpreter_imports(torch_dir):
 @pytest.mark.parametrize("python, says", [
     ("/nonexistent/python", "not an executable file"),
     ("/bin/true", "not a Python interpreter"),
-    ("/usr/bin/python3", "has no torch to import"),
 ])
 def test_bad_python_is_one_line_and_exit_2(tmp_path, python, says):
-    if python == "/usr/bin/python3":
-        if not os.path.exists(python) or subprocess.run([python, "-c", "import torch"],
-                                                        capture_output=True).returncode == 0:
-            pytest.skip("needs a system python3 without torch")
+    # (an interpreter without torch is no bad input: its environment is checked all the same)
     proc = run_cli("check", "--python", python, tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("seedance: error: --python")
