@@ -113,7 +113,9 @@ def _imports(args, lines: list):
             raise UsageError(f"seedance check: --imports: not a module name: {escape_path(name)}")
     interp = ask_interpreter(args.python or "python3")
     prediction = predict_imports(interp, names)
-    lines.append(f"import {', '.join(names)} in {interp.executable} "
+    # the interpreter as given (a venv's bin/python), not the base binary it runs: the venv
+    # is what decides sys.path, and the one the user knows it by
+    lines.append(f"import {', '.join(names)} in {interp.python} "
                  f"(extensions dlopened {flag_names(interp.dlopenflags)}); predicted without importing:")
     _describe(prediction.model, lines)
     lines.append("predicted: " + ("imports" if prediction.ok else prediction.error))
@@ -121,8 +123,14 @@ def _imports(args, lines: list):
         lines.append("an import order that works: " + ", ".join(prediction.working_order))
     elif prediction.searched_orders:
         lines.append("no import order works")
-    for note in prediction.plan.notes[:20]:
-        lines.append("not known statically: " + note)
+    notes = list(dict.fromkeys(prediction.plan.notes))  # a loop's body is read once per item
+    if getattr(args, "verbose", False):
+        lines.extend("not known statically: " + note for note in notes)
+    elif notes:
+        # a package as large as torch calls dozens of functions at import time: their count
+        # says how much of the prediction rests on what was read, each one is under -v
+        lines.append(f"not known statically: {len(notes)} place{'s' if len(notes) != 1 else ''} "
+                     "(dynamic loads, imports under conditions not followed); -v lists them")
     if args.observe:
         statement = "import " + ", ".join(names)
         seen = observe(interp.python, statement)

@@ -193,3 +193,28 @@ def test_an_interpreter_without_torch_is_checked_all_the_same(tmp_path):
         proc = _seedance(*args)
         assert proc.returncode == 1, (args, proc.stdout[-800:], proc.stderr)
         assert "libgone.so.1" in proc.stdout and "no torch" not in proc.stderr
+
+
+# --- what the --imports text says -----------------------------------------------------------
+
+def test_imports_text_names_the_interpreter_given_and_counts_what_is_not_known(tmp_path):
+    F.package(str(tmp_path), "dynamic_loads", """
+        import ctypes, ctypes.util
+        for _name in ("z", "m", "c"):
+            ctypes.CDLL(ctypes.util.find_library(_name))
+        ctypes.CDLL(ctypes.util.find_library("z"))
+        ctypes.CDLL(ctypes.util.find_library("m"))
+        """)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    assert subprocess.run([PYTHON, "-c", "import dynamic_loads"], env=env).returncode == 0
+    quiet = _seedance("check", "--python", PYTHON, "--imports", "dynamic_loads", env=env)
+    loud = _seedance("check", "--python", PYTHON, "--imports", "dynamic_loads", "-v", env=env)
+    assert quiet.returncode == loud.returncode == 0, quiet.stderr
+    # the interpreter as given (a venv's bin/python), not the base binary it runs
+    assert quiet.stdout.startswith(f"import dynamic_loads in {PYTHON} ")
+    unknown = [line for line in quiet.stdout.splitlines() if line.startswith("not known statically")]
+    listed = [line for line in loud.stdout.splitlines() if line.startswith("not known statically")]
+    assert unknown == [f"not known statically: {len(listed)} places (dynamic loads, imports under conditions "
+                       "not followed); -v lists them"]
+    ours = [line for line in listed if "dynamic_loads" in line]
+    assert [line.split(":")[2] for line in ours] == ["4", "5", "6"] and all("CDLL()" in line for line in ours)
