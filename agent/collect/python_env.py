@@ -32,10 +32,19 @@ for name, mod in list(sys.modules.items()):
     f = getattr(mod, '__file__', None)
     if isinstance(f, str) and f.endswith(tuple(m.EXTENSION_SUFFIXES)):
         mods.append((name, f))
-print(ascii({'executable': sys.executable, 'path': list(sys.path),
+facts = {'executable': sys.executable, 'path': list(sys.path),
  'builtins': list(sys.builtin_module_names), 'suffixes': list(m.EXTENSION_SUFFIXES),
  'dlopenflags': sys.getdlopenflags(), 'modules': list(sys.modules), 'extensions': mods,
- 'platform': sys.platform, 'version': tuple(sys.version_info[:3]), 'impl': sys.implementation.name, 'exe': __import__('os').readlink('/proc/self/exe')}))
+ 'platform': sys.platform, 'version': tuple(sys.version_info[:3]), 'impl': sys.implementation.name, 'exe': __import__('os').readlink('/proc/self/exe')}
+import os, platform
+v = sys.implementation.version
+facts['markers'] = {'implementation_name': sys.implementation.name,
+ 'implementation_version': '%d.%d.%d' % (v.major, v.minor, v.micro) + ('' if v.releaselevel == 'final' else v.releaselevel[0] + str(v.serial)),
+ 'os_name': os.name, 'platform_machine': platform.machine(), 'platform_release': platform.release(),
+ 'platform_system': platform.system(), 'platform_version': platform.version(),
+ 'python_full_version': platform.python_version(), 'platform_python_implementation': platform.python_implementation(),
+ 'python_version': '.'.join(platform.python_version_tuple()[:2]), 'sys_platform': sys.platform}
+print(ascii(facts))
 """
 
 
@@ -53,6 +62,7 @@ class Interpreter:
     version: tuple
     implementation: str = "cpython"
     env: dict | None = field(default=None, compare=False, repr=False)  # the environment it was asked in
+    markers: dict | None = field(default=None, compare=False, repr=False)  # PEP 508 marker values
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,8 @@ def ask_interpreter(python: str = "python3", env: dict | None = None, timeout: f
                        dlopenflags=int(facts["dlopenflags"]), modules=frozenset(facts["modules"]),
                        startup_extensions=tuple(tuple(x) for x in facts["extensions"]),
                        platform=facts["platform"], version=tuple(facts["version"]),
-                       implementation=str(facts.get("impl", "cpython")), env=env)
+                       implementation=str(facts.get("impl", "cpython")), env=env,
+                       markers=facts.get("markers") if isinstance(facts.get("markers"), dict) else None)
 
 
 @dataclass(frozen=True)
@@ -990,4 +1001,133 @@ def shadowing_facts(prediction: Prediction) -> list:
             "event": "import-fails", "importer": prediction.failed_module, "module": module,
             "python": interp.python, "exception": exception, "error": prediction.error or "",
             "distribution": distribution, "fix": fix}, source="python_env"))
+    return facts
+
+
+# --- distribution metadata: what pip check reads ----------------------------------------------
+
+@dataclass(frozen=True)
+class UnmetRequirement:
+    """One Requires-Dist of an installed distribution that the installed set does not meet."""
+    distribution: str
+    version: str
+    requirement: str  # as METADATA spells it, without its marker
+    name: str  # the required distribution
+    installed: str | None  # its installed version; None: not installed
+    dist_info: str
+
+
+def installed_distributions(interp: Interpreter) -> dict:
+    """canonical name -> (Name, Version, dist-info path, [Requires-Dist]) for every
+    *.dist-info on the interpreter's sys.path, the first one found per name winning (as
+    importlib.metadata and pip do), read without running the interpreter."""
+    from packaging.utils import canonicalize_name
+
+    found: dict = {}
+    for entry in interp.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for dirname in names:
+            if not dirname.endswith(".dist-info"):
+                continue
+            path = os.path.join(entry or ".", dirname)
+            headers = _metadata_headers(os.path.join(path, "METADATA"))
+            if headers is None or not headers.get("Name") or not headers.get("Version"):
+                continue
+            key = canonicalize_name(headers["Name"][0])
+            found.setdefault(key, (headers["Name"][0], headers["Version"][0], path, headers.get("Requires-Dist", [])))
+    return found
+
+
+def _metadata_headers(path: str) -> dict | None:
+    """The header fields of a METADATA file (RFC 822 style, up to the first blank line)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(1 << 20)
+    except OSError:
+        return None
+    headers: dict = {}
+    last = None
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        if line[0] in " \t" and last is not None:
+            headers[last][-1] += " " + line.strip()
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            last = key.strip()
+            headers.setdefault(last, []).append(value.strip())
+    return headers
+
+
+def unmet_requirements(interp: Interpreter) -> list:
+    """Every Requires-Dist whose marker holds for this interpreter (no extra requested) and
+    that the installed distributions do not meet: what `pip check` reports."""
+    from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    markers = dict(interp.markers or {})
+    markers["extra"] = ""
+    dists = installed_distributions(interp)
+    unmet = []
+    for name, version, path, requires in dists.values():
+        for text in requires:
+            try:
+                requirement = Requirement(text)
+                if requirement.marker is not None and not requirement.marker.evaluate(markers):
+                    continue
+            except (InvalidRequirement, InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+                continue  # pip check skips what it cannot parse too
+            wanted = dists.get(canonicalize_name(requirement.name))
+            installed = wanted[1] if wanted is not None else None
+            if installed is not None:
+                try:
+                    if requirement.specifier.contains(Version(installed), prereleases=True):
+                        continue
+                except InvalidVersion:
+                    continue
+            spec = str(requirement.specifier)
+            unmet.append(UnmetRequirement(name, version, f"{requirement.name}{spec}", requirement.name,
+                                          installed, path))
+    return unmet
+
+
+def requirement_facts(prediction: Prediction) -> list:
+    """One `dist-requirement` fact per unmet Requires-Dist of a distribution that provides a
+    module of the import: the failure a pin explains names the pin, then the loader's
+    text as proof."""
+    from ..model.report import Fact
+
+    interp, plan = prediction.interpreter, prediction.plan
+    if interp is None or plan is None:
+        return []
+    unmet = unmet_requirements(interp)
+    if not unmet:
+        return []
+    tops = {name.split(".")[0] for name in prediction.names}
+    failed_top = (prediction.failed_module or "").split(".")[0]
+    owners: dict = {}
+    for top in tops | ({failed_top} - {""}):
+        for dist, _recorded in distributions_providing(interp, top):
+            owners.setdefault(dist.lower(), set()).add(top)
+    facts = []
+    for item in unmet:
+        modules = owners.get(item.distribution.lower())
+        if not modules:
+            continue
+        have = f"{item.name} {item.installed} is installed" if item.installed else f"{item.name} is not installed"
+        proof = prediction.error if not prediction.ok and failed_top in modules else ""
+        facts.append(Fact("dist-requirement", {"path": item.dist_info}, {
+            "distribution": item.distribution, "version": item.version, "requirement": item.requirement,
+            "required": item.name, "installed": item.installed or "", "have": have,
+            "modules": ", ".join(sorted(modules)), "python": interp.python,
+            "fails": bool(proof), "proof": f"; import {failed_top} fails: {proof}" if proof else "",
+            "check": (f"{interp.python} -m pip install --dry-run '{item.distribution}' "
+                      f"'{item.name}=={item.installed}'" if item.installed else
+                      f"{interp.python} -m pip install '{item.requirement}'")}, source="python_env"))
     return facts

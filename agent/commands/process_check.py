@@ -86,8 +86,8 @@ def execute_process(args) -> int:
 
 
 def _facts(prediction) -> list:
-    from ..collect.python_env import shadowing_facts
-    return shadowing_facts(prediction)
+    from ..collect.python_env import requirement_facts, shadowing_facts
+    return shadowing_facts(prediction) + requirement_facts(prediction)
 
 
 def _describe(model, lines: list) -> None:

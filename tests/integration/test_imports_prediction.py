@@ -218,3 +218,59 @@ def test_imports_text_names_the_interpreter_given_and_counts_what_is_not_known(t
                        "not followed); -v lists them"]
     ours = [line for line in listed if "dynamic_loads" in line]
     assert [line.split(":")[2] for line in ours] == ["4", "5", "6"] and all("CDLL()" in line for line in ours)
+
+
+# --- distribution metadata -------------------------------------------------------------------
+
+def _pinned_site(root, torch, requires):
+    """fakevision 0.1: a torch extension built against another torch (it binds a function
+    this torch lacks), whose METADATA pins that torch."""
+    site = os.path.join(root, "site")
+    lib = os.path.join(torch.path, "lib")
+    F.extension(os.path.join(site, "fakevision"), "_C", [], links=("-L", lib, "-Wl,--no-as-needed", "-ltorch_cpu"),
+                rpath=lib, refs=["aoti_torch_removed_in_this_release"])
+    F.package(site, "fakevision", "import torch\nfrom . import _C\n")
+    info = os.path.join(site, "fakevision-0.1.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as handle:
+        handle.write("Metadata-Version: 2.1\nName: fakevision\nVersion: 0.1\n"
+                     + "".join(f"Requires-Dist: {line}\n" for line in requires) + "\nA description.\n")
+    with open(os.path.join(info, "RECORD"), "w") as handle:
+        handle.write("fakevision/__init__.py,,\nfakevision/_C" + F.EXT_SUFFIX + ",,\nfakevision-0.1.dist-info/METADATA,,\n")
+    return site
+
+
+def test_unmet_requirements_are_what_pip_check_reports(tmp_path, torch):
+    from seedance.collect.python_env import ask_interpreter, unmet_requirements
+
+    site = _pinned_site(str(tmp_path), torch, ["torch==1.0", "numpy>=1.0", "nosuchdist-xyz>=1; extra == 'all'",
+                                               "nosuchdist-abc; python_version < '3'", "nosuchdist-def>=2"])
+    env = dict(os.environ, PYTHONPATH=site)
+    pip = subprocess.run([PYTHON, "-m", "pip", "check"], capture_output=True, text=True, env=env, timeout=120)
+    if "No module named pip" in pip.stderr:
+        pytest.skip("pip is not installed for this interpreter")
+    said = sorted(line.rstrip(".") for line in pip.stdout.splitlines() if line.strip())
+    ours = []
+    for item in unmet_requirements(ask_interpreter(PYTHON, env=env)):
+        if item.installed is None:
+            ours.append(f"{item.distribution} {item.version} requires {item.name}, which is not installed")
+        else:
+            ours.append(f"{item.distribution} {item.version} has requirement {item.requirement}, "
+                        f"but you have {item.name} {item.installed}")
+    assert sorted(ours) == said
+
+
+def test_a_pin_that_explains_an_import_failure_is_named_with_the_proof(tmp_path, torch):
+    site = _pinned_site(str(tmp_path), torch, ["torch==1.0"])
+    env = dict(os.environ, PYTHONPATH=site)
+    real = subprocess.run([PYTHON, "-c", "import fakevision"], capture_output=True, text=True, env=env)
+    assert "undefined symbol: aoti_torch_removed_in_this_release" in real.stderr
+    report = tmp_path / "report.json"
+    proc = _seedance("check", "--python", PYTHON, "--imports", "fakevision", "--report-json", str(report), env=env)
+    pinned = [f for f in _findings(report) if f["rule"] == "dist-requirement-unmet"]
+    assert proc.returncode == 1
+    assert len(pinned) == 1 and pinned[0]["severity"] == "error", pinned
+    message = pinned[0]["message"]
+    assert message.startswith(f"fakevision 0.1 requires torch==1.0, torch {torch.version} is installed; "
+                              "import fakevision fails: ImportError: ")
+    assert message.endswith("undefined symbol: aoti_torch_removed_in_this_release")
