@@ -17,6 +17,9 @@ to a user manager: the scope exists, holds the processes and records CPUQuota=/M
 but no cpu or memory cgroup is made for it.  enforcement() reports which of the two holds,
 read from the kernel's files, so `quota apply` says so instead of claiming a limit.
 
+The scope is made with Delegate=yes: the manager refuses AttachProcessesToUnit (a workload's
+process that started after it was placed) into a scope it was not told to delegate.
+
 The state file keeps, per workload, the unit and its control group path; `remove` lifts the
 limits and, while processes remain, leaves them in the (now limitless) scope: a user
 manager cannot move a process back to a cgroup outside its own tree, and stopping the scope
@@ -122,7 +125,7 @@ class SystemdScopes(Backend):
         v1, v2 = _proc_cgroups(pid)  # refuses a pid that is gone, as the cgroup backends do
         before = v2 if v2 is not None else v1.get("cpu", "/")
         _run(["busctl", "--user", "call", *MANAGER, "StartTransientUnit", "ssa(sv)a(sa(sv))", unit, "fail",
-              "2", "PIDs", "au", "1", str(pid),
+              "3", "PIDs", "au", "1", str(pid), "Delegate", "b", "true",
               "Description", "s", f"seedance quota workload {group}", "0"],
              f"start scope {unit} for pid {pid}")
         control_group = ""
@@ -158,7 +161,8 @@ class SystemdScopes(Backend):
         if back or not pids:
             return  # see the module docstring: a user manager cannot hand a process back
         unit = placement.groups["unit"]
-        alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+        members = self.members(placement)
+        alive = [pid for pid in pids if pid not in members and os.path.exists(f"/proc/{pid}")]
         if alive:
             _run(["busctl", "--user", "call", *MANAGER, "AttachProcessesToUnit", "ssau", unit, "",
                   str(len(alive)), *map(str, alive)], f"attach pids to {unit}")

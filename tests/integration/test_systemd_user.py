@@ -163,25 +163,35 @@ def test_restart_on_failure_but_not_after_agent_stop(installed):
     assert machine.user(f"systemctl --user start {UNIT}").returncode == 0
 
 
+def _journal(machine) -> list[dict]:
+    out = machine.user(f"journalctl --user -u {UNIT} --no-pager -o json").stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def _event(entry: dict) -> str | None:
+    """The agent's event name in a journal entry's MESSAGE (None for the manager's own lines)."""
+    try:
+        message = json.loads(entry.get("MESSAGE") or "")
+    except (TypeError, ValueError):
+        return None
+    return message.get("event") if isinstance(message, dict) else None
+
+
 def test_the_journal_holds_structured_lines_with_priorities(installed):
     machine = installed
     # a broken agent.yaml makes the reload fail: an error-priority line, beside the info ones
     machine.user("mkdir -p .config/seedance && printf 'agent: [\\n' > .config/seedance/agent.yaml")
     try:
         assert machine.user("seedance agent reload").returncode == 0
-        entries = machine.wait(
-            lambda: [json.loads(line) for line in machine.user(
-                f"journalctl --user -u {UNIT} --no-pager -o json").stdout.splitlines()
-                if '"reload-failed"' in line], 20, "the reload-failed entry in the journal")
+        entries = machine.wait(lambda: [e for e in _journal(machine) if _event(e) == "reload-failed"], 20,
+                               "the reload-failed entry in the journal")
     finally:
         machine.user("rm -f .config/seedance/agent.yaml")
     entry = entries[-1]
     assert entry["PRIORITY"] == "3"  # the "<3>" prefix became the entry's priority, not text
     message = json.loads(entry["MESSAGE"])
     assert message["event"] == "reload-failed" and message["level"] == "error"
-    started = machine.user(f"journalctl --user -u {UNIT} --no-pager -o json -p info").stdout.splitlines()
-    assert any(json.loads(json.loads(line)["MESSAGE"]).get("event") == "started" for line in started
-               if line.strip().startswith("{") and '"started' in line)
+    assert any(_event(e) == "started" and e["PRIORITY"] == "6" for e in _journal(machine))
     errors_only = machine.user(f"journalctl --user -u {UNIT} --no-pager -o cat -p err").stdout
     assert "reload-failed" in errors_only and '"event":"started"' not in errors_only
 
