@@ -131,6 +131,7 @@ def test_wheel_carries_the_whole_product(repaired_wheel):
     data = "seedance-0.1.0.data"
     for name in ("seedance/shim/libseedance_shim.so", "seedance/shim/seedance-run", f"{data}/scripts/seedance-run",
                  "seedance/plugins/examples/legacy-audio-encoder.tar.gz", "seedance/rules_data/README.md",
+                 "seedance/rules_data/context/packages.yaml", "seedance/rules_data/context/pip_distributions.yaml",
                  f"{data}/data/share/man/man1/seedance.1", f"{data}/data/share/man/man1/seedance-check.1",
                  f"{data}/data/share/bash-completion/completions/seedance",
                  f"{data}/data/share/zsh/site-functions/_seedance", "seedance-0.1.0.dist-info/licenses/LICENSE"):
