@@ -144,8 +144,10 @@ class Root:
                     continue
                 try:
                     fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=here)
-                except FileNotFoundError:
+                except FileNotFoundError as exc:
                     if parts:
+                        # where the walk stopped, links followed: realpath's missing tail
+                        exc.resolved = [n for _f, n in stack] + [name] + parts
                         raise
                     return self._parent(stack), name, [n for _f, n in stack]
                 st = os.fstat(fd)
@@ -251,10 +253,14 @@ class Root:
         ``realpath -m``) unless ``strict``, where it is ENOENT."""
         try:
             parent, name, parts = self._walk(path, follow=True)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
             if strict:
                 raise
-            return _lexical(path)
+            # the links met before the missing name are resolved, not kept as written:
+            # `libx.so -> /opt/gone/libx.so` gives /opt/gone/libx.so, which names nothing
+            # under the root, where /libx.so under it would be followed to a host file
+            resolved = getattr(exc, "resolved", None)
+            return "/" + "/".join(resolved) if resolved is not None else _lexical(path)
         if parent != self.fd:
             os.close(parent)
         if strict and name != ".":

@@ -550,3 +550,14 @@ def test_one_view_per_container_outlives_the_process_it_was_read_through(engine)
     assert views.root(first) is handle
     assert handle.stat("/app/libtwo.so").st_ino == os.stat(f"/proc/{engine.pid}/root/app/libtwo.so").st_ino
     assert views.resolver(first) is views.resolver(second)
+
+
+def test_then_dlopen_of_a_link_to_a_host_only_library_fails_as_inside(engine):
+    # /app/libevil.so -> /tmp/hostlib-MARK.so: a host file, nothing inside the root; the
+    # program in the container cannot open it, and the model must not open the host's
+    oracle = engine.run_inside("/app/dlopener", "/app/libevil.so")
+    assert oracle.returncode == 1 and "cannot open shared object file" in oracle.stdout, oracle.stdout
+    done = seedance("check", "--pid", str(engine.pid), "--then-dlopen", "/app/libevil.so")
+    assert "then dlopen(/app/libevil.so): fails: /app/libevil.so: cannot open shared object file" in done.stdout, \
+        done.stdout
+    _no_marker(engine, done.stdout, done.stderr)
