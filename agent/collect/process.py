@@ -80,7 +80,9 @@ class ProcessView(Record):
         try:
             return rootfs.host_path(self.root_dir, self.in_root(path))
         except OSError:
-            return f"{self.root_dir}{self.in_root(path)}"
+            # a link loop or a file as a directory inside the root: nothing opens there, and
+            # the root + name would have the host kernel follow the container's links
+            return rootfs.NOWHERE + self.in_root(path)
 
     def where(self) -> str:
         """' in podman container 415b9f57acdc (web)', or '' for a host process."""
