@@ -49,7 +49,9 @@ def install(name: str, requirement: str, marker: str = "") -> Path:
             return target
         partial = CORPUS / f"{name}.part"
         shutil.rmtree(partial, ignore_errors=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+        # wheels only: a source release would compile here, or fetch a binary from an index
+        # this machine cannot reach (TensorRT's), and neither is what a GPU user installs
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--only-binary", ":all:",
                                "--disable-pip-version-check", "--target", str(partial), requirement],
                               capture_output=True, text=True, errors="replace", timeout=1800)
         if proc.returncode != 0:
@@ -98,3 +100,39 @@ def _link(src, dest):
     except OSError:
         shutil.copy2(src, dest)
     return dest
+
+
+def merged(name: str, installs: list) -> Path:
+    """CORPUS/envs/<name>/lib/pythonX.Y/site-packages holding every file of each install
+    dir in ``installs`` (pip's --target trees, or a real site-packages), merged by hard links
+    as pip would install them side by side: several NVIDIA wheels share site-packages/nvidia/.
+    A file two installs both ship (nvidia/__init__.py) comes from the first."""
+    root = CORPUS / "envs" / name
+    packages = root / "lib" / f"python{PY}" / "site-packages"
+    done = root / ".seedance-complete-merged"
+    if done.is_file():
+        return packages
+    with _locked(f"env-{name}"):
+        if done.is_file():
+            return packages
+        shutil.rmtree(root, ignore_errors=True)
+        for install_dir in installs:
+            install_dir = Path(install_dir)
+            if not install_dir.is_dir():
+                raise Unavailable(f"{install_dir} is not installed")
+            for base, dirs, files in os.walk(install_dir):
+                dirs.sort()
+                relative = Path(base).relative_to(install_dir)
+                (packages / relative).mkdir(parents=True, exist_ok=True)
+                for file_name in files:
+                    if relative == Path(".") and file_name.startswith(".seedance"):
+                        continue
+                    src, dest = Path(base) / file_name, packages / relative / file_name
+                    if dest.exists() or dest.is_symlink():
+                        continue
+                    if src.is_symlink():
+                        os.symlink(os.readlink(src), dest)
+                    else:
+                        _link(src, dest)
+        done.write_text("\n".join(map(str, installs)) + "\n")
+    return packages
