@@ -571,7 +571,10 @@ def test_mapped_lib_facts_of_a_child(child):
     st = os.stat(lib)
     assert facts[str(lib)] == Fact("mapped_lib", {"pid": proc.pid, "path": str(lib)},
                                    {"deleted": False, "replaced": False, "state": "ok", "mapped_inode": st.st_ino,
-                                    "disk_inode": st.st_ino, "exe": view.exe}, source="collect.process")
+                                    "disk_inode": st.st_ino, "exe": view.exe, "where": "",
+                                    "restart": f"restart pid {proc.pid} ({view.comm})"},
+                                   source="collect.process")
+    assert view.comm  # a host process is named by its comm in the fix
     assert facts[view.exe].data["state"] == "ok"  # the executable, though its name has no ".so"
     assert str(data) not in facts  # a mapped data file is no library
     assert os.path.realpath(LIBZ) not in facts or facts[os.path.realpath(LIBZ)].data["state"] == "ok"
@@ -635,9 +638,10 @@ def test_disk_state_of_a_library_the_reader_cannot_look_at(child):
     os.chmod(lib.parent, 0o700)
 
     def both_states():
-        answers = [process._disk_state(view, mapping)]
+        root = process._open_root(view)
+        answers = [process._disk_state(view, mapping, root)]
         mapping.deleted = True
-        answers.append(process._disk_state(view, mapping))
+        answers.append(process._disk_state(view, mapping, root))
         return repr(answers)
 
     assert as_nobody(both_states) == repr([("unknown", None), ("deleted", None)])
@@ -824,13 +828,20 @@ def test_preload_facts_without_a_preload(child):
     assert (fact.data["problem"], fact.data["preload_missing"], fact.data["preload_writable"]) == ("", False, False)
 
 
-def test_host_path_through_the_root():
+def test_host_path_through_the_root(tmp_path):
+    """A process of our own root: its paths are the host's.  One in another root (a container,
+    a chroot): the path is resolved inside /proc/PID/root, so an absolute link there never
+    leads to a host file, and a name that resolves nowhere opens nothing."""
     view = process.ProcessView(pid=4242, exe=None, root="/")
     assert view.host_path("/usr/lib/libz.so.1") == "/usr/lib/libz.so.1"
     view.root = ""
     assert view.host_path("/usr/lib/libz.so.1") == "/usr/lib/libz.so.1"
-    view.root = "/srv/jail"
-    assert view.host_path("/usr/lib/libz.so.1") == "/proc/4242/root/usr/lib/libz.so.1"
+    me = os.getpid()
+    view = process.ProcessView(pid=me, exe=None, root="/", foreign=True)
+    inside = view.host_path("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    assert inside.startswith(f"/proc/{me}/root/") and os.path.exists(inside)
+    view = process.ProcessView(pid=999_999_999, exe=None, root="/srv/jail", foreign=True)
+    assert not os.path.exists(view.host_path("/usr/lib/libz.so.1"))
 
 
 DRIVER_CHILD = "from seedance.collect import practice; import sys; " \
