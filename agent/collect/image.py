@@ -50,7 +50,10 @@ def check_image(path: str, options, platform: str | None = None) -> Report:
     started = time.monotonic()
     caps = layers.Caps()
     image, store = oci.open_image(path, platform)
-    staging = layers.make_staging()
+    stored = sum(layer.size for layer in image.layers if isinstance(layer.size, int))
+    if image.kind == "docker-archive" and isinstance(store, oci._TarStore):
+        stored = sum(m.size for m in store.members.values())
+    staging = layers.make_staging(stored)
     try:
         try:
             tree = layers.Tree(staging)

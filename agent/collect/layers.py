@@ -315,7 +315,9 @@ class _Decoded:
         else:
             self.codec = "none"
             self._decoder = None
-        self._out = b""
+        # a bytearray: ld.so-sized reads taken off its front are O(1) (CPython moves the
+        # start), where slicing a bytes buffer copied the rest of it on every read
+        self._out = bytearray()
         self._eof = False
 
     def _fill(self, want: int) -> None:
@@ -350,7 +352,8 @@ class _Decoded:
             raise BadInput(f"{self.where}: a tar header of the layer is larger than "
                            f"{MAX_HEADER_BYTES} bytes (cap: header bytes)")
         self._fill(size)
-        data, self._out = self._out[:size], self._out[size:]
+        data = bytes(self._out[:size])
+        del self._out[:size]
         self.position += len(data)
         self.hasher.update(data)
         return data
@@ -529,9 +532,38 @@ def from_directory(root: str, caps: Caps) -> Tree:
 
 
 # --- laying the tree out ---------------------------------------------------------------------
-def make_staging() -> str:
-    """A private directory under $TMPDIR (mkdtemp makes it 0700)."""
-    path = tempfile.mkdtemp(prefix="seedance-image-")
+SHM = "/dev/shm"
+
+
+def staging_parent(expected_bytes: int = 0) -> str | None:
+    """Where to stage: SEEDANCE_IMAGE_STAGING when set; else /dev/shm when it is a tmpfs
+    with room for four times ``expected_bytes`` (the stored layer sizes: the ELF objects
+    an image unpacks to are rarely more than that) and 1 GiB to spare, since creating and
+    removing tens of thousands of entries there costs microseconds each, on a busy disk
+    milliseconds; else $TMPDIR (None)."""
+    chosen = os.environ.get("SEEDANCE_IMAGE_STAGING")
+    if chosen:
+        return chosen
+    try:
+        st = os.statvfs(SHM)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if not os.access(SHM, os.W_OK) or free < 4 * expected_bytes + (1 << 30):
+        return None
+    return SHM
+
+
+def make_staging(expected_bytes: int | None = None) -> str:
+    """A private directory (mkdtemp makes it 0700): for an image's layers (``expected_bytes``
+    their stored size) under /dev/shm when it fits, else $TMPDIR.  An unpacked root
+    (None) stays under $TMPDIR: its staged files are links to the root's own files."""
+    parent = staging_parent(expected_bytes) if expected_bytes is not None else None
+    try:
+        path = tempfile.mkdtemp(prefix="seedance-image-", dir=parent)
+    except OSError as exc:
+        raise BadInput(f"cannot make a staging directory under {parent or tempfile.gettempdir()}: "
+                       f"{(exc.strerror or str(exc)).lower()}") from None
     os.mkdir(os.path.join(path, "blobs"), 0o700)
     return path
 
