@@ -10,7 +10,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP_FIND := $(if $(WHEELS),--find-links $(WHEELS),)
 APT_PACKAGES := gcc make libc6-dev python3-bpfcc bpfcc-tools linux-headers-amd64 patchelf libtree pax-utils python3-pyelftools systemd graphviz jq man-db strace podman runc skopeo umoci uidmap
 
-.PHONY: install dashboard run test system-deps headers bench bench-churn mutate clean image
+.PHONY: install dashboard run test system-deps headers bench bench-churn bench-accuracy mutate clean image
 
 install: $(STAMP) $(SHARE_STAMP) deploy/grafana-dashboard.json
 
@@ -98,6 +98,11 @@ bench: install
 
 bench-churn: install
 	$(BIN)/python bench/bench_agent_churn.py
+
+# Every accuracy corpus, the GPU ecosystem's real wheels included (a few GB, downloaded once
+# into ~/.cache/seedance-corpus or $SEEDANCE_CORPUS); the table goes to bench/accuracy-results.md.
+bench-accuracy: install
+	$(BIN)/python bench/bench_accuracy.py --results bench/accuracy-results.md
 
 # Mutation testing, bench time, not CI: hours on two cores.  Scores per module go to
 # bench/mutation-results.json; survivors are explained in bench/mutation-survivors.md.
