@@ -116,11 +116,13 @@ mutate: install
 # ~/.cache/seedance-images), the wheels from `pip wheel .` here; podman builds with runc and
 # the lowered rlimits these machines need.  `make image BCC=no` leaves out python3-bpfcc
 # (and LLVM with it) for nodes that run without the eBPF probes: seedance:$(VERSION)-nobpf.
+# --no-cache: the wheels reach the build through a bind mount, which is no part of a layer's
+# cache key, so a cached layer would still hold the previous build's wheel.
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' agent/__init__.py)
 BCC ?= yes
 IMAGE_PACKAGES := python3 python3-venv $(if $(filter no,$(BCC)),,python3-bpfcc)
 IMAGE_TAG ?= seedance:$(VERSION)$(if $(filter no,$(BCC)),-nobpf,)
-PODMAN_BUILD := podman build --runtime /usr/sbin/runc --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
+PODMAN_BUILD := podman build --no-cache --runtime /usr/sbin/runc --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
 image: | $(STAMP)
 	@set -e; base=$$(deploy/mkbase.sh seedance-base$(if $(filter no,$(BCC)),-nobpf,) $(IMAGE_PACKAGES)); \
 	ctx=build/image; rm -rf $$ctx; mkdir -p $$ctx/wheels; \
