@@ -44,7 +44,7 @@ examples:
   seedance check --pid 4242               what a running process really loaded
   seedance ldd /usr/lib/x86_64-linux-gnu/libcurl.so.4
   seedance check --explain libcudart.so.12 ./libkernels.so
-  seedance run --affinity gpu:1 --mem-limit 8G -- python train.py
+  seedance run --affinity gpu:1 --mem-limit 8Gi -- python train.py
   seedance plugin verify --strict --report-json - | jq '.waste_traps[]'
 
 errors: one line `seedance: error: ...` on stderr, exit 2 (0 clean, 1 findings).

@@ -77,7 +77,8 @@ def add_memory_arguments(parser) -> None:
     parser.add_argument("--gpu-id", type=int, default=0, metavar="N", help="device to profile (default 0)")
     from ..render.progress import add_progress_flags
     add_progress_flags(parser)
-    parser.add_argument("--page-size", default="4K", metavar="SIZE", help="page size: allocations round up to it (default 4K)")
+    parser.add_argument("--page-size", default="4Ki", metavar="SIZE",
+                        help="page size: allocations round up to it (4Ki, 2Mi: sizes as in docs/units.md; default 4Ki)")
     parser.add_argument("--sample-interval", default="10ms", metavar="T", help="sample every T (10ms, 0.5s; default 10ms)")
     parser.add_argument("--output", metavar="FRAG.bin", help="write every sample's page map (docs/profile.md)")
     parser.add_argument("--heatmap", metavar="FILE.png", help="time x address heat map, danger intervals marked")
@@ -131,7 +132,7 @@ def execute_launches(args) -> int:
     from ..profile.reports import parse_interval, profile_launches_report, read_power_log
     from ..render.output import prepare_output
 
-    bin_s = parse_interval(args.bin)
+    bin_s = parse_interval(args.bin, "--bin")
     interval = parse_interval(args.sample_interval)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if bool(cmd) == bool(args.from_trace):

@@ -5,7 +5,7 @@ import argparse
 
 EPILOG = """\
 examples:
-  seedance-profiler --gpu-id 0 --page-size 4K --sample-interval 10ms --output frag.bin -- python train.py
+  seedance-profiler --gpu-id 0 --page-size 4Ki --sample-interval 10ms --output frag.bin -- python train.py
   seedance-profiler --from-trace events.jsonl --output frag.bin --heatmap frag.png
 
 The same flags as `seedance profile memory` (see its --help); `seedance profile show

@@ -4,14 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._argtypes import positive_float
+from ..model.units import duration_type
 
 EPILOG = """\
 examples:
   seedance quota apply encoders.yaml        validate, store and apply to running workloads
   seedance run --label app=encoder -- ./encode in.wav
   seedance quota list --json | jq '.[].workloads[].limits'
-  seedance quota watch --interval 1         keep applying and bursting in the foreground
+  seedance quota watch --interval 1s       keep applying and bursting in the foreground
   seedance quota remove encoders            put every workload back where it was
 
 A workload is a process started by `seedance run --label KEY=VALUE` (and its children).
@@ -37,8 +37,10 @@ def configure_parser(sub) -> None:
     remove = actions.add_parser("remove", help="undo a policy: workloads return to their cgroups")
     remove.add_argument("name", metavar="NAME")
     watch = actions.add_parser("watch", help="apply and burst continuously in the foreground")
-    watch.add_argument("--interval", type=positive_float, default=2.0, metavar="S", help="seconds between passes (default 2)")
-    watch.add_argument("--duration", type=positive_float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    watch.add_argument("--interval", type=duration_type("--interval"), default=2.0, metavar="DURATION",
+                       help="time between passes (500ms, 2s; a bare number is seconds; default 2s)")
+    watch.add_argument("--duration", type=duration_type("--duration"), metavar="DURATION",
+                       help="stop after DURATION (default: until Ctrl-C)")
     watch.add_argument("--json", action="store_true", help="one JSON line per change")
     parser.set_defaults(execute=execute)
 
@@ -97,8 +99,21 @@ def _apply(controller, args) -> int:
 
 
 def _watch(controller, args) -> int:
+    import sys
     import time
 
+    from ..model.errors import escape_path
+    from ..model.units import format_duration
+
+    # what this loop enforces, before the first pass: a watch over no policy, or on a backend
+    # the user did not expect, would otherwise look the same as one with nothing to do
+    policies = sorted(controller.store.policies())
+    backend = controller.backend
+    print(escape_path(f"seedance quota watch: {len(policies)} polic{'y' if len(policies) == 1 else 'ies'} "
+                      f"({', '.join(policies) or 'none: seedance quota apply FILE'}), every "
+                      f"{format_duration(args.interval)}, "
+                      + (f"for {format_duration(args.duration)}" if args.duration else "until Ctrl-C")
+                      + f", enforced with {backend.name}"), file=sys.stderr, flush=True)
     deadline = time.monotonic() + args.duration if args.duration else None
     try:
         while True:
@@ -112,14 +127,21 @@ def _watch(controller, args) -> int:
 
 
 def _limits(policy) -> str:
+    from ..model.units import format_size
+
     parts = []
     if policy.cpu_millicores is not None:
         parts.append(f"cpu {policy.cpu_millicores}m")
     if policy.memory_bytes is not None:
-        parts.append(f"memory {policy.memory_bytes} B")
+        parts.append(f"memory {format_size(policy.memory_bytes)}")
     if policy.burstable:
         parts.append(f"burst cpu {policy.burst_cpu_millicores}m while {policy.pressure_key} < {policy.pressure_below:g}")
     return ", ".join(parts)
+
+
+def _settings(limits: dict) -> str:
+    """The backend's limit files or properties as they read (cpu.max=50000 100000, ...)."""
+    return ", ".join(f"{key}={value}" for key, value in limits.items()) or "-"
 
 
 def _event_line(event: dict) -> str:
@@ -131,7 +153,8 @@ def _event_line(event: dict) -> str:
 def _event_text(event: dict) -> str:
     name = event["event"]
     if name == "placed":
-        return (f"  placed workload {event['workload']} (pids {', '.join(map(str, event['pids']))}): {event['limits']}"
+        return (f"  placed workload {event['workload']} (pids {', '.join(map(str, event['pids']))}): "
+                f"{_settings(event['limits'])}"
                 + (f" (not enforced: {event['enforcement']})" if event.get("enforced") is False else ""))
     if name in ("burst", "unburst"):
         verb = "raised to" if name == "burst" else "lowered to"
@@ -144,19 +167,26 @@ def _event_text(event: dict) -> str:
 
 def _render_list(entries) -> None:
     from ..model.errors import escape_path
+    from ..model.units import format_size
+    from .status import _table
 
     if not entries:
         print("no quota policies (seedance quota apply FILE)")
         return
     # policy names and labels come from the policy files, workloads and limits from the
-    # state file and cgroup files: each line is escaped as check escapes paths, so none of
+    # state file and cgroup files: each cell is escaped as check escapes paths, so none of
     # them paints the terminal or forges a line
     for entry in entries:
         labels = ",".join(f"{k}={v}" for k, v in sorted(entry["match_labels"].items()))
-        print(escape_path(f"{entry['name']}: selects {labels}; cpu {entry['cpu_millicores']}m, "
-                          f"memory {entry['memory_bytes']}"
-                          + (f", burst {entry['burst_cpu_millicores']}m" if entry["burstable"] else "")))
-        for member in entry["workloads"]:
-            state = "bursting" if member["bursting"] else "at quota"
-            print(escape_path(f"  workload {member['workload']}: pids {member['pids']}, {state}, "
-                              f"{member['limits']}"))
+        quota = [f"cpu {entry['cpu_millicores']}m" if entry["cpu_millicores"] is not None else "",
+                 f"memory {format_size(entry['memory_bytes'])}" if entry["memory_bytes"] is not None else "",
+                 f"burst {entry['burst_cpu_millicores']}m" if entry["burstable"] else ""]
+        print(escape_path(f"{entry['name']}: selects {labels}; {', '.join(filter(None, quota))}"))
+        if not entry["workloads"]:
+            print(escape_path(f"  no running workload (seedance run --label {labels} -- CMD starts one)"))
+            continue
+        rows = [[member["workload"], ",".join(map(str, member["pids"])) or "-",
+                 "bursting" if member["bursting"] else "at quota", f"{member['cpu_millicores']}m",
+                 _settings(member["limits"])] for member in entry["workloads"]]
+        for line in _table(["WORKLOAD", "PIDS", "STATE", "CPU", "LIMITS"], rows).splitlines():
+            print("  " + line)

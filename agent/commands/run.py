@@ -17,10 +17,10 @@ EXAMPLES = """\
 examples:
   seedance run --affinity gpu:1 -- python train.py          only physical GPU 1, seen as device 0
   seedance run --affinity GPU-5eedface -- ./infer           by UUID prefix (MIG-... too)
-  seedance run --affinity auto --mem-limit 8G -- python serve.py
-  seedance run --mem-limit 8G,1:4G --report-json run.json -- ./bench
+  seedance run --affinity auto --mem-limit 8Gi -- python serve.py
+  seedance run --mem-limit 8Gi,1:4Gi --report-json run.json -- ./bench
   seedance run --events ev.jsonl --audit -- python -c 'import torch'
-  seedance run -o - --mem-limit 1G -- ./app | jq .stats      the report on stdout; the app's stdout on stderr
+  seedance run -o - --mem-limit 1Gi -- ./app | jq .stats      the report on stdout; the app's stdout on stderr
   SEEDANCE_DISABLE=1 seedance run -- ./app                  shim loaded but bypassed (said on stderr)
 """
 
@@ -34,7 +34,8 @@ def configure_parser(sub):
                         help="devices the program may see: gpu:N, N, npuN, GPU-<uuid>, MIG-<uuid>, "
                              "a comma list of those, or auto (least-loaded device)")
     parser.add_argument("--mem-limit", metavar="SIZE",
-                        help="device memory quota: 8G for every device, 1:4G for device 1, or both (8G,1:4G)")
+                        help="device memory quota: 8Gi for every device, 1:4Gi for device 1, or both (8Gi,1:4Gi); "
+                             "Kubernetes quantities: Gi is 1024^3, G is 1000^3, a bare number is bytes")
     parser.add_argument("--events", metavar="FILE",
                         help="write the shim's events as JSON lines (- for stdout: the program's stdout "
                              "then goes to stderr)")

@@ -2,7 +2,7 @@
 memory it still holds when it exits, live, with eBPF (bcc).
 
 usage: seedance trace [--pid PID ... | -- CMD ARGS] [--backend auto|ebpf|audit]
-                      [--json] [-o FILE] [--duration S] [--report-json FILE] [--strict]
+                      [--json] [-o FILE] [--duration DURATION] [--report-json FILE] [--strict]
 
 Events stream as lines (or JSONL with --json) to stdout or, as strace and bpftrace have
 it, to -o FILE; findings come from the same rules as `seedance check` and print as they
@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
 from ..model.errors import NotAvailable, UsageError, escape_path
+from ..model.units import duration_type
 
 EPILOG = """\
 examples:
   seedance trace -- python train.py           trace a command from its first library
-  seedance trace --pid 4242 --duration 30     attach to a running process for 30 s
+  seedance trace --pid 4242 --duration 30s    attach to a running process for 30 s
   seedance trace --json -- ./app | jq 'select(.event=="finding")'
   seedance trace --json -o events.jsonl -- ./app   the stream to a file, the program's stdout kept
   seedance trace --report-json r.json -- ./app   findings in the check's report schema
@@ -50,7 +50,8 @@ def configure_parser(sub):
     parser.add_argument("-o", "--output", metavar="FILE", default="-",
                         help="write the stream to FILE instead of stdout (then the traced command "
                              "keeps its stdout)")
-    parser.add_argument("--duration", type=_seconds, metavar="S", help="stop tracing after S seconds")
+    parser.add_argument("--duration", type=duration_type("--duration"), metavar="DURATION",
+                        help="stop tracing after DURATION (10s, 1m30s; a bare number is seconds)")
     from ..render.progress import add_progress_flags
     add_progress_flags(parser)
     parser.add_argument("--report-json", metavar="FILE",
@@ -80,16 +81,6 @@ def _pages(text: str) -> int:
     if not text.isdigit() or int(text) < 1 or int(text) & (int(text) - 1):
         raise argparse.ArgumentTypeError(f"not a power of two: {text!r}")
     return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1
-    if not math.isfinite(value) or value <= 0:  # nan compares false with everything
-        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
-    return value
 
 
 def execute(args) -> int:

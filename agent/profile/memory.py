@@ -67,21 +67,11 @@ def verdict(ratio: float, mean: float) -> str:
 
 
 def parse_size(text: str, what: str = "size") -> int:
-    """'4K', '64KiB', '2M', '4096' -> bytes (K/M/G are powers of 1024, as page sizes are)."""
-    value = str(text).strip()
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    number, unit = value, ""
-    for suffix in ("KiB", "MiB", "GiB", "KB", "MB", "GB", "K", "M", "G", "k", "B"):
-        if value.endswith(suffix):
-            number, unit = value[: -len(suffix)], suffix[0].upper() if suffix != "B" else ""
-            break
-    try:
-        size = int(float(number) * units[unit])
-    except (ValueError, KeyError, OverflowError):   # OverflowError: "inf", "1e999"
-        raise BadInput(f"{what}: not a size: {value!r} (use 4K, 64K, 2M)") from None
-    if size <= 0:
-        raise BadInput(f"{what}: must be positive: {value!r}")
-    return size
+    """'4Ki', '2Mi', '4096' -> bytes: the quantity grammar every command shares
+    (seedance.model.units), so 4Ki is a 4096-byte page and 2M is 2000000 bytes."""
+    from ..model.units import parse_size as parse
+
+    return parse(text, what, minimum=1)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from dataclasses import dataclass, field
 
-from ..model.errors import BadInput, NotAvailable, UsageError, escape_path
+from ..model.errors import BadInput, NotAvailable, escape_path
 
 
 def _no_step(label: str):
@@ -24,20 +23,11 @@ def _no_notice(line: str) -> None:
     return None
 
 
-def parse_interval(text: str) -> float:
-    value = str(text).strip()
-    scale = 1.0
-    for suffix, factor in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
-        if value.endswith(suffix):
-            value, scale = value[: -len(suffix)], factor
-            break
-    try:
-        seconds = float(value) * scale
-    except ValueError:
-        raise UsageError(f"--sample-interval: not a duration: {text!r} (use 10ms or 0.5s)") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise UsageError(f"--sample-interval: must be a positive duration: {text!r}")
-    return seconds
+def parse_interval(text: str, what: str = "--sample-interval") -> float:
+    """10ms, 0.5s, 500us or a bare number of seconds: seedance.model.units' durations."""
+    from ..model.units import parse_duration
+
+    return parse_duration(text, what)
 
 
 # --- launches ------------------------------------------------------------------------------------

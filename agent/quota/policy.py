@@ -25,8 +25,6 @@ KIND = "WorkloadQuotaPolicy"
 _PSI_KEY = re.compile(r"^(cpu|memory|io)_(some|full)_(avg10|avg60|avg300)$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label, as Kubernetes names are
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
-_MEMORY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-                 "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
 @dataclass(frozen=True)
@@ -53,28 +51,26 @@ class Policy:
 
 
 def parse_cpu(text, field_name: str) -> int:
-    """'500m' -> 500, '1.5' -> 1500, 2 -> 2000 (millicores)."""
+    """'500m' -> 500, '1.5' -> 1500, 2 -> 2000 (millicores): Kubernetes' CPU quantities,
+    digits only (float() would also take 'inf', '1e3' and '1_000')."""
     value = str(text).strip()
-    match = re.fullmatch(r"(\d+)m", value)
-    try:
-        millis = int(match.group(1)) if match else round(float(value) * 1000)
-    except ValueError:
-        raise BadInput(f"{field_name}: not a CPU quantity: {value!r} (use 500m or 1.5)") from None
+    match = re.fullmatch(r"([0-9]+)m|([0-9]+\.?[0-9]*|\.[0-9]+)", value)
+    if not match or isinstance(text, bool):
+        raise BadInput(f"{field_name}: not a CPU quantity: {value!r} (use 500m or 1.5)")
+    millis = int(match.group(1)) if match.group(1) else round(float(match.group(2)) * 1000)
     if millis < 1 or millis > 1_000_000:
         raise BadInput(f"{field_name}: {value!r} is out of range (1m .. 1000 cores)")
     return millis
 
 
 def parse_memory(text, field_name: str) -> int:
-    value = str(text).strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kMGT]i?|)", value)
-    if not match:
-        raise BadInput(f"{field_name}: not a memory quantity: {value!r} (use 256Mi, 1Gi or bytes)")
-    number = float(match.group(1)) * _MEMORY_UNITS[match.group(2)]
-    # the kernel rounds to pages; below a few pages a cgroup cannot even hold a shell
-    if number < 1 << 20:
-        raise BadInput(f"{field_name}: {value!r} is below 1Mi")
-    return int(number)
+    """A memory quantity (seedance.model.units, the grammar every command shares), at least 1Mi:
+    the kernel rounds to pages, and below a few pages a cgroup cannot even hold a shell."""
+    from ..model.units import parse_size
+
+    if isinstance(text, bool) or isinstance(text, float):
+        raise BadInput(f"{field_name}: not a memory quantity: {text!r} (use 256Mi, 1Gi or bytes)")
+    return parse_size(text, field_name, minimum=1 << 20)
 
 
 def parse_policy(document, source: str = "policy") -> Policy:

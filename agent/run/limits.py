@@ -10,29 +10,29 @@ from __future__ import annotations
 import os
 import re
 
-from ..model.errors import NotAvailable, UsageError
-
-SIZE_RE = re.compile(r"^(\d+)\s*([KMGTkmgt]?)(i?[Bb])?$")
+from ..model.errors import BadInput, NotAvailable, UsageError
 
 
 def parse_size(text: str) -> int:
-    m = SIZE_RE.match(text.strip())
-    if not m:
-        raise UsageError(f"seedance run: --mem-limit: {text!r} is not a size (e.g. 8G, 512M)")
-    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
-    value = int(m.group(1)) * mult
-    if value <= 0:
-        raise UsageError(f"seedance run: --mem-limit: {text!r} must be more than 0")
-    return value
+    """A --mem-limit size: a Kubernetes quantity (seedance.model.units: 8Gi, 1.5G, 512Mi, or
+    bytes), more than 0.  The launcher's parse_size (shim/src/launcher.c) reads the same."""
+    from ..model.units import parse_size as parse
+
+    try:
+        return parse(text, "--mem-limit", minimum=1)
+    except BadInput as exc:
+        raise UsageError(f"seedance run: {exc.message}") from None
 
 
 def parse_mem_limit(text: str) -> tuple[str, dict]:
-    """'8G,1:4G' -> ('8589934592,1:4294967296', {'default': ..., 'per_device': {...}})"""
+    """'8Gi,1:4Gi' -> ('8589934592,1:4294967296', {'default': ..., 'per_device': {...}})"""
     default, per_device, parts = None, {}, []
-    for item in filter(None, (s.strip() for s in text.split(","))):
+    # C's isspace() set, as the launcher strips: str.strip() would take more
+    for item in filter(None, (s.strip(" \t\n\v\f\r") for s in text.split(","))):
         if ":" in item:
             dev, size = item.split(":", 1)
-            if not dev.strip().isdigit() or int(dev) >= 16:
+            # [0-9] and not isdigit(), which is true of '²' and other digits int() refuses
+            if not re.fullmatch(r"[ \t\n\v\f\r]*[0-9]+[ \t\n\v\f\r]*", dev) or int(dev) >= 16:
                 raise UsageError(f"seedance run: --mem-limit: {item!r}: the device must be 0..15")
             per_device[int(dev)] = parse_size(size)
             parts.append(f"{int(dev)}:{per_device[int(dev)]}")

@@ -7,15 +7,12 @@ directory spec so a user unit, a root DaemonSet and a test in a temp dir all agr
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Mapping
 
 from ..model.errors import BadInput, UsageError
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 MAX_DURATION_S = 30 * 86400.0
 
 HANDLE_MODES = ("per-instance", "shared")
@@ -23,19 +20,15 @@ PROBE_MODES = ("auto", "on", "off")
 
 
 def parse_duration(text, what: str = "duration") -> float:
-    """'2s', '500ms', '10m', '1h' or a bare number of seconds -> seconds (> 0)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        seconds = float(text)
-    else:
-        match = _DURATION.match(str(text))
-        if not match:
-            raise UsageError(f"{what}: {text!r} is not a duration (examples: 500ms, 2s, 10m, 1h)")
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds <= 0:
-        raise UsageError(f"{what}: {text!r} must be longer than zero")
-    if not seconds <= MAX_DURATION_S:  # also nan and inf (YAML .nan/.inf): select() would raise
-        raise UsageError(f"{what}: {text!r} must be a finite duration of at most 30 days")
-    return seconds
+    """'2s', '500ms', '1m30s', '1h' or a bare number of seconds -> seconds (> 0): the grammar
+    of seedance.model.units, which every command shares; at most 30 days, as a timer the
+    agent arms must end."""
+    from ..model.units import parse_duration as parse
+
+    try:
+        return parse(text, what, maximum=MAX_DURATION_S)
+    except BadInput as exc:
+        raise UsageError(exc.message) from None
 
 
 def format_duration(seconds: float) -> str:

@@ -199,46 +199,76 @@ static const char *quoted(const char *s)
     return out;
 }
 
-/* ---- sizes: the grammar of seedance.run.limits.parse_size ------------------------- */
+/* ---- sizes: the grammar of seedance.model.units.parse_size ------------------------ */
+
+/* Kubernetes quantities (8Gi, 1.5G, 512Mi; a bare number is bytes; an optional trailing B),
+ * a fraction rounded up to a whole byte as resource.Quantity.Value() does; at most 2^64-1
+ * bytes and 18 decimal places, so every step below is exact in 128 bits */
+#define SIZE_NOT "--mem-limit: %s is not a size (e.g. 8Gi, 1.5G, 512Mi; a bare number is bytes)"
+#define MAX_FRACTION_DIGITS 18
 
 static uint64_t parse_size(const char *text)
 {
-    const char *p = text;
+    static const struct { const char *name; uint64_t mult; } suffixes[] = {
+        {"Ki", 1ull << 10}, {"Mi", 1ull << 20}, {"Gi", 1ull << 30}, {"Ti", 1ull << 40},
+        {"Pi", 1ull << 50}, {"Ei", 1ull << 60},
+        {"k", 1000ull}, {"M", 1000000ull}, {"G", 1000000000ull}, {"T", 1000000000000ull},
+        {"P", 1000000000000000ull}, {"E", 1000000000000000000ull},
+    };
+    const char *p = text, *end;
     while (isspace((unsigned char)*p))
         p++;
-    const char *digits = p;
-    while (isdigit((unsigned char)*p))
-        p++;
-    if (p == digits)
-        usage_error("--mem-limit: %s is not a size (e.g. 8G, 512M)", quoted(text));
-    errno = 0;
-    unsigned long long v = strtoull(digits, NULL, 10);
-    while (isspace((unsigned char)*p))
-        p++;
-    uint64_t mult = 1;
-    switch (*p) {
-    case 'K': case 'k': mult = 1ull << 10; p++; break;
-    case 'M': case 'm': mult = 1ull << 20; p++; break;
-    case 'G': case 'g': mult = 1ull << 30; p++; break;
-    case 'T': case 't': mult = 1ull << 40; p++; break;
-    default: break;
+    end = p + strlen(p);
+    while (end > p && isspace((unsigned char)end[-1]))
+        end--;
+    const char *start = p;
+    uint64_t whole = 0, fraction = 0, pow10 = 1;
+    int overflow = 0;
+    size_t nwhole = 0, nfrac = 0;
+    for (; p < end && isdigit((unsigned char)*p); p++, nwhole++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            overflow = 1;
+        else
+            whole = whole * 10 + d;
     }
-    /* then "B", "iB" or nothing ("i" alone is not a suffix) */
-    if (*p == 'i' && (p[1] == 'B' || p[1] == 'b'))
-        p += 2;
-    else if (*p == 'B' || *p == 'b')
+    if (p < end && *p == '.')
+        for (p++; p < end && isdigit((unsigned char)*p); p++, nfrac++)
+            if (nfrac < MAX_FRACTION_DIGITS) {
+                fraction = fraction * 10 + (uint64_t)(*p - '0');
+                pow10 *= 10;
+            }
+    uint64_t mult = 1;
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        size_t l = strlen(suffixes[i].name);
+        if ((size_t)(end - p) >= l && memcmp(p, suffixes[i].name, l) == 0) {
+            mult = suffixes[i].mult;
+            p += l;
+            break;
+        }
+    }
+    if (p < end && *p == 'B')
         p++;
-    const char *end = p;
-    while (isspace((unsigned char)*end))
-        end++;
-    if (*end || errno || (mult > 1 && v > UINT64_MAX / mult))
-        usage_error("--mem-limit: %s is not a size (e.g. 8G, 512M)", quoted(text));
-    if (v == 0)
+    if (nwhole + nfrac == 0 || p != end || nfrac > MAX_FRACTION_DIGITS) {
+        /* 512m: Kubernetes reads m as milli; Docker users mean MiB by it */
+        const char *q = start;
+        while (q < end && (isdigit((unsigned char)*q) || *q == '.'))
+            q++;
+        if (q > start && q < end && *q == 'm' && (q + 1 == end || (q[1] == 'B' && q + 2 == end)))
+            usage_error("--mem-limit: %s: m is milli in a quantity; write Mi (1024*1024) or M (1000*1000)",
+                        quoted(text));
+        usage_error(SIZE_NOT, quoted(text));
+    }
+    unsigned __int128 value = (unsigned __int128)whole * mult
+                              + ((unsigned __int128)fraction * mult + pow10 - 1) / pow10;
+    if (overflow || value > UINT64_MAX)
+        usage_error("--mem-limit: %s is too large (at most 2^64 - 1 bytes)", quoted(text));
+    if (value == 0)
         usage_error("--mem-limit: %s must be more than 0", quoted(text));
-    return v * mult;
+    return (uint64_t)value;
 }
 
-/* "8G,1:4G" -> "8589934592,1:4294967296" (the shim's syntax, in bytes) */
+/* "8Gi,1:4Gi" -> "8589934592,1:4294967296" (the shim's syntax, in bytes) */
 static void parse_mem_limit(const char *text, char *out, size_t len)
 {
     char buf[512], parts[SD_MAX_DEVICES + 1][48];

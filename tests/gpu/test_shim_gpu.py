@@ -120,7 +120,7 @@ def test_real_runtime_remap_quota_and_caller(sdrt_real, tmp_path):
     report = tmp_path / "r.json"
     target = GPUS - 1
     mib = 1 << 20
-    p = run("--affinity", f"gpu:{target}", "--mem-limit", "64M", "--report-json", report, "--",
+    p = run("--affinity", f"gpu:{target}", "--mem-limit", "64Mi", "--report-json", report, "--",
             sdrt_real, str(4 * mib), f"k{5 * mib}", str(60 * mib))
     lines = p.stdout.splitlines()
     assert lines[0] == "count result=0 count=1", p.stdout + p.stderr

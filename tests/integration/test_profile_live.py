@@ -93,7 +93,7 @@ def test_live_fragmenting_program(built, env, tmp_path):
 
 
 def test_seed_spelling_live(built, env, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "seedance", "profiler", "--gpu-id", "0", "--page-size", "4K",
+    p = subprocess.run([sys.executable, "-m", "seedance", "profiler", "--gpu-id", "0", "--page-size", "4Ki",
                         "--sample-interval", "10ms", "--output", str(tmp_path / "frag.bin"), "--",
                         str(built / "workload"), "fragment"], env=env, capture_output=True, text=True)
     assert p.returncode == 1, p.stderr

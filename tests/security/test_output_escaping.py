@@ -96,7 +96,7 @@ def test_quota_list_escapes_policy_names_labels_and_workloads(tmp_path):
     # the policy's names are validated as whole strings on load; the state file is not ours to
     # trust, and its workload id is escaped
     assert out.splitlines()[0].startswith("enc: selects app=encoder")
-    assert "workload \\x1b[2J\\x1b[31m4242-1\\nforged:" in out and len(out.splitlines()) == 2
+    assert "  \\x1b[2J\\x1b[31m4242-1\\nforged  " in out and len(out.splitlines()) == 3
     proc, out = run("quota", "list", "--json", env=env)
     entries = json.loads(out)
     assert entries[0]["name"] == "enc" and entries[0]["workloads"][0]["workload"] == WORKLOAD

@@ -10,23 +10,23 @@ from seedance.run.limits import parse_mem_limit, parse_size, resolve_affinity
 from seedance.model.errors import BadInput, UsageError
 
 
-@pytest.mark.parametrize("text,value", [("8G", 8 << 30), ("512M", 512 << 20), ("4096", 4096), ("1GiB", 1 << 30),
-                                        ("2t", 2 << 40)])
+@pytest.mark.parametrize("text,value", [("8Gi", 8 << 30), ("512Mi", 512 << 20), ("4096", 4096), ("1GiB", 1 << 30),
+                                        ("2Ti", 2 << 40), ("8G", 8 * 10**9), ("1.5G", 1_500_000_000)])
 def test_sizes(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "G", "-1G", "1.5G", "8X", "0"])
+@pytest.mark.parametrize("text", ["", "G", "-1G", "2t", "8X", "0"])
 def test_bad_sizes(text):
     with pytest.raises(UsageError):
         parse_size(text)
 
 
 def test_mem_limit_default_and_per_device():
-    value, info = parse_mem_limit("8G,1:4G")
+    value, info = parse_mem_limit("8Gi,1:4Gi")
     assert value == f"{8 << 30},1:{4 << 30}"
     assert info == {"default_bytes": 8 << 30, "per_device_bytes": {1: 4 << 30}}
-    assert parse_mem_limit("0:1M")[0] == f"0:{1 << 20}"
+    assert parse_mem_limit("0:1Mi")[0] == f"0:{1 << 20}"
     with pytest.raises(UsageError):
         parse_mem_limit("8G,4G")
     with pytest.raises(UsageError):

@@ -303,3 +303,52 @@ def test_fix_scan_and_profiler_show_progress_when_asked(undefined_tree, tmp_path
     assert profiled.returncode in (0, 1), profiled.stderr
     assert re.search(r"^profiling .*ev\.jsonl: done in [0-9.]+ s$", profiled.stderr, re.M), profiled.stderr
     json.loads(profiled.stdout)
+
+
+# -- sizes and durations: one grammar --------------------------------------------------------------
+# The same words through both entry points of `seedance run --mem-limit`: Python's
+# (seedance.run.limits, which reads sizes with seedance.model.units) and the C launcher's own
+# parse_size.  Each value or error line must be the same, byte for byte.  (An empty
+# --mem-limit is no limit in both, before any size is read.)
+MEM_LIMITS = [
+    "8Gi", "512Mi", "4Ki", "1Ti", "1Ei", "15Ei", "16Ei", "1G", "1.5G", "500M", "64k", "1.5Gi", "4096", "1",
+    "8GiB", "500MB", "100B", "1.5", "0.1", ".5Ki", "5.", "0.0000001Gi", " 8Gi ", "18446744073709551615",
+    "18446744073709551616", "99999999999999999999999Ki", "1.000000000000000001Ei", "1.0000000000000000001",
+    "8Gi,1:4Gi", "1:1.5G", "1: 2Mi", " 3 :1Ki,0:1", "8G,4G", "16:1G", "x:1G", "²:1G", "1:",
+    ",", "G", ".", "-1G", "+1G", "8X", "1K", "8g", "2t", "8 Gi", "1e9", "1_000", "inf",
+    "512m", "512mB", "1.5m", "0", "0Gi", "0.0", "１２", "8Gi8", "1.2.3",
+]
+
+
+def test_mem_limit_sizes_read_the_same_in_python_and_in_the_launcher():
+    from seedance import shim
+    from seedance.cli import error_text
+    from seedance.model.errors import UsageError
+    from seedance.run.limits import parse_mem_limit
+
+    try:
+        launcher = shim.launcher_path()
+    except shim.NotAvailable as exc:
+        pytest.skip(str(exc))
+    printenv = shutil.which("printenv")
+    for text in MEM_LIMITS:
+        try:
+            expected, code = parse_mem_limit(text)[0] + "\n", 0
+        except UsageError as exc:
+            expected, code = error_text(str(exc)) + "\n", 2
+        proc = subprocess.run([str(launcher), "--mem-limit", text, "--", printenv, "SEEDANCE_MEM_LIMIT"],
+                              capture_output=True, text=True, timeout=30)
+        got = proc.stdout if proc.returncode == 0 else proc.stderr
+        assert (proc.returncode, got) == (code, expected), text
+
+
+def test_a_bad_duration_or_size_is_one_line_naming_the_grammar(tmp_path):
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    for argv, words in ((["trace", "--duration", "1m30", "--", "true"], "--duration: '1m30' is not a duration"),
+                        (["quota", "watch", "--interval", "2x"], "--interval: '2x' is not a duration"),
+                        (["profile", "memory", "--page-size", "4K", "--from-trace", "/dev/null"],
+                         "--page-size: '4K' is not a size"),
+                        (["run", "--mem-limit", "512m", "--", "true"], "m is milli")):
+        proc = _run([BIN / "python", "-m", "seedance", *argv], env=env)
+        assert proc.returncode == 2 and words in proc.stderr, (argv, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("seedance: error: "), proc.stderr
