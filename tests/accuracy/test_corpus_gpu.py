@@ -123,6 +123,11 @@ ENVS = [
         [("torchao-0.18.0", "torchao==0.18.0"), T13], ["torchao"], first=["torch"], imports=["torchao"], small=True),
     Env("torchao 0.7.0 (for torch 2.5) + torch 2.13.0+cpu", "quantisation",
         [("torchao-0.7.0", "torchao==0.7.0"), T13], ["torchao"], first=["torch"], imports=["torchao"]),
+    Env("auto-gptq 0.7.1 (kernels built for torch 2.2, CUDA 12.1) + torch 2.4.1 and its nvidia wheels",
+        "quantisation", [("auto-gptq", "auto-gptq==0.7.1"), T24], ["autogptq_*.so", "exllama*.so"],
+        first=["torch"], nvidia_preload=True),
+    Env("auto-gptq 0.7.1 + torch 2.13.0+cpu", "quantisation", [("auto-gptq", "auto-gptq==0.7.1"), T13],
+        ["autogptq_*.so", "exllama*.so"], first=["torch"]),
     # --- onnxruntime-gpu on CUDA 12 and 13
     Env("onnxruntime-gpu 1.31.1 alone", "onnxruntime-gpu",
         [("onnxruntime-gpu", "onnxruntime-gpu==1.31.1")], ["onnxruntime"], imports=["onnxruntime"],
@@ -207,7 +212,6 @@ ENVS = [
 KNOWN_LIMITS = [
     ("tensorrt", "PyPI holds only source releases of tensorrt / tensorrt-cu12 that fetch the wheels from "
                  "NVIDIA's own index at install time, which this machine cannot reach"),
-    ("auto-gptq", "PyPI holds only auto-gptq's source release (its CUDA wheels are on its own index)"),
     ("llama-cpp-python", "PyPI holds only the source release (prebuilt CUDA wheels are on the project's own index)"),
 ]
 
@@ -264,9 +268,15 @@ def elf_files(top: Path) -> list:
 
 
 def objects_of(env: Env) -> list:
+    """The ELF objects of the package under test: its subjects are site-packages entries or
+    globs (auto-gptq's kernels are top-level extension modules)."""
     found = []
     for subject in env.subjects:
-        found += elf_files(env.site / subject)
+        for entry in sorted(env.site.glob(subject)):
+            if entry.is_dir():
+                found += elf_files(entry)
+            elif entry.is_file() and not entry.is_symlink() and entry.read_bytes()[:4] == b"\x7fELF":
+                found.append(str(entry))
     return found
 
 
@@ -407,7 +417,7 @@ def report_for(env: Env) -> dict:
 def import_report(env: Env, module: str) -> tuple:
     """(exit code, findings) of `seedance check --python PY --imports MODULE` with the site on
     PYTHONPATH, as the user's interpreter would see it."""
-    command = [sys.executable, "-m", "seedance", "check", "--json", "--no-progress", "--no-cache",
+    command = [sys.executable, "-m", "seedance", "check", "--json", "--no-progress",
                "--python", sys.executable, "--imports", module]
     proc = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=1200,
                           env=_clean_env(env.site), cwd="/")
