@@ -90,14 +90,12 @@ def check_root(directory: str, options) -> Report:
     if not os.path.isdir(directory):
         raise BadInput(f"{directory}: not a directory")
     tree = layers.from_directory(directory, layers.Caps())
-    staging = layers.make_staging()
-    try:
-        shadow = os.path.join(staging, "root")
-        layers.materialize(tree, shadow, directory)
-        scope = {"root": directory, "env_path": DEFAULT_PATH, "ld_library_path": ""}
-        return _judge(_Source(tree, shadow, {}, [], scope), options, started)
-    finally:
-        layers.remove_staging(staging)
+    # The directory is read in place: the tree lists its files as the walk found them (no
+    # link followed), and the resolver opens every other name through rootfs, inside the
+    # root, so an absolute link in it is re-rooted as the root's own ld.so would see it and
+    # never reaches a host file.
+    scope = {"root": directory, "env_path": DEFAULT_PATH, "ld_library_path": ""}
+    return _judge(_Source(tree, os.path.realpath(directory), {}, [], scope), options, started)
 
 
 # --- the judgement ---------------------------------------------------------------------------
