@@ -12,6 +12,9 @@ EPILOG = """\
 examples:
   seedance status                 tables: agent, instances, devices, leaks, findings
   seedance status --json | jq '.leaks[]'
+
+exit status: 0 the agent answered, 3 no agent is running (as systemctl status), 2 it
+cannot be asked (another user's agent, no answer).
 """
 
 
@@ -25,16 +28,40 @@ def configure_parser(sub):
 
 
 def execute(args) -> int:
+    from ..model.errors import NotAvailable, NotRunning
     from ..service.api import request
     from ..service.config import socket_path
 
-    status = request(socket_path(), "status")
+    path = socket_path()
+    try:
+        status = request(path, "status")
+    except NotAvailable as exc:
+        # no socket, or one nobody listens on: not running (exit 3, as systemctl status);
+        # an agent of another user, or one that does not answer, stays exit 2
+        if not _listening(path):
+            raise NotRunning(exc.message) from None
+        raise
     if args.json:
         json.dump(status, sys.stdout, indent=2, sort_keys=False, default=str)
         sys.stdout.write("\n")
         return 0
     sys.stdout.write(render(status))
     return 0
+
+
+def _listening(path) -> bool:
+    import socket
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        probe.connect(str(path))
+        return True
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        return False
+    except OSError:  # permission denied, ...: something is there that we cannot ask
+        return True
+    finally:
+        probe.close()
 
 
 def _bytes(value) -> str:

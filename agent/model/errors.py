@@ -9,6 +9,7 @@ from __future__ import annotations
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
+EXIT_NOT_RUNNING = 3  # systemctl status and LSB init scripts: "program is not running"
 
 
 class SeedanceError(Exception):
@@ -42,6 +43,13 @@ class RuleError(BadInput):
 
 class NotAvailable(SeedanceError):
     """A capability that is not built, or not possible on this host (no GPU, no eBPF, ...)."""
+
+
+class NotRunning(NotAvailable):
+    """The agent asked for is not running: exit 3, as `systemctl status` of an inactive unit,
+    so a script tells "not running" from "cannot ask" (2) without reading the line."""
+
+    exit_code = EXIT_NOT_RUNNING
 
 
 def escape_path(value) -> str:

@@ -189,10 +189,10 @@ def test_sigterm_stops_cleanly(agent):
     assert db.is_file() and (not wal.exists() or wal.stat().st_size == 0)
 
 
-def test_no_agent_is_one_line_exit_2(agent_root):
+def test_no_agent_is_one_line_exit_3(agent_root):
     env = {"HOME": str(agent_root), "XDG_RUNTIME_DIR": str(agent_root)}
     proc = run_cli("status", env=env)
-    assert proc.returncode == 2
+    assert proc.returncode == 3  # systemctl status: "program is not running"
     assert proc.stderr.count("\n") == 1 and "no agent running" in proc.stderr
 
 

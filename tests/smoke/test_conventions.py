@@ -352,3 +352,26 @@ def test_a_bad_duration_or_size_is_one_line_naming_the_grammar(tmp_path):
         proc = _run([BIN / "python", "-m", "seedance", *argv], env=env)
         assert proc.returncode == 2 and words in proc.stderr, (argv, proc.stderr)
         assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("seedance: error: "), proc.stderr
+
+
+# -- exit codes as systemctl's ---------------------------------------------------------------------
+def test_status_exits_3_when_no_agent_runs(tmp_path):
+    """`systemctl status` of an inactive unit exits 3 (LSB "program is not running"): so does
+    `seedance status` with no socket and with a socket nobody listens on; the line says so."""
+    import socket
+
+    runtime = tmp_path / "rt"
+    (runtime / "seedance").mkdir(parents=True)
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    for args in (["status"], ["status", "--json"]):
+        proc = _run([BIN / "seedance", *args], env=env)
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stdout == "" and proc.stderr.startswith("seedance: no agent running"), proc.stderr
+        assert len(proc.stderr.splitlines()) == 1
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(runtime / "seedance" / "agent.sock"))   # bound, never listening: an agent that died
+    try:
+        proc = _run([BIN / "seedance", "status"], env=env)
+    finally:
+        stale.close()
+    assert proc.returncode == 3 and "stale status socket" in proc.stderr, proc.stderr
