@@ -63,8 +63,12 @@ def _parser_class():
         class _Parser(argparse.ArgumentParser):
             """argparse that reports usage errors in one line with exit code 2."""
 
+            def parse_known_args(self, args=None, namespace=None):
+                self._words = list(sys.argv[1:] if args is None else args)  # for error()'s suggestion
+                return super().parse_known_args(args, namespace)
+
             def error(self, message):
-                raise UsageError(f"{self.prog}: {message}")
+                raise UsageError(f"{self.prog}: {_did_you_mean(self, message)}")
 
             def _get_formatter(self):
                 # argparse builds a formatter for every add_argument; without a width its
@@ -74,6 +78,40 @@ def _parser_class():
 
         _PARSER_CLASS = _Parser
     return _PARSER_CLASS
+
+
+def _did_you_mean(parser, message: str) -> str:
+    """argparse's message, with the closest command, action, choice or flag to a mistyped one
+    (as git and cargo suggest): difflib over what this parser and the subcommands named on
+    its command line accept."""
+    import difflib
+    import re
+
+    choice = re.match(r"(?P<head>argument [^:]+: invalid choice: (?P<bad>'[^']*'|\"[^\"]*\")) "
+                      r"\(choose from (?P<choices>.*)\)$", message)
+    if choice:
+        bad = choice.group("bad")[1:-1]
+        close = difflib.get_close_matches(bad, re.findall(r"'([^']*)'", choice.group("choices")), n=1)
+        return f"{choice.group('head')}; did you mean {close[0]!r}?" if close else message
+    unknown = re.match(r"unrecognized arguments: (?P<words>.*)$", message)
+    if not unknown:
+        return message
+    flags = set()
+    current = parser
+    for word in getattr(parser, "_words", []):
+        flags.update(current._option_string_actions)
+        sub = next((action.choices[word] for action in current._actions
+                    if getattr(action, "choices", None) and isinstance(action.choices, dict)
+                    and word in action.choices), None)
+        if sub is not None:
+            current = sub
+    flags.update(current._option_string_actions)
+    for word in unknown.group("words").split():
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], sorted(flags), n=1)
+            if close:
+                return f"{message}; did you mean {close[0]}?"
+    return message
 
 
 def _terminal_width() -> int:

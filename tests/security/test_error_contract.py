@@ -88,7 +88,7 @@ def test_help_goes_to_stdout_only_on_help():
     ["fix", "undo", "no-such-entry"],
     ["plugin", "verify", "--report-json"],
     ["plugin", "install", "/nonexistent/plugin"],
-    ["status"],
+    # (`status` without an agent is exit 3, as systemctl's: tests/smoke/test_conventions.py)
 ])
 def test_usage_and_bad_input_are_one_line(argv, isolated):
     # a refused --duration must never start tracing: the timeout would fail the test

@@ -375,3 +375,24 @@ def test_status_exits_3_when_no_agent_runs(tmp_path):
     finally:
         stale.close()
     assert proc.returncode == 3 and "stale status socket" in proc.stderr, proc.stderr
+
+
+# -- typos -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,suggestion", [
+    (["seedance", "chek"], "did you mean 'check'?"),
+    (["seedance", "quota", "lst"], "did you mean 'list'?"),
+    (["seedance", "trace", "--backend", "ebfp"], "did you mean 'ebpf'?"),
+    (["seedance", "check", "--jsno"], "did you mean --json?"),
+    (["seedance", "quota", "watch", "--intervall", "2s"], "did you mean --interval?"),
+    (["seedance-check", "--jsno"], "did you mean --json?"),
+])
+def test_a_mistyped_command_or_flag_names_the_closest(argv, suggestion):
+    proc = _run([BIN / argv[0], *argv[1:]])
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("seedance: error: ") and proc.stderr.rstrip().endswith(suggestion), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+
+
+def test_a_word_like_no_command_keeps_the_list():
+    proc = _run([BIN / "seedance", "zzz"])
+    assert proc.returncode == 2 and "choose from 'check'" in proc.stderr and "did you mean" not in proc.stderr
