@@ -106,10 +106,12 @@ def read_process(pid: int) -> ProcessView:
             exe = os.readlink(_proc(pid, "exe"))
         except (PermissionError, FileNotFoundError):
             exe = None  # kernel threads have no exe
+        root_known = True
         try:
             root = os.readlink(_proc(pid, "root"))
         except PermissionError:
-            root = "/"
+            # not ours to trace (no CAP_SYS_PTRACE): where its files are cannot be known
+            root, root_known = "/", False
         environ = {}
         try:
             with open(_proc(pid, "environ"), "rb") as handle:
@@ -135,7 +137,13 @@ def read_process(pid: int) -> ProcessView:
     if exe and exe.endswith(DELETED):
         exe = exe[: -len(DELETED)]
     mnt_ns = _mount_ns(pid)
-    foreign = root not in ("", "/") or (mnt_ns is not None and mnt_ns != _own_mount_ns())
+    # A process whose root or mount namespace we may not read is placed nowhere, not on our
+    # root: seedance in a container (a DaemonSet) sees another root than the host's, and a
+    # library judged by our files would be "replaced" when it is only out of sight.  Its
+    # root then cannot be opened, and its mappings' states are "unknown".
+    foreign = (not root_known or root not in ("", "/")
+               or (mnt_ns is None and _own_mount_ns() is not None and str(pid) != "self")
+               or (mnt_ns is not None and mnt_ns != _own_mount_ns()))
     identity, key = None, None
     if foreign:
         key = _root_key(pid, mnt_ns)
