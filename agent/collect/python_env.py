@@ -84,6 +84,7 @@ class ImportPlan:
     missing: list = field(default_factory=list)  # (importer, module) not found on sys.path
     notes: list = field(default_factory=list)  # what static analysis cannot know
     per_name: dict = field(default_factory=dict)  # import name -> [ExtensionLoad]
+    meta_answers: dict = field(default_factory=dict)  # top-level name -> the meta-path finders' answer
 
 
 def ask_interpreter(python: str = "python3", env: dict | None = None, timeout: float = 30) -> Interpreter:
@@ -128,6 +129,8 @@ class _Finder:
         self.interp = interp
         self._listing: dict = {}
         self.cwd = os.getcwd()
+        self.meta: _MetaPathAsker | None = None
+        self.meta_answers: dict = {}  # name -> what the meta-path finders answered
 
     def _names(self, directory: str):
         if directory not in self._listing:
@@ -177,26 +180,91 @@ class _Finder:
         """A top-level name no sys.path directory holds may still come from a meta-path
         finder installed at start-up (pip's editable installs, setuptools' distutils shim):
         ask the interpreter's own importlib.util.find_spec, which runs the finders but no
-        code of the package."""
-        script = ("import sys, importlib.util as u\ns = u.find_spec(sys.argv[1])\n"
-                  "print(ascii(None if s is None else (s.origin, None if s.submodule_search_locations is None "
-                  "else list(s.submodule_search_locations))))")
+        code of the package.  One interpreter answers every such name of the plan (a start
+        of the interpreter each would cost as much as the rest of a small plan)."""
+        if self.meta is None:
+            self.meta = _MetaPathAsker(self.interp)
+        found = self.meta.ask(name)
+        self.meta_answers[name] = found
+        return _spec_from_meta(name, found, self.interp)
+
+    def close(self) -> None:
+        if self.meta is not None:
+            self.meta.close()
+            self.meta = None
+
+
+_META_SCRIPT = (
+    "import sys, importlib.util as u\n"
+    "for line in sys.stdin:\n"
+    "    try:\n"
+    "        s = u.find_spec(line.strip())\n"
+    "    except Exception:\n"
+    "        s = None\n"
+    "    print(ascii(None if s is None else (s.origin, None if s.submodule_search_locations is None "
+    "else list(s.submodule_search_locations))), flush=True)\n")
+
+
+class _MetaPathAsker:
+    """The interpreter, started once, answering find_spec(NAME) for one name per line."""
+
+    def __init__(self, interp: Interpreter, timeout: float = 30):
+        self.timeout = timeout
         try:
-            proc = subprocess.run([self.interp.python, "-c", script, name], capture_output=True, timeout=30,
-                                  env=self.interp.env, stdin=subprocess.DEVNULL)
-            found = ast.literal_eval(proc.stdout.decode("utf-8", "surrogateescape").strip().splitlines()[-1])
-        except (OSError, subprocess.TimeoutExpired, ValueError, SyntaxError, IndexError):
+            self.proc = subprocess.Popen([interp.python, "-c", _META_SCRIPT], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=interp.env)
+        except OSError:
+            self.proc = None
+
+    def ask(self, name: str):
+        """(origin, locations) as find_spec gives them, or None (not found, or no answer)."""
+        import select
+        if self.proc is None:
             return None
-        if not isinstance(found, tuple):
+        try:
+            self.proc.stdin.write(name.encode("utf-8", "surrogateescape") + b"\n")
+            self.proc.stdin.flush()
+            ready, _w, _x = select.select([self.proc.stdout], [], [], self.timeout)
+            line = self.proc.stdout.readline() if ready else b""
+            found = ast.literal_eval(line.decode("utf-8", "surrogateescape").strip())
+        except (OSError, ValueError, SyntaxError):
+            self.close()  # a finder that hangs or dies answers nothing more
             return None
-        origin, locations = found
-        search = tuple(locations) if locations is not None else ()
-        if not isinstance(origin, str) or origin in ("built-in", "frozen"):
-            return _Spec(name, "namespace" if locations is not None else "builtin", None, search)
-        if origin.endswith(tuple(self.interp.suffixes)):
-            return _Spec(name, "extension", origin, search)
-        kind = "package" if locations is not None else ("source" if origin.endswith(".py") else "bytecode")
-        return _Spec(name, kind, origin, search)
+        return found if isinstance(found, tuple) and len(found) == 2 else None
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def meta_path_answers(interp: Interpreter, names) -> dict:
+    """name -> what the interpreter's meta-path finders answer for it now (_Finder._meta_path)."""
+    asker = _MetaPathAsker(interp)
+    try:
+        return {name: asker.ask(name) for name in names}
+    finally:
+        asker.close()
+
+
+def _spec_from_meta(name: str, found, interp: Interpreter) -> _Spec | None:
+    if not isinstance(found, tuple):
+        return None
+    origin, locations = found
+    search = tuple(locations) if locations is not None else ()
+    if not isinstance(origin, str) or origin in ("built-in", "frozen"):
+        return _Spec(name, "namespace" if locations is not None else "builtin", None, search)
+    if origin.endswith(tuple(interp.suffixes)):
+        return _Spec(name, "extension", origin, search)
+    kind = "package" if locations is not None else ("source" if origin.endswith(".py") else "bytecode")
+    return _Spec(name, kind, origin, search)
 
 
 _DYNAMIC_CALLS = {"CDLL", "LoadLibrary", "PyDLL", "setdlopenflags", "dlopen", "load_library",
@@ -210,7 +278,6 @@ class _Planner:
         self.done: dict = {}  # module -> _Spec or None
         self.plan: ImportPlan | None = None
         self.importer = ""
-        self._trees: dict = {}
         self.flags: int | None = None  # after a static sys.setdlopenflags(...)
         self._functions: dict = {}  # module origin -> {name: FunctionDef}
         self._called: set = set()  # (origin, function) already walked
@@ -264,20 +331,28 @@ class _Planner:
         package = spec.name if spec.kind == "package" else spec.name.rpartition(".")[0]
         # functions defined at module level: a top-level call to one runs its body at import
         # time (matplotlib's _check_versions() does `from . import ft2font`)
+        outer = self._functions.get(spec.origin)  # the same file imported under another name
         self._functions[spec.origin] = {node.name: node for node in tree.body
                                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
         self._known[spec.origin] = {}
-        self._walk(tree.body, spec, package)
+        try:
+            self._walk(tree.body, spec, package)
+        finally:
+            # a module runs once (importlib's sys.modules check): once walked, nothing reads
+            # its tree or its functions again, and a package the size of torch is ~1,000
+            # modules whose trees together would outweigh the real import's whole process
+            if outer is None:
+                del self._functions[spec.origin]
+            else:
+                self._functions[spec.origin] = outer
 
     def _parse(self, path: str):
-        if path not in self._trees:
-            try:
-                with open(path, "rb") as handle:
-                    self._trees[path] = ast.parse(handle.read(), filename=path)
-            except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-                self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
-                self._trees[path] = None
-        return self._trees[path]
+        try:
+            with open(path, "rb") as handle:
+                return ast.parse(handle.read(), filename=path)
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
+            return None
 
     def _walk(self, body, spec: _Spec, package: str) -> bool:
         """Walk statements in order; returns False when an import in them was not found
@@ -680,6 +755,15 @@ def plan_imports(interp: Interpreter, names) -> ImportPlan:
     planner = _Planner(interp)
     plan = ImportPlan(names=tuple(names))
     planner.plan = plan
+    try:
+        _plan_names(planner, plan, names)
+    finally:
+        planner.finder.close()
+    plan.meta_answers = dict(planner.finder.meta_answers)
+    return plan
+
+
+def _plan_names(planner, plan: ImportPlan, names) -> None:
     for name in names:
         planner.importer = name
         plan.per_name.setdefault(name, [])
@@ -690,7 +774,6 @@ def plan_imports(interp: Interpreter, names) -> ImportPlan:
             prefixes = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
             plan.missing.append((name, next((p for p in prefixes if p in planner.done
                                              and planner.done[p] is None), name)))
-    return plan
 
 
 @dataclass(frozen=True)

@@ -141,16 +141,39 @@ class _Symbols:
 
     def defines(self, path: str, name: str, version: str | None) -> bool:
         self._read(path)
-        tags = self._defs[path].get(name)
-        if tags is None:
-            return False
-        if version is not None:
-            return version in tags or "*" in tags
-        return "default" in tags or None in tags
+        return _binds(self._defs[path].get(name), version)
+
+    def table(self, path: str) -> dict:
+        """name -> the binding tags of the definitions in ``path`` (see _binds)."""
+        self._read(path)
+        return self._defs[path]
+
+    def unbound_in(self, path: str, scope) -> list:
+        """The (name, version) references of ``path`` that no object of ``scope`` defines:
+        each table looked up directly, in scope order (dl-lookup.c's do_lookup_x walks
+        the scope the same way; a C++ library asks tens of thousands of names)."""
+        tables = [self.table(p) for p in scope]
+        unbound = []
+        for name, version in self.undefined(path):
+            for table in tables:
+                if _binds(table.get(name), version):
+                    break
+            else:
+                unbound.append((name, version))
+        return unbound
 
     def undefined(self, path: str) -> tuple:
         self._read(path)
         return self._undefs[path]
+
+
+def _binds(tags, version: str | None) -> bool:
+    """check_match() in dl-lookup.c over a name's definitions in one object."""
+    if tags is None:
+        return False
+    if version is not None:
+        return version in tags or "*" in tags
+    return "default" in tags or None in tags
 
 
 class Simulator:
@@ -243,9 +266,8 @@ class Simulator:
         if error is None and load.flags & RTLD_NOW:
             # relocation runs over the new objects in reverse init order: dependencies first
             for obj in reversed(new):
-                for name, version in self.symbols.undefined(obj):
-                    if not any(self.symbols.defines(p, name, version) for p in scope):
-                        unbound.append(Binding(obj, name, version, None))
+                unbound.extend(Binding(obj, name, version, None)
+                               for name, version in self.symbols.unbound_in(obj, scope))
             if unbound:
                 first = unbound[0]
                 error = f"{first.requester}: undefined symbol: {first.symbol}" + (
