@@ -6,6 +6,10 @@ Steps in order and its exit code.  It hands every Step to ``show`` the moment it
 before the next begins: the command prints each one then, so a fix cut short (a refusal
 half-way, a verify that fails, Ctrl-C, a full disk) has already said exactly which files it
 changed, and the journal entry it names undoes them.  Nothing here prints.
+
+Traced (seedance.telemetry), each fixer is three stages under the command's span: fix.plan
+(the check and the plan: files planned), fix.apply (the journaled writes: files changed,
+the journal entry) and fix.verify (the check again: what remains).  Off, they cost nothing.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import gc
 import os
 from dataclasses import dataclass, field
 
+from .. import telemetry
 from ..model.errors import BadInput, UsageError
 from ..model.record import NEW, Record
 
@@ -51,9 +56,10 @@ class FixOutcome(Record):
 class _Steps:
     """Collects a fix's steps, handing each to ``show`` as it is made."""
 
-    def __init__(self, show):
+    def __init__(self, show, stages=telemetry.NULL):
         self._show = show
         self.steps = []
+        self.stages = stages  # the fix.plan/apply/verify spans, when traced
 
     def __call__(self, kind: str, path: str | None = None, detail=None) -> None:
         step = Step(kind, path, detail)
@@ -72,6 +78,21 @@ def open_journal(recover: bool = True):
     journal = Journal()
     recovered = list(journal.recover_entries()) if recover else []
     return journal, recovered
+
+
+def _files_written(entry) -> int:
+    """The files a journal entry changed (written, not rolled back)."""
+    return sum(1 for record in entry.files if record.get("state") == "written")
+
+
+def _applied(stages, entry) -> None:
+    stages.set("seedance.fix.files.changed", _files_written(entry))
+    stages.set("seedance.fix.journal.id", entry.id)
+
+
+def _verified(stages, remaining: int) -> None:
+    stages.set("seedance.fix.verify.result", "findings-remain" if remaining else "clean")
+    stages.set("seedance.fix.findings.remaining", remaining)
 
 
 def _journal_recovered(step: _Steps):
@@ -148,8 +169,8 @@ def fix_cuda_mismatch(paths: list, runtime: str, pid: int | None, dry_run: bool,
     "journaled" (detail: files written) and "rechecked" (detail: a Recheck)."""
     zygote = start_dlopen_zygote(dry_run)
     try:
-        with cyclic_collector_paused():
-            return _relink(paths, runtime, pid, dry_run, progress, argv, _Steps(show), zygote)
+        with cyclic_collector_paused(), telemetry.stages("fix", {"seedance.fix.fixer": "cuda-mismatch"}) as stages:
+            return _relink(paths, runtime, pid, dry_run, progress, argv, _Steps(show, stages), zygote)
     finally:
         if zygote is not None:
             zygote.close()
@@ -160,6 +181,7 @@ def _relink(paths, runtime, pid, dry_run, progress, argv, step: _Steps, zygote) 
     from . import atomic, relink
     from .journal import VerifyFailed
 
+    step.stages.next("plan")
     relink.require_elf(paths)
     roots = paths or relink.default_roots()
     if not roots:
@@ -171,6 +193,7 @@ def _relink(paths, runtime, pid, dry_run, progress, argv, step: _Steps, zygote) 
     relinker = relink.Relinker(roots, runtime=runtime, zygote=zygote)
     plan = relinker.plan(relinker.check(progress))
     step("planned", detail=(roots, plan))
+    step.stages.set("seedance.fix.files.planned", len(plan.actions))
     if not plan.findings:
         return step.outcome(0)
     runnable = []
@@ -193,6 +216,7 @@ def _relink(paths, runtime, pid, dry_run, progress, argv, step: _Steps, zygote) 
     if not runnable:
         step("nothing-relinked")
         return step.outcome(1)
+    step.stages.next("apply")
     relinker.drop_mappings()  # the plans are made; nothing of ours maps a target from here on
     relinker.start_verifier()  # without a zygote: its interpreter starts while the pre-flight checks run
     try:
@@ -217,8 +241,11 @@ def _relink(paths, runtime, pid, dry_run, progress, argv, step: _Steps, zygote) 
     written = [r["path"] for r in entry.files if r["state"] == "written"]
     if written:
         step("journaled", entry.id, len(written))
+    _applied(step.stages, entry)
+    step.stages.next("verify")
     recheck = recheck_relink(relinker, plan, written)
     step("rechecked", detail=recheck)
+    _verified(step.stages, len(recheck.now))
     incomplete = refused or failed or plan.skipped
     return step.outcome(1 if recheck.now or incomplete else 0, entry.id)
 
@@ -305,11 +332,17 @@ def fix_env_leak(scope: str, inject: str | None, dry_run: bool, argv: list, show
     Steps: "planned" (detail: the EnvLeakPlan), then "dry-run", or per config "rewrote"
     (detail: the values changed) and "wrote-drop-in" (path: the environment.d file), then
     "journaled" and "rechecked" (detail: (findings before, the findings that remain))."""
+    with telemetry.stages("fix", {"seedance.fix.fixer": "env-leak"}) as stages:
+        return _env_leak(scope, inject, dry_run, argv, _Steps(show, stages))
+
+
+def _env_leak(scope, inject, dry_run, argv, step: _Steps) -> FixOutcome:
     from . import atomic, envleak
 
-    step = _Steps(show)
+    step.stages.next("plan")
     plan = plan_env_leak(scope, inject)
     step("planned", detail=plan)
+    step.stages.set("seedance.fix.files.planned", len(plan.edits) + (1 if plan.drop_in else 0))
     if not plan.paths or not plan.findings:
         return step.outcome(0)
     edits, drop_in = plan.edits, plan.drop_in
@@ -318,6 +351,7 @@ def fix_env_leak(scope: str, inject: str | None, dry_run: bool, argv: list, show
         return step.outcome(1 if plan.unfixable else 0)
     if not edits:
         return step.outcome(1)
+    step.stages.next("apply")
     mapped = atomic.MappedIndex.scan()
     for edit in edits:
         atomic.check_rewritable(edit.path, mapped)
@@ -338,8 +372,11 @@ def fix_env_leak(scope: str, inject: str | None, dry_run: bool, argv: list, show
                 entry.replace_file(drop_in, content, summary="LD_PRELOAD for the user session")
             step("wrote-drop-in", drop_in)
     step("journaled", entry.id)
+    _applied(step.stages, entry)
+    step.stages.next("verify")
     remaining = remaining_env_leaks(plan.paths)
     step("rechecked", detail=(plan.findings, remaining))
+    _verified(step.stages, len(remaining))
     return step.outcome(1 if remaining else 0, entry.id)
 
 
@@ -385,17 +422,24 @@ def fix_torch_ext(clean_cache: bool, rebuild: str | None, dry_run: bool, argv: l
     the build, detail: the journal entry) and "rebuilt" (path: the extension's name, detail:
     torchext.rebuild()'s result), then "journaled" and "rechecked" (detail: (stale builds
     before, those of them gone, the findings that remain))."""
+    with telemetry.stages("fix", {"seedance.fix.fixer": "torch-ext"}) as stages:
+        return _torch_ext(clean_cache, rebuild, dry_run, argv, _Steps(show, stages))
+
+
+def _torch_ext(clean_cache, rebuild, dry_run, argv, step: _Steps) -> FixOutcome:
     from . import torchext
 
-    step = _Steps(show)
+    step.stages.next("plan")
     plan = plan_torch_ext(clean_cache, rebuild)  # an unknown NAME is refused before any change
     step("planned", detail=plan)
     stale, chosen = plan.stale, plan.chosen
+    step.stages.set("seedance.fix.files.planned", len(stale if clean_cache else chosen))  # chosen: of stale
     if not stale:
         return step.outcome(0)
     if dry_run:
         step("dry-run", detail=plan)
         return step.outcome(0)
+    step.stages.next("apply")
     journal = _journal_recovered(step)
     moved = {b.path for b in (stale if clean_cache else chosen)}
     with journal.begin("fix torch-ext", argv, [f.message for f in plan.findings]) as entry:
@@ -412,9 +456,12 @@ def fix_torch_ext(clean_cache: bool, rebuild: str | None, dry_run: bool, argv: l
                 entry.created(record)
             step("rebuilt", build.name, result)
     step("journaled", entry.id)
+    _applied(step.stages, entry)
+    step.stages.next("verify")
     remaining = remaining_stale_builds(plan.roots)
     gone = len(stale) - len([r for r in remaining if r.subject["path"] in moved])
     step("rechecked", detail=(len(stale), gone, remaining))
+    _verified(step.stages, len(remaining))
     return step.outcome(1 if remaining else 0, entry.id)
 
 

@@ -85,6 +85,15 @@ def phases(prefix: str):
     return NULL if _session is None else _session.phases(prefix)
 
 
+def stages(prefix: str, attributes: dict | None = None):
+    """Sequential spans that each become the current span while open, as a context manager:
+    .next(name) ends the previous stage and starts PREFIX.name (with ATTRIBUTES too), .set()
+    writes on the open one, leaving the with ends the last (with error status when an
+    exception leaves).  Unlike phases(), work done inside a stage (a check a fix runs to
+    plan) nests under it.  NULL when off."""
+    return NULL if _session is None else _session.stages(prefix, attributes)
+
+
 def note_report(report) -> None:
     """The findings of a Report (or its dict) on the command's span: counts by severity and
     the rule ids, which the tail sampler reads to keep every trace with an error finding."""

@@ -21,6 +21,7 @@ status.  So a fleet can sample healthy runs at 1% and still see every failing on
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -44,6 +45,7 @@ SHUTDOWN_WAIT_S = 5.0         # a command waits at most this for its trace to le
 ERROR_SEVERITIES = ("error", "fatal")
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+_GRAMMAR_WORD = re.compile(r"[a-z][a-z0-9-]{0,31}\Z")
 
 
 def _ratio(env) -> tuple:
@@ -279,6 +281,47 @@ class Phases:
             self.current.add_event(name, attributes or {})
 
 
+class Stages:
+    """One stage span at a time under the span current when it was made, each attached as
+    the current span while it runs, so spans started inside it are its children.  The
+    stages follow one another on one thread: each is detached before the next attaches,
+    which keeps the context's tokens in the order they were set."""
+
+    def __init__(self, session, prefix: str, attributes: dict | None):
+        self.session, self.prefix = session, prefix
+        self.attributes = {k: v for k, v in (attributes or {}).items() if v is not None}
+        self.current = None  # the open stage: a _Span
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self._close(kind, value)
+        return False
+
+    def next(self, name: str, attributes: dict | None = None) -> None:
+        self._close(None, None)
+        span = self.session.tracer.start_span(f"{self.prefix}.{name}", attributes={**self.attributes,
+                                                                                   **(attributes or {})})
+        self.current = _Span(span).__enter__()
+
+    def end(self) -> None:
+        self._close(None, None)
+
+    def _close(self, kind, value) -> None:
+        current, self.current = self.current, None
+        if current is not None:
+            current.__exit__(kind, value, None)
+
+    def set(self, key, value):
+        if self.current is not None and value is not None:
+            self.current.set(key, value)
+
+    def event(self, name, attributes=None):
+        if self.current is not None:
+            self.current.event(name, attributes)
+
+
 class _Span:
     """A started span as a context manager that also ends it, with the status an exception
     leaves."""
@@ -373,7 +416,8 @@ class Session:
         attributes = {"process.executable.name": "seedance", "process.pid": os.getpid()}
         if name:
             attributes["seedance.command"] = name
-            sub = words[1] if len(words) > 1 and words[1].isidentifier() else None
+            # fix env-leak, fix cuda-mismatch: the grammar's words have hyphens, paths have / or .
+            sub = words[1] if len(words) > 1 and _GRAMMAR_WORD.match(words[1]) else None
             if sub and name in ("fix", "plugin", "profile", "quota", "agent", "trace", "bench"):
                 attributes["seedance.subcommand"] = sub  # a word of the grammar, never a path
         self.root = self.tracer.start_span(span_name, context=self.parent, attributes=attributes)
@@ -410,6 +454,9 @@ class Session:
 
     def phases(self, prefix):
         return Phases(self, prefix)
+
+    def stages(self, prefix, attributes=None):
+        return Stages(self, prefix, attributes)
 
     def event(self, name, attributes=None):
         span = trace.get_current_span()

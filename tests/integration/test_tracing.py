@@ -268,3 +268,43 @@ def test_nothing_is_sent_and_no_sdk_is_loaded_without_the_variables(tmp_path):
                                 timeout=TIMEOUT)
     assert receiver.connections == 0 and receiver.requests == []
     assert "opentelemetry" not in loaded.stdout, loaded.stdout
+
+
+LEAKY_CONFIG = """\
+plugins:
+  - name: audio-encoder
+    env:
+      LD_LIBRARY_PATH: "$HOME/lib:/opt/x/lib"
+    args:
+      - "LD_LIBRARY_PATH=${CUDA_HOME}/lib64"
+"""
+
+
+def test_fix_is_plan_apply_verify_under_the_command_span(tmp_path):
+    config = tmp_path / "cfg" / "seedance" / "plugins.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(LEAKY_CONFIG)
+    with Receiver() as receiver:
+        proc = seedance(traced(receiver, tmp_path), "fix", "env-leak", "--scope", "user")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "$${HOME}/lib" in config.read_text()  # the fix did its work
+    command, = receiver.named("seedance fix")
+    assert attributes(command.attributes)["seedance.subcommand"] == "env-leak"
+    plan, apply, verify = (receiver.named(f"fix.{stage}")[0] for stage in ("plan", "apply", "verify"))
+    for span in (plan, apply, verify):
+        assert span.trace_id == command.trace_id and span.parent_span_id == command.span_id, span.name
+        assert attributes(span.attributes)["seedance.fix.fixer"] == "env-leak"
+        assert command.start_time_unix_nano <= span.start_time_unix_nano <= span.end_time_unix_nano \
+            <= command.end_time_unix_nano
+    assert plan.end_time_unix_nano <= apply.start_time_unix_nano and \
+        apply.end_time_unix_nano <= verify.start_time_unix_nano  # in the order the fix runs them
+    assert attributes(plan.attributes)["seedance.fix.files.planned"] == 1
+    applied = attributes(apply.attributes)
+    assert applied["seedance.fix.files.changed"] == 1
+    history = seedance(clean_env(tmp_path), "fix", "history", "--json")
+    assert applied["seedance.fix.journal.id"] in history.stdout
+    verified = attributes(verify.attributes)
+    assert verified["seedance.fix.verify.result"] == "clean" and verified["seedance.fix.findings.remaining"] == 0
+    # the check the plan runs, and the one verify runs, nest under their stage
+    walks = receiver.named("check.walk")
+    assert {w.parent_span_id for w in walks} == {plan.span_id, verify.span_id}
