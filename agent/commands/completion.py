@@ -23,8 +23,9 @@ def configure_parser(sub):
                                         "parsers (shtab).",
                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shell", choices=SHELLS, help="the shell to complete for")
-    parser.add_argument("--prog", choices=("seedance", *ALIASES), default="seedance",
-                        help="the command to complete (default seedance)")
+    # PROG, not the choices spelled out: six names are wider than a man page's 80 columns
+    parser.add_argument("--prog", choices=("seedance", *ALIASES), default="seedance", metavar="PROG",
+                        help=f"the command to complete: {', '.join(('seedance', *ALIASES))} (default seedance)")
     parser.set_defaults(execute=execute)
 
 

@@ -43,6 +43,54 @@ def completion_script(shell: str, prog: str = "seedance") -> str:
     return shtab.complete(parser, shell=shell, root_prefix=prog.replace("-", "_"))
 
 
+# The sections man-pages(7) lists for a command's page after OPTIONS, in its order.  roff,
+# written once here for every page: what a user's scripts may rely on (EXIT STATUS), what
+# changes a run from outside (ENVIRONMENT) and what is read or written (FILES).
+def _tp(items) -> str:
+    return "\n".join(f".TP\n.B {term}\n{text}" for term, text in items)
+
+
+_EXIT_COMMON = [("0", "Clean: nothing at or above the severity threshold, or the action succeeded."),
+                ("1", "Findings at or above the threshold (check, ldd, why, plugin verify)."),
+                ("2", "Usage error or bad input: one line, \\fBseedance: error: ...\\fR, on stderr. "
+                      "A mistyped command or flag names the closest one."),
+                ("130", "Interrupted (Ctrl-C).")]
+_EXIT_EXTRA = {
+    "seedance": [("3", "\\fBseedance status\\fR and \\fBseedance agent status\\fR: no agent is running, "
+                       "as \\fBsystemctl status\\fR of an inactive unit."),
+                 ("126, 127", "\\fBseedance run\\fR: the command cannot be run, or is not found, as "
+                              "\\fBenv\\fR(1); otherwise \\fBrun\\fR exits with the program's own status.")],
+}
+_ENVIRONMENT = [
+    ("NO_COLOR", "Set to anything: no colour, whatever the terminal (https://no-color.org)."),
+    ("LD_LIBRARY_PATH", "Searched as \\fBld.so\\fR(8) searches it when resolving libraries (check, ldd)."),
+    ("XDG_CONFIG_HOME", "Settings below \\fI$XDG_CONFIG_HOME/seedance\\fR (default \\fI~/.config\\fR)."),
+    ("XDG_STATE_HOME", "The fix journal, the agent's and the quotas' state below "
+                       "\\fI$XDG_STATE_HOME/seedance\\fR (default \\fI~/.local/state\\fR)."),
+    ("XDG_CACHE_HOME", "The check's result cache below \\fI$XDG_CACHE_HOME/seedance\\fR (default \\fI~/.cache\\fR)."),
+    ("XDG_DATA_HOME", "The plugin store below \\fI$XDG_DATA_HOME/seedance\\fR (default \\fI~/.local/share\\fR)."),
+    ("XDG_RUNTIME_DIR, SEEDANCE_RUNTIME_DIR", "Where the agent's socket and the shim's registry live: "
+                                              "\\fI$SEEDANCE_RUNTIME_DIR\\fR, else \\fI$XDG_RUNTIME_DIR/seedance\\fR."),
+    ("SEEDANCE_PLUGIN_PATH", "Colon-separated directories of plugin sources for \\fBplugin install\\fR."),
+    ("SEEDANCE_CACHE", "0: check does not read or write its result cache."),
+    ("SEEDANCE_JOBS", "1: check forks no helper process."),
+    ("SEEDANCE_DEBUG", "Set: an internal error shows its Python traceback."),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER", "Each command is traced as one OpenTelemetry span "
+                                                          "(needs the [otlp] extra)."),
+]
+_FILES = [
+    ("~/.config/seedance/agent.yaml", "The agent's settings (durations such as 2s, 1m30s; "
+                                      "\\fBseedance fix handle-leak\\fR writes it, SIGHUP re-reads it)."),
+    ("~/.config/seedance/shim.yaml", "The \\fB--handles\\fR default of \\fBseedance run\\fR."),
+    ("~/.config/seedance/quota/", "Stored WorkloadQuotaPolicy files (\\fBseedance quota apply\\fR)."),
+    ("~/.local/state/seedance/journal/", "The fix journal that \\fBseedance fix undo\\fR reads."),
+    ("~/.local/state/seedance/agent.db", "The agent's state (leaks, findings)."),
+    ("$XDG_RUNTIME_DIR/seedance/agent.sock", "The agent's status socket (\\fBseedance status\\fR)."),
+    ("~/.local/share/seedance/plugins/", "The plugin store, one directory per NAME/VERSION."),
+    ("~/.cache/seedance/check/", "The check's result cache, keyed by file identity."),
+]
+
+
 def manpage(prog: str = "seedance") -> str:
     from argparse_manpage.manpage import Manpage
 
@@ -54,7 +102,14 @@ def manpage(prog: str = "seedance") -> str:
     page.description = (parser.description or "").split(". ")[0].rstrip(".") or None
     page.version = __version__
     page.project_name = "seedance"
+    page.manual = "seedance manual"
     page.url = None
+    # "=": the page's sections are kept on the parser, so a second page of the same parser
+    # (the install writes each once, a test again) replaces them rather than doubling them
+    codes = sorted(_EXIT_COMMON + _EXIT_EXTRA.get(prog, []), key=lambda item: int(item[0].split(",")[0]))
+    page.add_section("exit status", "=", _tp(codes))
+    page.add_section("environment", "=", _tp(_ENVIRONMENT))
+    page.add_section("files", "=", _tp(_FILES))
     return str(page)
 
 

@@ -396,3 +396,32 @@ def test_a_mistyped_command_or_flag_names_the_closest(argv, suggestion):
 def test_a_word_like_no_command_keeps_the_list():
     proc = _run([BIN / "seedance", "zzz"])
     assert proc.returncode == 2 and "choose from 'check'" in proc.stderr and "did you mean" not in proc.stderr
+
+
+# -- man pages: the sections man-pages(7) names, read by man -l and lexgrog ------------------------
+def test_every_man_page_has_name_exit_status_environment_and_files(tmp_path):
+    from seedance.commands.completion_files import ALIASES
+
+    if not (shutil.which("man") and shutil.which("lexgrog")):
+        pytest.skip("man-db (man, lexgrog) is not installed (Makefile APT_PACKAGES has man-db)")
+    proc = _run([BIN / "python", "-m", "seedance.commands.completion_files", "install", tmp_path])
+    assert proc.returncode == 0, proc.stderr
+    pages = tmp_path / "share" / "man" / "man1"
+    for prog in ("seedance", *ALIASES):
+        page = pages / f"{prog}.1"
+        rendered = _run(["man", "-P", "cat", "-l", page], env={"MANWIDTH": "80", "MAN_KEEP_FORMATTING": ""})
+        assert rendered.returncode == 0 and rendered.stderr == "", (prog, rendered.stderr)
+        text = re.sub(r".\x08", "", rendered.stdout)
+        headings = [line for line in text.splitlines() if re.fullmatch(r"[A-Z][A-Z ]+", line)]
+        for heading in ("NAME", "SYNOPSIS", "EXIT STATUS", "ENVIRONMENT", "FILES"):
+            assert heading in headings, (prog, headings)
+        assert headings.index("EXIT STATUS") < headings.index("ENVIRONMENT") < headings.index("FILES")
+        exit_status = text.split("\nEXIT STATUS\n", 1)[1].split("\nENVIRONMENT\n", 1)[0]
+        assert re.search(r"^ +2 +Usage +error", exit_status, re.M), exit_status
+        assert "NO_COLOR" in text and "XDG_CONFIG_HOME" in text and "agent.yaml" in text
+        assert all(len(line) <= 80 for line in text.splitlines() if "http" not in line), prog
+        whatis = _run(["lexgrog", page])
+        assert whatis.returncode == 0, whatis.stderr
+        assert re.search(rf'"{re.escape(prog)} - \S.+"', whatis.stdout), whatis.stdout
+    main = re.sub(r".\x08", "", _run(["man", "-P", "cat", "-l", pages / "seedance.1"], env={"MANWIDTH": "80"}).stdout)
+    assert re.search(r"^ +3 +seedance +status", main, re.M)       # as systemctl status
