@@ -186,7 +186,8 @@ def _render_list(entries) -> None:
             print(escape_path(f"  no running workload (seedance run --label {labels} -- CMD starts one)"))
             continue
         rows = [[member["workload"], ",".join(map(str, member["pids"])) or "-",
-                 "bursting" if member["bursting"] else "at quota", f"{member['cpu_millicores']}m",
+                 "bursting" if member["bursting"] else "at quota",
+                 "-" if member["cpu_millicores"] is None else f"{member['cpu_millicores']}m",
                  _settings(member["limits"])] for member in entry["workloads"]]
         for line in _table(["WORKLOAD", "PIDS", "STATE", "CPU", "LIMITS"], rows).splitlines():
             print("  " + line)

@@ -425,3 +425,39 @@ def test_every_man_page_has_name_exit_status_environment_and_files(tmp_path):
         assert re.search(rf'"{re.escape(prog)} - \S.+"', whatis.stdout), whatis.stdout
     main = re.sub(r".\x08", "", _run(["man", "-P", "cat", "-l", pages / "seedance.1"], env={"MANWIDTH": "80"}).stdout)
     assert re.search(r"^ +3 +seedance +status", main, re.M)       # as systemctl status
+
+
+# -- tables, not Python reprs ----------------------------------------------------------------------
+QUOTA_POLICY = """\
+apiVersion: seedance/v1
+kind: WorkloadQuotaPolicy
+metadata: {name: enc}
+spec:
+  workloadSelector:
+    matchLabels: {app: encoder}
+  quota: {memory: 1.5Gi}
+"""
+
+
+def test_quota_list_is_a_table_and_watch_says_what_it_watches(tmp_path):
+    (tmp_path / "cfg" / "seedance" / "quota").mkdir(parents=True)
+    (tmp_path / "cfg" / "seedance" / "quota" / "enc.yaml").write_text(QUOTA_POLICY)
+    state = tmp_path / "state" / "seedance" / "quota"
+    state.mkdir(parents=True)
+    # a workload whose cgroup is gone: its pids and limits are empty, and read as such
+    (state / "state.json").write_text(json.dumps({"workloads": {"4242-1": {
+        "policy": "enc", "bursting": False, "cpu_millicores": None,
+        "placement": {"backend": "cgroup-v2", "groups": {"cpu": str(tmp_path / "gone")}, "original": {}}}}}))
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    listing = _run([BIN / "seedance", "quota", "list"], env=env)
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert lines[0] == "enc: selects app=encoder; memory 1536Mi", lines
+    assert lines[1].split() == ["WORKLOAD", "PIDS", "STATE", "CPU", "LIMITS"], lines
+    assert lines[2].split() == ["4242-1", "-", "at", "quota", "-", "-"], lines
+    assert not re.search(r"[\[\]{}]|None", listing.stdout), listing.stdout
+    watch = _run([BIN / "seedance", "quota", "watch", "--interval", "100ms", "--duration", "300ms"], env=env)
+    assert watch.returncode == 0, watch.stderr
+    said = watch.stderr.splitlines()[0]
+    assert said.startswith("seedance quota watch: 1 policy (enc), every 100ms, for 300ms, enforced with "), said
+    assert re.search(r"enforced with (cgroup-v1|cgroup-v2|systemd-scope)$", said), said
