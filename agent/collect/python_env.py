@@ -209,10 +209,16 @@ class _MetaPathAsker:
     """The interpreter, started once, answering find_spec(NAME) for one name per line."""
 
     def __init__(self, interp: Interpreter, timeout: float = 30):
+        from . import inputs
+
         self.timeout = timeout
         try:
-            self.proc = subprocess.Popen([interp.python, "-c", _META_SCRIPT], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=interp.env)
+            # not an input the prediction cache could record: it keeps these answers and asks
+            # the finders again before it believes an entry (prediction_cache.py)
+            with inputs.paused():
+                self.proc = subprocess.Popen([interp.python, "-c", _META_SCRIPT], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                             env=interp.env)
         except OSError:
             self.proc = None
 

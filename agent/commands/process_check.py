@@ -54,9 +54,9 @@ def execute_process(args) -> int:
     lines: list = []
     prediction = None
     if args.imports is not None:
-        prediction = _imports(args, lines)
+        prediction, facts, cache_state = _imports(args, lines)
         model = prediction.model
-        facts = _facts(prediction)
+        report.stats["cache"] = cache_state
     elif args.dlopen is not None:
         prediction = _dlopens(args, lines)
         model = prediction.model
@@ -90,6 +90,12 @@ def _facts(prediction) -> list:
     return shadowing_facts(prediction) + requirement_facts(prediction)
 
 
+def _predicted_facts(prediction) -> tuple:
+    """(prediction, its facts): the facts read METADATA and RECORD files, inputs of the
+    prediction cache's entry as much as the sources and libraries are."""
+    return prediction, _facts(prediction)
+
+
 def _describe(model, lines: list) -> None:
     for step in model.steps[1:]:
         label = step.load.module or step.load.target
@@ -111,8 +117,11 @@ def _imports(args, lines: list):
     for name in names:
         if not all(part.isidentifier() for part in name.split(".")):
             raise UsageError(f"seedance check: --imports: not a module name: {escape_path(name)}")
+    from ..collect import prediction_cache
     interp = ask_interpreter(args.python or "python3")
-    prediction = predict_imports(interp, names)
+    prediction, facts, cache_state = prediction_cache.predict(
+        interp, names, lambda: _predicted_facts(predict_imports(interp, names)),
+        disabled=getattr(args, "no_cache", False))
     # the interpreter as given (a venv's bin/python), not the base binary it runs: the venv
     # is what decides sys.path, and the one the user knows it by
     lines.append(f"import {', '.join(names)} in {interp.python} "
@@ -147,7 +156,7 @@ def _imports(args, lines: list):
                 lines.append(f"  loaded but not predicted: {name}")
             for name in [n for n in predicted if n not in actual][:10]:
                 lines.append(f"  predicted but not loaded: {name}")
-    return prediction
+    return prediction, facts, cache_state
 
 
 def _dlopens(args, lines: list):

@@ -274,3 +274,45 @@ def test_a_pin_that_explains_an_import_failure_is_named_with_the_proof(tmp_path,
     assert message.startswith(f"fakevision 0.1 requires torch==1.0, torch {torch.version} is installed; "
                               "import fakevision fails: ImportError: ")
     assert message.endswith("undefined symbol: aoti_torch_removed_in_this_release")
+
+
+# --- the prediction cache: a repeat answers from it, a changed file is seen ---------------
+
+def _cached_check(site, cache, names):
+    report = os.path.join(cache, "report.json")
+    env = dict(os.environ, PYTHONPATH=site, XDG_CACHE_HOME=cache)
+    env.pop("SEEDANCE_CACHE", None)
+    proc = _seedance("check", "--python", PYTHON, "--imports", names, "--report-json", report, env=env)
+    with open(report) as handle:
+        data = json.load(handle)
+    return proc, data["stats"]["cache"]["state"], data["process"]
+
+
+def test_a_repeat_answers_from_the_cache_until_a_file_it_read_changes(tmp_path):
+    import time
+
+    site = _by_path_site(str(tmp_path), with_dependency=True)
+    cache = str(tmp_path / "cache")
+    os.makedirs(cache)
+    time.sleep(2.1)  # files written within the timestamp tick of a read are never cached (check_cache.RACY_S)
+    first, state, process = _cached_check(site, cache, "by_join")
+    assert (first.returncode, state, process["ok"]) == (0, "stored", True), first.stderr
+    again, state, process_again = _cached_check(site, cache, "by_join")
+    assert (again.returncode, state) == (0, "hit")
+    assert again.stdout.startswith(first.stdout.rstrip("\n")) and "from the check cache" in again.stdout
+    assert process_again == process
+    # the library the package loads by path needs liby.so.1, now gone: the real import fails
+    os.unlink(os.path.join(site, "by_join", "lib", "liby.so.1"))
+    assert F.run_python(site, "import by_join").returncode != 0
+    changed, state, process = _cached_check(site, cache, "by_join")
+    assert state != "hit" and changed.returncode == 1 and not process["ok"]
+    assert "liby.so.1: cannot open shared object file" in process["error"]
+    # a source edited: its new load by path is read, not the cached answer
+    time.sleep(2.1)
+    assert _cached_check(site, cache, "by_pathlib")[1] == "stored"
+    with open(os.path.join(site, "by_pathlib", "__init__.py"), "a") as handle:
+        handle.write('\nctypes.CDLL(str(Path(__file__).resolve().parent / "lib" / "libgone.so"))\n')
+    real = F.run_python(site, "import by_pathlib")
+    edited, state, process = _cached_check(site, cache, "by_pathlib")
+    assert state != "hit" and edited.returncode == 1 and real.returncode != 0
+    assert process["error"] == real.stderr.decode().strip().splitlines()[-1]
