@@ -103,6 +103,9 @@ def configure_parser(sub):
                              "judge that host's software for another GPU or driver)")
     parser.add_argument("--format", choices=("text", "json", "sarif"), default=None,
                         help="what goes to stdout: the table (default), the JSON report, or SARIF 2.1.0")
+    parser.add_argument("--source-root", metavar="DIR",
+                        help="SARIF: file URIs relative to DIR, named SRCROOT in originalUriBaseIds "
+                             "(default: the working directory)")
     parser.add_argument("--select", metavar="RULE,...", help="report only these rules")
     parser.add_argument("--ignore", metavar="RULE[:GLOB]|FINGERPRINT", action="append", default=[],
                         help="drop a rule (under paths matching GLOB), or one finding by fingerprint (repeatable)")
@@ -202,7 +205,7 @@ def execute(args) -> int:
     target = args.report_target
     if args.format == "sarif":
         from ..render.sarif import sarif_text
-        sys.stdout.write(sarif_text(report))
+        sys.stdout.write(sarif_text(report, source_root=args.source_root, rules_dir=args.rules))
     elif target is None or not target.is_stdout:
         sys.stdout.write(render.table(report, color=render.use_color(args.color), verbose=args.verbose))
         sys.stdout.write(filters.describe(report.stats.get("filtered")))

@@ -15,7 +15,7 @@ import subprocess
 import attr
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import BIN, ROOT, run_cli
 
 sarif_om = pytest.importorskip("sarif_om", reason="sarif-om not installed (requirements-test.txt)")
 GCC = shutil.which("gcc")
@@ -26,8 +26,9 @@ CLASSES = {
     "results": "Result", "message": "Message", "locations": "Location",
     "physicalLocation": "PhysicalLocation", "artifactLocation": "ArtifactLocation",
     "shortDescription": "MultiformatMessageString", "fullDescription": "MultiformatMessageString",
-    "defaultConfiguration": "ReportingConfiguration",
+    "help": "MultiformatMessageString", "defaultConfiguration": "ReportingConfiguration",
 }
+MAPS = {"originalUriBaseIds": "ArtifactLocation"}  # name -> object: each value is of that class
 FREE = {"properties", "partialFingerprints"}  # property bags and string maps: any keys
 
 
@@ -43,6 +44,11 @@ def conform(value: dict, class_name: str, where: str = "$") -> None:
         kwargs[fields[name].name] = item
         if name in FREE:
             assert isinstance(item, dict), f"{where}.{name}"
+            continue
+        if name in MAPS:
+            assert isinstance(item, dict), f"{where}.{name}"
+            for key, element in item.items():
+                conform(element, MAPS[name], f"{where}.{name}.{key}")
             continue
         child = CLASSES.get(name)
         if child is None:
@@ -111,3 +117,61 @@ def test_the_writer_recognises_its_sarif_as_its_own(tmp_path):
     path = tmp_path / "out.sarif"
     path.write_text(sarif_text(Report(command="check")))
     assert is_ours(str(path))
+
+
+@pytest.mark.skipif(GCC is None, reason="gcc not installed")
+def test_uris_are_relative_to_the_source_root_and_each_rule_has_help(tmp_path):
+    """A log made in a CI checkout names files relative to SRCROOT, which originalUriBaseIds
+    resolves; each rule's help is its explain and fix, and its helpUri is its anchor in the
+    rules/README.md installed with the rules."""
+    from urllib.parse import unquote, urlsplit
+
+    tree = tmp_path / "src dir"
+    (tree / "bin").mkdir(parents=True)
+    lib = tmp_path / "libgone.c"
+    lib.write_text("int gone(void) { return 1; }\n")
+    subprocess.run([GCC, "-shared", "-fPIC", lib, "-o", tmp_path / "libgone.so", "-Wl,-soname,libgone.so"],
+                   check=True)
+    main = tmp_path / "app.c"
+    main.write_text("int gone(void);\nint main(void) { return gone(); }\n")
+    subprocess.run([GCC, main, "-o", tree / "bin" / "app", f"-L{tmp_path}", "-lgone"], check=True)
+    (tmp_path / "libgone.so").unlink()
+    for extra, cwd in ((["--source-root", str(tree)], None), ([], tree)):
+        proc = subprocess.run([str(BIN / "seedance"), "check", "--no-progress", "--format", "sarif", *extra,
+                               str(tree)], capture_output=True, text=True, cwd=cwd, timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        log = json.loads(proc.stdout)
+        conform({k: v for k, v in log.items() if k != "$schema"}, "SarifLog")
+        run = log["runs"][0]
+        base = run["originalUriBaseIds"]["SRCROOT"]["uri"]
+        assert base == "file://" + str(tree).replace(" ", "%20") + "/"
+        locations = [r["locations"][0]["physicalLocation"]["artifactLocation"] for r in run["results"]]
+        assert {"uri": "bin/app", "uriBaseId": "SRCROOT"} in locations
+        assert all(not loc["uri"].startswith("/") and "uriBaseId" in loc
+                   for loc in locations if unquote(loc["uri"]).startswith("bin/"))
+        rules = run["tool"]["driver"]["rules"]
+        readme = (ROOT / "rules" / "README.md").read_text()
+        for rule in rules:
+            assert len(rule["help"]["text"]) > len(rule["shortDescription"]["text"])
+            uri = urlsplit(rule["helpUri"])
+            assert uri.scheme == "file" and unquote(uri.path).endswith("README.md") and uri.fragment == rule["id"]
+            assert f'<a id="{rule["id"]}"></a>' in readme
+            assert f'<a id="{rule["id"]}"></a>' in open(unquote(uri.path)).read()
+        unresolved = next(r for r in rules if r["id"] == "needed-unresolved")
+        assert "ld.so searched every directory" in unresolved["help"]["text"]
+        assert "Fix: seedance check --explain" in unresolved["help"]["text"]
+
+
+def test_a_path_outside_the_source_root_keeps_its_absolute_uri(tmp_path):
+    from seedance.model.report import Finding, Report
+    from seedance.render.sarif import sarif_log
+
+    findings = [Finding(rule="r", severity="error", trap="t", layer="L2", subject={"path": p}, message="m")
+                for p in (str(tmp_path / "in" / "a b.so"), "/usr/lib/x.so", str(tmp_path / "inner.so"))]
+    log = sarif_log(Report(command="check", findings=findings), source_root=str(tmp_path / "in"))
+    conform({k: v for k, v in log.items() if k != "$schema"}, "SarifLog")
+    uris = sorted(json.dumps(r["locations"][0]["physicalLocation"]["artifactLocation"], sort_keys=True)
+                  for r in log["runs"][0]["results"])
+    assert uris == sorted([json.dumps({"uri": "a%20b.so", "uriBaseId": "SRCROOT"}, sort_keys=True),
+                           json.dumps({"uri": "file:///usr/lib/x.so"}),
+                           json.dumps({"uri": "file://" + str(tmp_path / "inner.so")})])
