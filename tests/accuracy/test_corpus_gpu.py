@@ -79,10 +79,12 @@ CU12_RUNTIME = ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu12")
 CUBLAS12 = ("cublas-cu12", "nvidia-cublas-cu12")
 NVJIT129 = ("nvjitlink-cu12-12.9", "nvidia-nvjitlink-cu12==12.9.86")
 CUDNN12 = ("nvidia-cudnn-cu12", "nvidia-cudnn-cu12")
+SCIPY = ("scipy", "scipy")  # the loader corpus's install
 
 # bitsandbytes/cextension.py picks one libbitsandbytes_<backend><version>.so by the torch
 # beside it (torch.version.cuda / hip); the others are never loaded
 BNB_UNUSED = {"libbitsandbytes_cuda*.so": "a CUDA build; bitsandbytes loads the CPU build beside a CPU torch",
+              "libbitsandbytes_xpu*.so": "an Intel XPU build; bitsandbytes loads the CPU build beside a CPU torch",
               "libbitsandbytes_rocm*.so": "a ROCm build; bitsandbytes loads the CPU build beside a CPU torch"}
 ORT_OPTIONAL = {"libonnxruntime_providers_tensorrt.so":
                 "the TensorRT execution provider, loaded only when a session asks for it"}
@@ -146,11 +148,13 @@ ENVS = [
          CU12_RUNTIME, CUBLAS12, CUDNN12, ("nvidia-cufft-cu12", "nvidia-cufft-cu12"),
          ("nvidia-cusolver-cu12", "nvidia-cusolver-cu12"), ("cusparse-cu12", "nvidia-cusparse-cu12==12.5.10.65"),
          NVJIT129, ("nvidia-nccl-cu12", "nvidia-nccl-cu12"), ("nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvrtc-cu12"),
-         ("nvidia-cuda-cupti-cu12", "nvidia-cuda-cupti-cu12")],
+         ("nvidia-cuda-cupti-cu12", "nvidia-cuda-cupti-cu12"),
+         SCIPY, ("opt-einsum", "opt_einsum")],
         ["jaxlib", "jax_plugins", "jax_cuda12_plugin"], nvidia_preload=True, imports=["jax"]),
     Env("jaxlib 0.10.2 + jax-cuda12-plugin/pjrt without the CUDA wheels", "jax",
         [("jax-0.10.2", "jax==0.10.2"), ("jaxlib-0.10.2", "jaxlib==0.10.2"), ("ml-dtypes", "ml_dtypes"),
-         ("jax-cuda12-plugin-0.10.2", "jax-cuda12-plugin==0.10.2"), ("jax-cuda12-pjrt-0.10.2", "jax-cuda12-pjrt==0.10.2")],
+         ("jax-cuda12-plugin-0.10.2", "jax-cuda12-plugin==0.10.2"), ("jax-cuda12-pjrt-0.10.2", "jax-cuda12-pjrt==0.10.2"),
+         SCIPY, ("opt-einsum", "opt_einsum")],
         ["jax_plugins", "jax_cuda12_plugin"], nvidia_preload=True, imports=["jax"]),
     Env("jax-cuda13-plugin/pjrt 0.10.2 without the CUDA wheels", "jax",
         [("jax-cuda13-plugin-0.10.2", "jax-cuda13-plugin==0.10.2"), ("jax-cuda13-pjrt-0.10.2", "jax-cuda13-pjrt==0.10.2")],
@@ -186,12 +190,14 @@ ENVS = [
         [("cupy-cuda12x", "cupy-cuda12x"), CU12_RUNTIME, CUBLAS12, ("cusparse-cu12", "nvidia-cusparse-cu12==12.5.10.65"),
          ("nvidia-curand-cu12", "nvidia-curand-cu12"), ("nvidia-cufft-cu12", "nvidia-cufft-cu12"),
          ("nvidia-cusolver-cu12", "nvidia-cusolver-cu12"), ("nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvrtc-cu12"),
-         NVJIT129], ["cupy", "cupy_backends", "cupyx"], nvidia_preload=True, imports=["cupy"]),
+         NVJIT129, ("fastrlock", "fastrlock"), ("cuda-pathfinder", "cuda-pathfinder")], ["cupy", "cupy_backends", "cupyx"], nvidia_preload=True,
+        imports=["cupy"]),
     # --- machine-learning wheels with vendored native libraries
     Env("xgboost (+ nvidia-nccl-cu12 it dlopens)", "ml-native",
-        [("xgboost", "xgboost"), ("nvidia-nccl-cu12", "nvidia-nccl-cu12")], ["xgboost"], imports=["xgboost"]),
-    Env("lightgbm", "ml-native", [("lightgbm", "lightgbm")], ["lightgbm"], imports=["lightgbm"]),
-    Env("scikit-learn", "ml-native", [("scikit-learn", "scikit-learn")], ["sklearn", "scikit_learn.libs"],
+        [("xgboost", "xgboost"), ("nvidia-nccl-cu12", "nvidia-nccl-cu12"), SCIPY], ["xgboost"], imports=["xgboost"]),
+    Env("lightgbm", "ml-native", [("lightgbm", "lightgbm"), SCIPY, ("narwhals", "narwhals")], ["lightgbm"], imports=["lightgbm"]),
+    Env("scikit-learn", "ml-native", [("scikit-learn", "scikit-learn"), SCIPY, ("joblib", "joblib"),
+                                      ("threadpoolctl", "threadpoolctl")], ["sklearn", "scikit_learn.libs"],
         imports=["sklearn"]),
     Env("pyarrow", "ml-native", [("pyarrow", "pyarrow")], ["pyarrow", "pyarrow.libs"], imports=["pyarrow"]),
     Env("pillow", "ml-native", [("pillow", "pillow")], ["PIL", "pillow.libs"], imports=["PIL.Image"], small=True),
@@ -312,10 +318,15 @@ for path in job["objects"]:
                 except OSError as exc:
                     out["error"] = str(exc)
                     match = cannot_open.search(str(exc))
-                    if not (job["nvidia"] and match):
+                    if not match:
                         break
-                    found = sorted(glob.glob(os.path.join(job["site"], "nvidia", "*", "lib", match.group(1))) +
-                                   glob.glob(os.path.join(job["site"], "nvidia", "cu*", "lib", match.group(1))))
+                    # a library in a repair tool's <dist>.libs directory is loaded as a NEEDED of
+                    # the package's module, after the sibling that module also names
+                    sibling = os.path.join(os.path.dirname(path), match.group(1))
+                    found = [sibling] if path.split(os.sep)[-2].endswith(".libs") and os.path.isfile(sibling) else []
+                    if not found and job["nvidia"]:
+                        found = sorted(glob.glob(os.path.join(job["site"], "nvidia", "*", "lib", match.group(1))) +
+                                       glob.glob(os.path.join(job["site"], "nvidia", "cu*", "lib", match.group(1))))
                     if not found or found[0] in out["preloaded"]:
                         break
                     try:
@@ -372,6 +383,18 @@ def truths(env: Env) -> dict:
         for real in result["mapped"]:
             mapped.setdefault(real, path)
     driver = _driver_on_host()
+    for path, result in results.items():
+        # a program cannot be dlopened: ld.so loads its closure when it runs (ldd -r relocates
+        # every library and symbol in trace mode)
+        if not result["ok"] and "cannot dynamically load" in result["error"]:
+            ldd = subprocess.run(["ldd", "-r", path], capture_output=True, text=True, errors="replace",
+                                 env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+            text = ldd.stdout + ldd.stderr
+            if ldd.returncode == 0 and "not found" not in text and "undefined symbol" not in text:
+                result["ok"], result["preloaded"] = True, []
+            else:
+                result["error"] = "a program: " + " ".join(l.strip() for l in text.splitlines()
+                                                           if "not found" in l or "undefined symbol" in l)
     verdicts = {}
     for path, result in results.items():
         name = os.path.basename(path)
