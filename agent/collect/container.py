@@ -15,8 +15,9 @@ the leaf segments seen on real hosts:
 A pod's namespace and name come from the kubelet's own files where they are on this node:
 /var/log/pods/<namespace>_<pod>_<uid>/<container>/ and
 /var/log/containers/<pod>_<namespace>_<container>-<id>.log.  Names of docker and podman
-containers come from their state files (config.v2.json, containers.json).  Nothing here runs
-a program except pid_of(), which asks the engine's CLI for a name the user typed.
+containers, and the images they run, come from their state files (config.v2.json,
+containers.json).  Nothing here runs a program except pid_of(), which asks the engine's CLI
+for a name the user typed.
 """
 from __future__ import annotations
 
@@ -193,31 +194,64 @@ def _listdir(path: str) -> list:
 
 _DEFAULT_STATE = {"docker": "/var/lib/docker/containers",
                   "podman": "/var/lib/containers/storage/overlay-containers/containers.json"}
-_podman_names: dict = {}  # containers.json (dev, inode, mtime) -> {id: name}
+_podman_state: dict = {}  # containers.json (dev, inode, mtime) -> {id: (name, image)}
 
 
 def engine_name(runtime: str, cid: str, state_roots: dict | None = None):
     """The name the user gave a docker or podman container, from the engine's state files."""
+    return _engine_state(runtime, cid, state_roots)[0]
+
+
+def engine_image(runtime: str, cid: str, state_roots: dict | None = None):
+    """The image a docker or podman container was started from, as the user named it
+    (nvcr.io/nvidia/pytorch:24.05-py3), from the engine's state files; None where unsaid."""
+    return _engine_state(runtime, cid, state_roots)[1]
+
+
+def _engine_state(runtime: str, cid: str, state_roots: dict | None) -> tuple:
+    """(name, image) of a docker or podman container; None for either not known."""
     where = (state_roots or {}).get(runtime, _DEFAULT_STATE[runtime])
     if runtime == "docker":
         doc = _json(os.path.join(where, cid, "config.v2.json"))
-        name = doc.get("Name") if isinstance(doc, dict) else None
-        return name.lstrip("/") if isinstance(name, str) and name else None
+        if not isinstance(doc, dict):
+            return None, None
+        name = doc.get("Name")
+        # Config.Image is the reference given to docker run; the top-level Image is only its sha256 id
+        image = (doc.get("Config") or {}).get("Image") if isinstance(doc.get("Config"), dict) else None
+        return (name.lstrip("/") if isinstance(name, str) and name else None,
+                image if isinstance(image, str) and image else None)
     try:
         st = os.stat(where)
     except OSError:
-        return None
+        return None, None
     key = (where, st.st_dev, st.st_ino, st.st_mtime_ns)
-    names = _podman_names.get(key)
-    if names is None:
-        names = {}
+    state = _podman_state.get(key)
+    if state is None:
+        state = {}
         doc = _json(where)
         for item in doc if isinstance(doc, list) else []:
-            if isinstance(item, dict) and isinstance(item.get("names"), list) and item["names"]:
-                names[str(item.get("id"))] = str(item["names"][0])
-        _podman_names.clear()
-        _podman_names[key] = names
-    return names.get(cid)
+            if isinstance(item, dict):
+                names = item.get("names")
+                name = str(names[0]) if isinstance(names, list) and names else None
+                state[str(item.get("id"))] = (name, _podman_image(item))
+        _podman_state.clear()
+        _podman_state[key] = state
+    return state.get(cid, (None, None))
+
+
+def _podman_image(item: dict):
+    """containers/storage keeps the image's name in the container's metadata (a JSON string:
+    "image-name"), libpod's own config calls it rootfsImageName; "image" is only the id."""
+    try:
+        metadata = json.loads(item.get("metadata") or "{}")
+    except (TypeError, ValueError):
+        metadata = {}
+    for value in ((metadata or {}).get("image-name") if isinstance(metadata, dict) else None,
+                  item.get("rootfsImageName")):
+        if isinstance(value, str) and value:
+            return value
+    image_id = item.get("image")
+    return image_id[:12] if isinstance(image_id, str) and image_id else None
 
 
 def _json(path: str):

@@ -10,7 +10,12 @@ Where the values come from follows what the agent checks:
   what those trees ship is what their jobs will load;
 - on the whole host, the libraries mapped by running processes (/proc/PID/maps): what is
   in use now, not what merely lies on disk;
-- the driver, from the check's own GPU context (NVML, else the kernel module's version).
+- the driver, from the check's own GPU context (NVML, else the kernel module's version);
+- the images, of the docker and podman containers whose processes map the CUDA driver or
+  torch now (their cgroup names the container, the engine's state file its image), in
+  both cases: what a tree ships says nothing of which image runs it.  A CRI container's
+  image is not named in any file of the kubelet's that a node agent can read simply (it
+  lives in containerd's or CRI-O's own databases), so those are left out.
 
 Cardinality stays bounded however a host looks: versions are cut to major.minor (a patch
 release is not drift worth a page), a label holds at most MAX_VALUES distinct values
@@ -95,19 +100,57 @@ def _walk(paths, found: dict) -> None:
                         found[hit[0]].add(_major_minor(hit[1]))
 
 
-def _processes(found: dict, proc: str = "/proc") -> None:
+def _engine_container(pid: str, proc: str):
+    """(runtime, id) of the docker or podman container PID runs in; None otherwise (a host
+    process, an engine's monitor, a CRI container)."""
+    from ..collect.container import CGROUP_CAP, parse_cgroup
+
+    try:
+        with open(f"{proc}/{pid}/cgroup", "rb") as f:
+            found = parse_cgroup(f.read(CGROUP_CAP).decode("utf-8", "replace"))
+    except OSError:
+        return None
+    if found is None or found[0] not in ("docker", "podman") or found[3]:
+        return None
+    return found[0], found[1]
+
+
+def _image_value(reference: str) -> str:
+    """An image reference as a label value: a digest cut to 12 hex (as the engines print
+    ids), and a long name kept by its end, where the repository's own name and tag are."""
+    name, at, digest = reference.partition("@")
+    if at:
+        reference = f"{name}@{digest.split(':', 1)[-1][:12]}"
+    return reference if len(reference) <= MAX_VALUE_LEN else reference[-MAX_VALUE_LEN:]
+
+
+def _processes(found: dict, proc: str = "/proc", libraries: bool = True, state_roots: dict | None = None) -> None:
+    """The libraries (LIBRARIES false: only the images) of the processes that map the CUDA
+    driver or torch."""
+    from ..collect.container import engine_image
+
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()][:MAX_PROCESSES]
     except OSError:
         return
     torch_dirs = set()
+    containers = set()
     for pid in pids:
+        # images only: a host process's maps are not read at all
+        container = None if libraries else _engine_container(pid, proc)
+        if not libraries and container is None:
+            continue
         try:
             with open(f"{proc}/{pid}/maps", "rb") as f:
                 text = f.read(MAX_MAPS_BYTES).decode("utf-8", "replace")
         except OSError:
             continue  # gone, or another user's: what can be read is what is reported
         if "libcuda" not in text and "libtorch" not in text:
+            continue
+        container = container or _engine_container(pid, proc)
+        if container is not None:
+            containers.add(container)
+        if not libraries:
             continue
         for line in text.splitlines():
             path = line.split(None, 5)[5] if line.count(" ") >= 5 else ""
@@ -119,6 +162,10 @@ def _processes(found: dict, proc: str = "/proc") -> None:
                 torch_dirs.add(os.path.dirname(os.path.dirname(path)))
     for directory in sorted(torch_dirs)[:MAX_VALUES]:
         _torch_install(directory, found)
+    for runtime, cid in sorted(containers):
+        image = engine_image(runtime, cid, state_roots)
+        if image:
+            found["images"].add(_image_value(image))
 
 
 def _label(values) -> str:
@@ -129,13 +176,13 @@ def _label(values) -> str:
     return ",".join(values[:MAX_VALUES]) + (",+" if more else "")
 
 
-def gpu_stack(paths, driver_version: str | None, images=()) -> dict:
-    """The info metric's labels for this host: every label in LABELS, each a bounded string."""
+def gpu_stack(paths, driver_version: str | None, proc: str = "/proc", state_roots: dict | None = None) -> dict:
+    """The info metric's labels for this host: every label in LABELS, each a bounded string.
+    PROC and STATE_ROOTS (the engines' state, seedance.collect.container) are where they
+    are read from."""
     found = {label: set() for label in LABELS}
     if paths:
         _walk(paths, found)
-    else:
-        _processes(found)
+    _processes(found, proc, libraries=not paths, state_roots=state_roots)
     found["driver"] = {_major_minor(str(driver_version))} if driver_version else set()
-    found["images"] = set(images)
     return {label: _label(found[label]) for label in LABELS}
