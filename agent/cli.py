@@ -161,7 +161,7 @@ class _Words:
 
 
 def _lean_ldd(argv: list[str]):
-    """`ldd [--json] [--secure] [--tree] [--env VAR=VALUE]... FILE` read without argparse,
+    """`ldd [--json] [--secure] [--tree] [-v] [--env VAR=VALUE]... FILE` read without argparse,
     or None: anything else (--help, an abbreviation, `--env=`, a word starting with '-',
     a missing or second FILE) goes to argparse, which gives the usual help, errors and exit
     codes.  Importing argparse (with re, enum, gettext) and building ldd's parser would
@@ -171,12 +171,12 @@ def _lean_ldd(argv: list[str]):
     FILE that do not start with '-' (argparse would take those for options)."""
     if argv[:1] != ["ldd"]:
         return None
-    flags = {"--json": False, "--secure": False, "--tree": False}
+    flags = {"--json": False, "--secure": False, "--tree": False, "--verbose": False}
     env, files = [], []
     words = iter(argv[1:])
     for word in words:
-        if word in flags:
-            flags[word] = True
+        if word in flags or word == "-v":
+            flags["--verbose" if word == "-v" else word] = True
         elif word == "--env":
             value = next(words, None)
             if value is None or value.startswith("-"):
@@ -191,7 +191,7 @@ def _lean_ldd(argv: list[str]):
     from .commands import ldd
 
     return _Words(command="ldd", file=files[0], env=env, json=flags["--json"], secure=flags["--secure"],
-                  tree=flags["--tree"], execute=ldd.execute)
+                  tree=flags["--tree"], verbose=flags["--verbose"], execute=ldd.execute)
 
 
 # the variables that can ask for traces (seedance.telemetry.wanted decides): without any of

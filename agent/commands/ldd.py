@@ -44,8 +44,12 @@ def configure_parser(sub):
     parser.add_argument("--secure", action="store_true",
                         help="resolve as for a set-user-ID program (AT_SECURE)")
     parser.add_argument("--tree", action="store_true",
-                        help="print libtree's tree shape with the reason per edge (rpath, runpath, "
-                             "ld_library_path, ld.so.cache, default, already loaded)")
+                        help="print libtree's tree with the reason per edge (rpath, runpath, ld_library_path, "
+                             "ld.so.cache, default): each library expanded once, libc, libm, libdl, "
+                             "libstdc++, libgcc_s and the loader left out, as libtree's default")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="with --tree: every library, the C runtime and loader too, and the path of "
+                             "each one already loaded")
     parser.set_defaults(execute=execute)
     return parser
 
@@ -106,7 +110,8 @@ def execute(args) -> int:
     closure = resolver.closure(args.file)
     if getattr(args, "tree", False) and not args.json:
         from ..render.graph import tree_text
-        sys.stdout.write(escape_path(tree_text(closure)).replace("\\n", "\n"))
+        sys.stdout.write(escape_path(tree_text(closure, verbose=getattr(args, "verbose", False)))
+                         .replace("\\n", "\n"))
         return 0
     if args.json:
         import json
@@ -120,10 +125,12 @@ def execute(args) -> int:
 def _in_process_root(file: str) -> tuple:
     """('/proc/PID/root', '/path/inside') for a file named through a process's root, else
     ('/', file)."""
+    if not file.startswith("/proc/"):  # the common case: no `re` to import at every ldd's start
+        return "/", file
     import os
     import re
 
-    match = re.match(r"^/proc/(\d+|self)/root(/.*)?$", os.path.normpath(file) if file.startswith("/proc/") else file)
+    match = re.match(r"^/proc/(\d+|self)/root(/.*)?$", os.path.normpath(file))
     if match is None:
         return "/", file
     return f"/proc/{match.group(1)}/root", match.group(2) or "/"

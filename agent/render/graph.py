@@ -18,10 +18,25 @@ EDGE_COLOURS = {
 FAIL_COLOUR = "red"
 
 
-def tree_text(closure, show_loaded: bool = True) -> str:
-    """libtree's shape: each object once, under the requester that first loaded it, with
-    the reason per edge; a NEEDED satisfied by an object already listed is shown once more,
-    dimmed, as libtree does ('already loaded'), and not expanded again."""
+# libtree's exclude_list (libtree.c): the C and C++ runtimes and the loader, which nearly every
+# object needs.  Its default tree leaves them out, matched on the soname with its version
+# digits and dots stripped from the right, as is_in_exclude_list() does.
+LIBTREE_FOLDED = ("ld-linux-aarch64.so", "ld-linux-armhf.so", "ld-linux-x86-64.so", "ld-linux.so", "ld64.so",
+                  "libc.musl-aarch64.so", "libc.musl-armhf.so", "libc.musl-i386.so", "libc.musl-x86_64.so",
+                  "libc.so", "libdl.so", "libgcc_s.so", "libm.so", "libstdc++.so")
+
+
+def folded(name: str) -> bool:
+    """A NEEDED name libtree's default tree does not show (LIBTREE_FOLDED)."""
+    return name.rstrip("0123456789.").startswith(LIBTREE_FOLDED) if name.rstrip("0123456789.") else False
+
+
+def tree_text(closure, show_loaded: bool = True, verbose: bool = True) -> str:
+    """libtree's shape: each object expanded once, under the requester that first loaded it,
+    with the reason per edge; a NEEDED satisfied by an object already listed is shown once
+    more and not expanded again, as libtree does ('already loaded').  Not VERBOSE: libtree's
+    default, the runtimes of LIBTREE_FOLDED left out (with what only they need), and a
+    repeated object by its name alone."""
     by_requester: dict = {}
     for res in closure.resolutions:
         by_requester.setdefault(res.requester, []).append(res)
@@ -35,7 +50,7 @@ def tree_text(closure, show_loaded: bool = True) -> str:
         first_source[closure.interpreter] = "interpreter"
 
     def walk(path: str, prefix: str) -> None:
-        children = by_requester.get(path, [])
+        children = [res for res in by_requester.get(path, []) if verbose or not folded(res.name)]
         for index, res in enumerate(children):
             last = index == len(children) - 1
             branch = "└── " if last else "├── "
@@ -44,7 +59,8 @@ def tree_text(closure, show_loaded: bool = True) -> str:
                 continue
             if res.path in seen:
                 if show_loaded:
-                    lines.append(f"{prefix}{branch}{res.name} [already loaded: {res.path}]")
+                    lines.append(f"{prefix}{branch}{res.name} [already loaded: {res.path}]" if verbose
+                                 else f"{prefix}{branch}{res.name} [already loaded]")
                 continue
             seen.add(res.path)
             lines.append(f"{prefix}{branch}{res.name} => {res.path} [{first_source.get(res.path, res.source)}]")
