@@ -118,8 +118,12 @@ class SnapshotCollector:
         for rule, severity, count in snap.get("finding_counts", []):
             findings.add_metric([rule, severity], float(count))
         yield findings
-        yield GaugeMetricFamily("seedance_last_scan_timestamp_seconds", "Unix time of the latest periodic check",
-                                value=float(snap.get("scan", {}).get("at") or 0))
+        scanned_at = snap.get("scan", {}).get("at")
+        if scanned_at:
+            # absent until the first check ends: a 0 would read as a check made in 1970, which
+            # time() - x turns into a 56-year-old scan rather than "not yet"
+            yield GaugeMetricFamily("seedance_last_scan_timestamp_seconds", "Unix time of the latest periodic check",
+                                    value=float(scanned_at))
 
         util = GaugeMetricFamily("seedance_gpu_utilization_ratio", "GPU utilisation (0..1) from NVML",
                                  labels=["device", "uuid"])

@@ -78,3 +78,31 @@ def test_port_in_use_is_one_line_bad_input():
             MetricsServer(f"127.0.0.1:{first.port}", lambda: SNAPSHOT).start()
     finally:
         first.stop()
+
+
+def _exposition(snapshot: dict) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from seedance.service.metrics import SnapshotCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: snapshot))
+    return generate_latest(registry).decode()
+
+
+def test_last_scan_timestamp_is_absent_before_the_first_scan_and_promtool_accepts_both():
+    """Before the first periodic check there is no time to report: the series is absent (as
+    node_exporter leaves out what it has not read), not 0, which would be a check in 1970."""
+    import shutil
+    import subprocess
+
+    before = _exposition({**SNAPSHOT, "scan": {}})
+    assert "seedance_last_scan_timestamp_seconds" not in before
+    after = _exposition({**SNAPSHOT, "scan": {"at": 1_700_000_000.5}})
+    assert "seedance_last_scan_timestamp_seconds 1.7000000005e+09" in after
+    if not shutil.which("promtool"):
+        pytest.skip("promtool is not installed")
+    for body in (before, after):
+        lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True,
+                              timeout=60)
+        assert lint.returncode == 0 and lint.stdout + lint.stderr == "", lint.stdout + lint.stderr
