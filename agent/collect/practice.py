@@ -288,6 +288,28 @@ def driver_absent(name: str, resolver=None) -> str | None:
             "it loads where the driver is")
 
 
+def driver_absent_once(facts: list) -> list:
+    """``facts`` with the NEEDED misses that the absent driver explains said once per check:
+    the first keeps its finding, its reason naming how many more objects need a driver
+    library; the rest are dropped (on a host without the driver every CUDA library of every
+    environment links libcuda.so.1, and one line says all there is to say)."""
+    from ..model.report import Fact
+
+    absent = [i for i, fact in enumerate(facts) if fact.kind == "needed" and fact.data.get("context") == "no-driver"]
+    if len(absent) < 2:
+        return facts
+    first = facts[absent[0]]
+    names = sorted({facts[i].data.get("name", "") for i in absent})
+    reason = (f"{first.data.get('reason', '')}; {len(absent) - 1} more object"
+              f"{'s' if len(absent) > 2 else ''} need{'' if len(absent) > 2 else 's'} "
+              f"{', '.join(names)} (--json lists each)")
+    kept = Fact(first.kind, first.subject, {**first.data, "reason": reason,
+                                            "also_needed_by": [facts[i].subject.get("path") for i in absent[1:]]},
+                source=first.source)
+    drop = set(absent[1:])
+    return [kept if i == absent[0] else fact for i, fact in enumerate(facts) if i not in drop]
+
+
 def _driver_installed(resolver=None) -> bool:
     known = _DPKG.get("driver")
     if known is None:

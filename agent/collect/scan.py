@@ -156,7 +156,7 @@ class Scanner:
         finally:
             self.progress.finish()
         self._place_abi_facts()
-        self.facts.extend(closure_facts.needed_facts(self.dedup, self._explain_missing))
+        self.facts.extend(practice.driver_absent_once(closure_facts.needed_facts(self.dedup, self._explain_missing)))
         self.facts.extend(closure_facts.runtime_mix_facts(self.dedup))
         if self.options.host_scope:
             from . import torch_ext
