@@ -308,3 +308,74 @@ def test_fix_is_plan_apply_verify_under_the_command_span(tmp_path):
     # the check the plan runs, and the one verify runs, nest under their stage
     walks = receiver.named("check.walk")
     assert {w.parent_span_id for w in walks} == {plan.span_id, verify.span_id}
+
+
+class TracedAgent:
+    """`seedance agent run` checking TREE every second, its traces sent to RECEIVER."""
+
+    def __init__(self, receiver: Receiver, base: Path, service: str, tree: Path, **extra):
+        base.mkdir()
+        (base / "rt").mkdir(mode=0o700)
+        env = dict(traced(receiver, base, **extra), OTEL_SERVICE_NAME=service)
+        self.log_path = base / "agent.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([str(BIN / "seedance"), "agent", "run", "--probes", "off", "--scan-interval", "1s",
+                                      "--gc-interval", "1s", "--scan-path", str(tree)],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=self.log)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.log_path.read_text()
+
+
+def _spans_of(receiver: Receiver, service: str, name: str) -> list:
+    return [(resource, span) for resource, span in receiver.spans()
+            if resource.get("service.name") == service and span.name == name]
+
+
+@needs_gcc
+def test_the_agent_sends_each_scan_and_gc_pass_as_a_trace_and_keeps_failed_scans_at_ratio_zero(tmp_path):
+    import socket
+    import time
+
+    trap = planted_trap(tmp_path)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    shutil.copy("/bin/true", clean / "true")
+    ratio_zero = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+    with Receiver() as receiver:
+        agents = [TracedAgent(receiver, tmp_path / "all", "agent-all", clean),
+                  TracedAgent(receiver, tmp_path / "none", "agent-sampled-out", trap, **ratio_zero)]
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while time.monotonic() < deadline and not (
+                    _spans_of(receiver, "agent-all", "agent.scan") and _spans_of(receiver, "agent-all", "agent.gc")
+                    and len(_spans_of(receiver, "agent-sampled-out", "agent.scan")) >= 2):
+                assert all(agent.proc.poll() is None for agent in agents), [a.log_path.read_text() for a in agents]
+                time.sleep(0.3)
+        finally:
+            logs = [agent.stop() for agent in agents]
+    assert "Traceback" not in "".join(logs), logs
+    for name in ("agent.scan", "agent.gc"):
+        found = _spans_of(receiver, "agent-all", name)
+        assert found, (name, [s.name for _r, s in receiver.spans()], logs)
+        resource, span = found[0]
+        assert resource["host.name"] == socket.gethostname() and resource["k8s.node.name"] == "gpu-node-7"
+        assert span.parent_span_id == b""  # each pass is a trace of its own
+    scan = attributes(_spans_of(receiver, "agent-all", "agent.scan")[0][1].attributes)
+    assert scan["seedance.findings.error"] == 0 and scan["seedance.check.duration_s"] >= 0
+    # sampled at ratio 0: the healthy GC passes are dropped, every scan with an error finding kept
+    assert _spans_of(receiver, "agent-sampled-out", "agent.gc") == []
+    kept = _spans_of(receiver, "agent-sampled-out", "agent.scan")
+    assert len(kept) >= 2 and len({span.trace_id for _r, span in kept}) == len(kept)
+    for resource, span in kept:
+        attrs = attributes(span.attributes)
+        assert attrs["seedance.findings.error"] >= 1 and "needed-unresolved" in attrs["seedance.rule_ids"]
+        assert resource["host.name"] == socket.gethostname()
