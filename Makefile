@@ -103,6 +103,7 @@ bench-churn: install
 # into ~/.cache/seedance-corpus or $SEEDANCE_CORPUS); the table goes to bench/accuracy-results.md.
 bench-accuracy: install
 	$(BIN)/python bench/bench_accuracy.py --results bench/accuracy-results.md
+	SEEDANCE_FIX_TEXTS=all $(BIN)/python -m pytest -q tests/integration/test_fix_texts_resolve.py
 
 # Mutation testing, bench time, not CI: hours on two cores.  Scores per module go to
 # bench/mutation-results.json; survivors are explained in bench/mutation-survivors.md.

@@ -8,7 +8,8 @@ Every row is a whole command as a user runs it (process start-up included):
   seedance cold        seedance check --python PY --imports A,B, with an empty cache directory
                        (XDG_CACHE_HOME of its own: the first run of a user; it stores its entry)
   seedance warm        the same command again on unchanged files, answered from the prediction
-                       cache (a first untimed run fills it)
+                       cache (an untimed run just before each timed one fills it: seedance's own
+                       files are part of the key, and a checkout being edited changes them)
 Rounds interleave the three (rotating which goes first), so load drifts hit all of them;
 best and median wall time of the rounds and each command's peak RSS (getrusage of the
 child from wait4, the children it waited for included) are printed, with the core count
@@ -57,7 +58,6 @@ def bench_set(names: str, python: str, rounds: int) -> dict:
         "seedance cold": (check, "cold"),
         "seedance warm": (check, warm_home),
     }
-    run(check, dict(base, XDG_CACHE_HOME=warm_home))  # fills the warm cache
     results: dict = {label: [] for label in commands}
     try:
         for index in range(rounds):
@@ -72,6 +72,7 @@ def bench_set(names: str, python: str, rounds: int) -> dict:
                     env["XDG_CACHE_HOME"] = cold_home
                 elif home is not None:
                     env["XDG_CACHE_HOME"] = home
+                    run(cmd, env)  # fills the cache the timed run answers from
                 try:
                     results[label].append(run(cmd, env))
                 finally:

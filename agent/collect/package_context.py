@@ -1,12 +1,14 @@
 """What Python packages do before their native modules load, read from rules/context/.
 
-Two data files, validated when first read (a bad one is one RuleError line, exit 2):
+Three data files, validated when first read (a bad one is one RuleError line, exit 2):
 
 - packages.yaml: per package, what its Python code loads first (torch's
   _load_global_deps, cupy's cuda-pathfinder), which package it imports first (torchvision
   imports torch), an explicit preload step the user calls (onnxruntime.preload_dlls()),
   its optional providers, and the variants of one library it picks at run time;
-- pip_distributions.yaml: the pip requirement that ships a library file, per CUDA major.
+- pip_distributions.yaml: the pip requirement that ships a library file, per CUDA major;
+- release_pairs.yaml: which release of a torch extension (torchvision, torchaudio) was
+  built for which torch release.
 
 No wheel is named in Python code: what a package does is data, with its source.
 """
@@ -25,6 +27,9 @@ _PACKAGE_KEYS = {"package", "loads_first", "imports_first", "preload_step", "how
 _VARIANT_KEYS = {"files", "picked_by", "source"}
 _OPTIONAL_KEYS = {"files", "what", "source"}
 _LIBRARY_KEYS = {"soname", "cuda", "requirement", "source"}
+_EXTENSION_KEYS = {"distribution", "pairs"}
+_PAIR_KEYS = {"torch", "release", "source"}
+_RELEASE = re.compile(r"^[0-9]+(\.[0-9]+)*$")  # a public release, no local label (+cpu)
 # a requirement a fix prints: a project name and at most a version specifier, nothing a
 # shell would read as more (PEP 508 names, PEP 440 specifiers)
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[a-z0-9,]+\])?([=<>~!]=?[0-9][0-9.*]*(,[=<>~!]=?[0-9][0-9.*]*)*)?$")
@@ -160,6 +165,43 @@ def validate_libraries(doc, path: str) -> tuple:
     return tuple(entries)
 
 
+def validate_release_pairs(doc, path: str) -> dict:
+    """release_pairs.yaml as {canonical distribution: {torch release: (release, source)}};
+    RuleError on the first problem (a torch release listed twice for one extension too)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("extensions"), list):
+        raise RuleError(f"{path}: expected a mapping with an 'extensions:' list")
+    out: dict = {}
+    for index, entry in enumerate(doc["extensions"]):
+        where = f"{path}#{index}"
+        if not isinstance(entry, dict):
+            raise RuleError(f"{where}: an entry must be a mapping")
+        _unknown(entry, _EXTENSION_KEYS, where)
+        dist = _text(entry, "distribution", where)
+        if not _REQUIREMENT.match(dist) or any(c in dist for c in "=<>~!["):
+            raise RuleError(f"{where}: distribution {dist!r} is not a plain project name")
+        pairs = entry.get("pairs")
+        if not isinstance(pairs, list) or not pairs:
+            raise RuleError(f"{where}: 'pairs' must be a non-empty list")
+        table = out.setdefault(_canonical(dist), {})
+        for number, pair in enumerate(pairs):
+            spot = f"{where} pairs#{number}"
+            if not isinstance(pair, dict):
+                raise RuleError(f"{spot}: must be a mapping")
+            _unknown(pair, _PAIR_KEYS, spot)
+            torch, release = _text(pair, "torch", spot), _text(pair, "release", spot)
+            for key, value in (("torch", torch), ("release", release)):
+                if not _RELEASE.match(value):
+                    raise RuleError(f"{spot}: {key} {value!r} is not a release like 2.4.1")
+            if torch in table:
+                raise RuleError(f"{spot}: torch {torch} is paired twice for {dist}")
+            table[torch] = (release, _text(pair, "source", spot))
+    return out
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def packages() -> tuple:
     known = _CACHE.get("packages")
     if known is None:
@@ -174,6 +216,35 @@ def libraries() -> tuple:
         path, doc = _load("pip_distributions.yaml")
         known = _CACHE["libraries"] = validate_libraries(doc, path)
     return known
+
+
+def release_pairs() -> dict:
+    known = _CACHE.get("release_pairs")
+    if known is None:
+        path, doc = _load("release_pairs.yaml")
+        known = _CACHE["release_pairs"] = validate_release_pairs(doc, path)
+    return known
+
+
+def matching_release(distribution: str, torch_version: str):
+    """(release, source) of ``distribution`` built for the installed ``torch_version``
+    (a local build's label, +cpu or +cu124, does not change the release), or None when
+    the distribution or that torch release is not in release_pairs.yaml."""
+    table = release_pairs().get(_canonical(distribution))
+    if not table or not torch_version:
+        return None
+    return table.get(torch_version.split("+", 1)[0])
+
+
+def index_caveat(torch_version: str) -> str:
+    """What a pinned extension install needs besides its pin when the installed torch is a
+    local build: PyTorch publishes +cpu and +cuXXX builds on its own index, where the
+    extension's matching build is too (https://pytorch.org/get-started/locally/)."""
+    _public, sep, label = (torch_version or "").partition("+")
+    if not sep or not re.fullmatch(r"cpu|cu[0-9]+|rocm[0-9.]+|xpu", label):
+        return ""
+    return (f"; the installed torch is the {label} build from PyTorch's index: take the same build of it "
+            f"from there (add --index-url https://download.pytorch.org/whl/{label})")
 
 
 def entry_for(top: str):

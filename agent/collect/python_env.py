@@ -1211,12 +1211,31 @@ def requirement_facts(prediction: Prediction) -> list:
             continue
         have = f"{item.name} {item.installed} is installed" if item.installed else f"{item.name} is not installed"
         proof = prediction.error if not prediction.ok and failed_top in modules else ""
+        check = (f"{interp.python} -m pip install --dry-run '{item.distribution}' '{item.name}=={item.installed}'"
+                 if item.installed else f"{interp.python} -m pip install '{item.requirement}'")
         facts.append(Fact("dist-requirement", {"path": item.dist_info}, {
             "distribution": item.distribution, "version": item.version, "requirement": item.requirement,
             "required": item.name, "installed": item.installed or "", "have": have,
             "modules": ", ".join(sorted(modules)), "python": interp.python,
             "fails": bool(proof), "proof": f"; import {failed_top} fails: {proof}" if proof else "",
-            "check": (f"{interp.python} -m pip install --dry-run '{item.distribution}' "
-                      f"'{item.name}=={item.installed}'" if item.installed else
-                      f"{interp.python} -m pip install '{item.requirement}'")}, source="python_env"))
+            "check": check, "remedy": _requirement_remedy(item, interp.python, check)}, source="python_env"))
     return facts
+
+
+def _requirement_remedy(item: UnmetRequirement, python: str, check: str) -> str:
+    """The fix of an unmet pin: the extension's release built for the installed torch when
+    rules/context/release_pairs.yaml pairs them, else how to find it."""
+    from packaging.utils import canonicalize_name
+
+    from .package_context import index_caveat, matching_release
+
+    if item.installed and canonicalize_name(item.name) == "torch":
+        found = matching_release(item.distribution, item.installed)
+        if found is not None:
+            release, source = found
+            return (f"{python} -m pip install --no-deps '{item.distribution}=={release}'"
+                    f"{index_caveat(item.installed)} (the {item.distribution} release built for the installed "
+                    f"torch {item.installed}: {source})")
+    return (f"install the {item.distribution} release whose Requires-Dist accepts the installed {item.name}, or "
+            f"the {item.requirement} it was built for; `pip install --upgrade {item.distribution}` alone does not "
+            f"choose by torch's release: check a candidate with {check}")

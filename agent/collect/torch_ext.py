@@ -477,10 +477,30 @@ def rebuild_command(ext_path: str, torch: TorchInstall | None, name: str | None 
 
     dist = package_of(real)
     if dist:
+        pinned = matching_install(dist, torch, python)
+        if pinned:
+            return pinned
         return (f"{python} -m pip install --no-build-isolation --no-deps --force-reinstall --no-binary {dist} {dist}")
     label = name or os.path.basename(ext_path)
     target = f"torch {torch.version}" if torch else "the torch that imports it"
     return f"rebuild {label} from its sources against {target} (no setup.py or pyproject.toml found above it)"
+
+
+def matching_install(dist: str, torch: TorchInstall | None, python: str = "python") -> str | None:
+    """The install of ``dist``'s release built for the installed torch, when it is one of
+    the extensions whose releases pair with torch's (rules/context/release_pairs.yaml): a
+    binary-only project such as torchvision has no source a --no-binary rebuild could use.
+    When this torch release has no known pair, the text says what to look for instead."""
+    from .package_context import index_caveat, matching_release, release_pairs
+
+    if not torch or not torch.version or re.sub(r"[-_.]+", "-", dist).lower() not in release_pairs():
+        return None
+    found = matching_release(dist, torch.version)
+    if found is None:
+        return (f"install the {dist} release built for torch {torch.version} (its Requires-Dist pins "
+                f"torch=={torch.version.split('+', 1)[0]}; the project's compatibility table lists it)")
+    release, _source = found
+    return f"{python} -m pip install --no-deps '{dist}=={release}'{index_caveat(torch.version)}"
 
 
 def _project_of(path: str, levels: int = 6) -> str | None:

@@ -222,21 +222,22 @@ def test_imports_text_names_the_interpreter_given_and_counts_what_is_not_known(t
 
 # --- distribution metadata -------------------------------------------------------------------
 
-def _pinned_site(root, torch, requires):
-    """fakevision 0.1: a torch extension built against another torch (it binds a function
-    this torch lacks), whose METADATA pins that torch."""
+def _pinned_site(root, torch, requires, dist="fakevision", version="0.1"):
+    """fakevision (distribution ``dist`` ``version``): a torch extension built against
+    another torch (it binds a function this torch lacks), whose METADATA pins that torch."""
     site = os.path.join(root, "site")
     lib = os.path.join(torch.path, "lib")
     F.extension(os.path.join(site, "fakevision"), "_C", [], links=("-L", lib, "-Wl,--no-as-needed", "-ltorch_cpu"),
                 rpath=lib, refs=["aoti_torch_removed_in_this_release"])
     F.package(site, "fakevision", "import torch\nfrom . import _C\n")
-    info = os.path.join(site, "fakevision-0.1.dist-info")
+    info = os.path.join(site, f"{dist}-{version}.dist-info")
     os.makedirs(info)
     with open(os.path.join(info, "METADATA"), "w") as handle:
-        handle.write("Metadata-Version: 2.1\nName: fakevision\nVersion: 0.1\n"
+        handle.write(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
                      + "".join(f"Requires-Dist: {line}\n" for line in requires) + "\nA description.\n")
     with open(os.path.join(info, "RECORD"), "w") as handle:
-        handle.write("fakevision/__init__.py,,\nfakevision/_C" + F.EXT_SUFFIX + ",,\nfakevision-0.1.dist-info/METADATA,,\n")
+        handle.write("fakevision/__init__.py,,\nfakevision/_C" + F.EXT_SUFFIX
+                     + f",,\n{dist}-{version}.dist-info/METADATA,,\n")
     return site
 
 
@@ -274,6 +275,57 @@ def test_a_pin_that_explains_an_import_failure_is_named_with_the_proof(tmp_path,
     assert message.startswith(f"fakevision 0.1 requires torch==1.0, torch {torch.version} is installed; "
                               "import fakevision fails: ImportError: ")
     assert message.endswith("undefined symbol: aoti_torch_removed_in_this_release")
+
+
+def test_a_pin_of_a_paired_extension_names_its_release_for_the_installed_torch(tmp_path, torch):
+    """torchvision 0.19.1 pins torch==2.4.1: against another torch the fix is the
+    torchvision release built for that torch (rules/context/release_pairs.yaml), pinned."""
+    from seedance.collect import package_context
+
+    found = package_context.matching_release("torchvision", torch.version)
+    if found is None:
+        pytest.skip(f"release_pairs.yaml pairs no torchvision with torch {torch.version}")
+    site = _pinned_site(str(tmp_path), torch, ["torch==2.4.1"], dist="torchvision", version="0.19.1")
+    env = dict(os.environ, PYTHONPATH=site)
+    report = tmp_path / "report.json"
+    proc = _seedance("check", "--python", PYTHON, "--imports", "fakevision", "--report-json", str(report), env=env)
+    pinned = [f for f in _findings(report) if f["rule"] == "dist-requirement-unmet"]
+    assert proc.returncode == 1 and len(pinned) == 1, proc.stdout
+    fix = pinned[0]["fix"]
+    assert fix.startswith(f"{PYTHON} -m pip install --no-deps 'torchvision=={found[0]}'"), fix
+    assert ("--index-url https://download.pytorch.org/whl/" in fix) == ("+" in torch.version)
+    assert "--no-binary" not in fix
+
+
+def test_a_bad_release_pairs_file_stops_the_check_with_one_line(tmp_path, torch):
+    import seedance.judge.engine as engine
+
+    rules = tmp_path / "rules"
+    shutil.copytree(engine.default_rules_dir(), rules)
+    (rules / "context" / "release_pairs.yaml").write_text("extensions:\n  - distribution: torchvision\n")
+    site = _pinned_site(str(tmp_path), torch, ["torch==2.4.1"], dist="torchvision", version="0.19.1")
+    code = ("import sys, seedance.judge.engine as e; e.RULES_DIR = sys.argv[1]; "
+            "from seedance.cli import main; sys.exit(main(['check', '--python', sys.argv[2], '--imports', 'fakevision']))")
+    proc = subprocess.run([PYTHON, "-c", code, str(rules), PYTHON], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=site, SEEDANCE_CACHE="0"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "release_pairs.yaml#0: 'pairs' must be a non-empty list" in lines[0]
+
+
+def test_an_extension_fix_pins_the_release_for_the_installed_torch_never_a_source_rebuild(torch):
+    from seedance.collect import package_context
+
+    paired = torch_ext.matching_install("torchvision", torch, "py")
+    found = package_context.matching_release("torchvision", torch.version)
+    if found is not None:
+        assert paired.startswith(f"py -m pip install --no-deps 'torchvision=={found[0]}'")
+    # a torch release with no known pair: what to install, and no --no-binary rebuild of a
+    # project that publishes wheels only
+    future = torch_ext.TorchInstall(torch.path, "9.99.0+cpu", None, None, torch.python_tag, torch.source)
+    unknown = torch_ext.matching_install("torchvision", future, "py")
+    assert "torch 9.99.0+cpu" in unknown and "--no-binary" not in unknown and "pip install" not in unknown
+    assert torch_ext.matching_install("some-other-extension", torch, "py") is None
 
 
 # --- the prediction cache: a repeat answers from it, a changed file is seen ---------------
