@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 
 from ..model.record import Record
 
@@ -82,6 +83,18 @@ class ContainerIdentity(Record):
             text += f" ({self.name})"
         return text
 
+    def workload_labels(self) -> tuple[str, str, str]:
+        """(namespace, pod, container) as dcgm-exporter's pod attribution labels a series, so
+        the two join on them: a pod's names from the kubelet's files; a docker or podman
+        container outside any pod has only its container name; "" for what is not known
+        (dcgm-exporter's own value for a GPU no pod holds).  The engine's monitor (conmon)
+        is not the workload: it gets none."""
+        if self.monitor:
+            return "", "", ""
+        if self.pod_uid:
+            return self.namespace or "", self.pod or "", self.container or ""
+        return "", "", self.name or ""
+
     def restart(self) -> str:
         """The command that restarts what maps the stale file: the pod where the kubelet
         owns it (deleting it makes its controller start a new one), else the engine's."""
@@ -133,26 +146,89 @@ def _parse_path(path: str):
     return None
 
 
-def identify(pid: int, proc: str = "/proc", kubelet: str = "/var/lib/kubelet/pods",
-             pod_logs: str = "/var/log/pods", container_logs: str = "/var/log/containers",
-             state_roots: dict | None = None):
-    """The container ``pid`` runs in, None when its cgroup names none (a host process, a
-    chroot, or a process gone before we looked)."""
+KUBELET_PODS = "/var/lib/kubelet/pods"
+POD_LOGS = "/var/log/pods"
+CONTAINER_LOGS = "/var/log/containers"
+# Seen from a DaemonSet's pod (hostPID, no hostPath for these directories), the node's files
+# are under its init's root: /proc/1/root is the host's / as the kernel's proc_root_link()
+# resolves it for a process allowed to ptrace-read pid 1 (the agent's SYS_PTRACE).
+HOST_ROOT = "/proc/1/root"
+
+
+def node_dir(path: str, host_root: str = HOST_ROOT) -> str:
+    """``path`` where it is a directory here, else the same directory under the host's root
+    when that one is (an agent in a pod that shares the host's pid namespace)."""
+    if os.path.isdir(path):
+        return path
+    under_host = host_root + path
+    return under_host if os.path.isdir(under_host) else path
+
+
+def _read_cgroup(pid: int, proc: str):
     try:
         with open(f"{proc}/{pid}/cgroup", "rb") as handle:
-            text = handle.read(CGROUP_CAP).decode("utf-8", "replace")
+            return handle.read(CGROUP_CAP).decode("utf-8", "replace")
     except OSError:
         return None
-    found = parse_cgroup(text)
+
+
+def identify(pid: int, proc: str = "/proc", kubelet: str | None = None, pod_logs: str | None = None,
+             container_logs: str | None = None, state_roots: dict | None = None):
+    """The container ``pid`` runs in, None when its cgroup names none (a host process, a
+    chroot, or a process gone before we looked).  The kubelet's directories default to the
+    node's (node_dir())."""
+    text = _read_cgroup(pid, proc)
+    found = parse_cgroup(text) if text is not None else None
     if found is None:
         return None
+    return _named(found, kubelet, pod_logs, container_logs, state_roots)
+
+
+def _named(found, kubelet, pod_logs, container_logs, state_roots) -> ContainerIdentity:
     runtime, cid, pod_uid, monitor = found
     identity = ContainerIdentity(runtime, cid, pod_uid=pod_uid, monitor=monitor)
     if pod_uid:
-        _kube_names(identity, kubelet, pod_logs, container_logs)
+        _kube_names(identity, kubelet or node_dir(KUBELET_PODS), pod_logs or node_dir(POD_LOGS),
+                    container_logs or node_dir(CONTAINER_LOGS))
     elif runtime in ("docker", "podman"):
         identity.name = engine_name(runtime, cid, state_roots)
     return identity
+
+
+class WorkloadLabels:
+    """(namespace, pod, container) of processes, for metric series, asked at each scrape.
+
+    The cgroup of each pid is read every time (a pid can be reused by a process of another
+    container between two scrapes); the names, which need directory listings and the
+    engines' state files, are looked up once per container and kept (up to CAP containers)."""
+
+    CAP = 1024
+
+    def __init__(self, proc: str = "/proc", kubelet: str | None = None, pod_logs: str | None = None,
+                 container_logs: str | None = None, state_roots: dict | None = None):
+        self.proc = proc
+        self._roots = (kubelet, pod_logs, container_logs, state_roots)
+        self._names: dict = {}
+        self._lock = threading.Lock()  # scrapes are answered on threads of their own
+
+    def of(self, pid) -> tuple[str, str, str]:
+        if not isinstance(pid, int) or pid <= 0:
+            return "", "", ""
+        text = _read_cgroup(pid, self.proc)
+        found = parse_cgroup(text) if text is not None else None
+        if found is None:
+            return "", "", ""  # a host process, or one gone since it was listed
+        with self._lock:
+            labels = self._names.get(found)
+        if labels is None:
+            labels = _named(found, *self._roots).workload_labels()
+            if labels == ("", "", "") and found[2]:
+                return labels  # a pod whose files the kubelet has not written yet: ask again next time
+            with self._lock:
+                if len(self._names) >= self.CAP:
+                    self._names.clear()
+                self._names[found] = labels
+        return labels
 
 
 def _kube_names(identity: ContainerIdentity, kubelet: str, pod_logs: str, container_logs: str) -> None:

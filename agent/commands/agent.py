@@ -94,6 +94,9 @@ def _run_flags(parser, defaults_for_unit: bool = False):
     parser.add_argument("--sample-interval", metavar="DURATION", help="NVML sampling interval (default 10s)")
     parser.add_argument("--metrics", metavar="HOST:PORT",
                         help="serve Prometheus /metrics on this loopback address (e.g. 127.0.0.1:9464)")
+    parser.add_argument("--metrics-per-pid", dest="metrics_per_pid", action="store_true", default=None,
+                        help="one series per process in the per-process metrics (high cardinality; "
+                             "default: summed by namespace, pod, container and command)")
     parser.add_argument("--probes", choices=("on", "off", "auto"),
                         help="trace probes: on (required), off, auto (when root + bcc allow; default)")
     parser.add_argument("--otlp-endpoint", metavar="URL", help="export metrics over OTLP/HTTP to this collector")
@@ -106,8 +109,9 @@ def _run_flags(parser, defaults_for_unit: bool = False):
 
 def _flags(args) -> dict:
     return {"gc_interval": args.gc_interval, "scan_interval": args.scan_interval,
-            "sample_interval": args.sample_interval, "metrics": args.metrics, "probes": args.probes,
-            "otlp_endpoint": args.otlp_endpoint, "scan": args.scan, "rules_dir": args.rules_dir,
+            "sample_interval": args.sample_interval, "metrics": args.metrics,
+            "metrics_per_pid": args.metrics_per_pid, "probes": args.probes, "otlp_endpoint": args.otlp_endpoint,
+            "scan": args.scan, "rules_dir": args.rules_dir,
             "scan_paths": [os.path.abspath(p) for p in args.scan_paths] if args.scan_paths else None}
 
 
@@ -125,6 +129,8 @@ def _unit_args(args) -> list[str]:
             words += [flag, value]
     if args.scan is False:
         words.append("--no-scan")
+    if args.metrics_per_pid:
+        words.append("--metrics-per-pid")
     for path in args.scan_paths or ():
         words += ["--scan-path", os.path.abspath(path)]
     return words

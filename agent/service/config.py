@@ -91,6 +91,10 @@ class AgentConfig:
     scan_interval: float = 600.0
     sample_interval: float = 10.0
     metrics: str | None = None          # "127.0.0.1:9464"; None = no exposition
+    # one series per pid in the per-process metric families; off, they are summed by
+    # workload (namespace, pod, container, command), as a pid per job run would otherwise
+    # add series without bound
+    metrics_per_pid: bool = False
     probes: str = "auto"                # auto: attach when root + bcc allow it
     otlp_endpoint: str | None = None
     handle_mode: str = "shared"
@@ -107,7 +111,7 @@ class AgentConfig:
         return out
 
 
-_FILE_KEYS = {"gc_interval", "scan_interval", "sample_interval", "metrics", "probes",
+_FILE_KEYS = {"gc_interval", "scan_interval", "sample_interval", "metrics", "metrics_per_pid", "probes",
               "otlp_endpoint", "handle_mode", "scan", "scan_paths", "rules_dir"}
 
 
@@ -183,6 +187,9 @@ def build_config(file_values: Mapping, flags: Mapping, env: Mapping[str, str] = 
         raise UsageError(f"handle_mode: {merged['handle_mode']!r} is not one of {', '.join(HANDLE_MODES)}")
     if "scan" in merged:
         merged["scan"] = bool(merged["scan"])
+    if "metrics_per_pid" in merged and not isinstance(merged["metrics_per_pid"], bool):
+        # bool("no") is True: a quoted value would turn the high-cardinality series on
+        raise UsageError(f"metrics_per_pid: expected true or false, not {merged['metrics_per_pid']!r}")
     if "scan_paths" in merged:
         paths = merged["scan_paths"]
         if isinstance(paths, str):

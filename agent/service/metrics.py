@@ -13,6 +13,7 @@ deadline for the whole connection, and at most MAX_CLIENTS connections at once.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 from typing import Callable
@@ -60,11 +61,43 @@ def require_loopback(host: str) -> str:
     return sorted(addresses)[0]
 
 
-class SnapshotCollector:
-    """Turns the agent's snapshot dict into metric families at each scrape."""
+# The labels dcgm-exporter puts on a GPU's series (its GPU, UUID, GPUDevice and Hostname
+# fields), spelt as it spells them, so that `on (UUID)` or `on (Hostname, gpu)` joins
+# seedance's series with DCGM_FI_* ones without relabelling.  `device` is the character
+# device's name, nvidia<gpu>, as dcgm-exporter derives it from the index.  Its fifth,
+# modelName, is left out: promtool check metrics (client_golang's promlint) refuses
+# camelCase label names, so the model is model_name on seedance_gpu_info alone, one series
+# per GPU (`* on (UUID) group_left (model_name) seedance_gpu_info`), as dcgm-exporter's
+# own modelName is reached with `group_left (modelName)`.
+GPU_LABELS = ("gpu", "UUID", "device", "Hostname")
+# dcgm-exporter's pod attribution (--kubernetes): the pod holding the GPU, "" when none does.
+WORKLOAD_LABELS = ("namespace", "pod", "container")
+def node_name(env=None) -> str:
+    """What the Hostname label holds: NODE_NAME where the DaemonSet sets it from the
+    downward API (spec.nodeName: in a pod, gethostname() is the pod's name), as dcgm-exporter
+    reads it, else this host's name."""
+    env = os.environ if env is None else env
+    return env.get("NODE_NAME") or socket.gethostname()
 
-    def __init__(self, snapshot: Callable[[], dict]):
+
+def gpu_labels(dev: dict, hostname: str) -> list:
+    index = dev.get("index")
+    return [str(index), str(dev.get("uuid") or ""), f"nvidia{index}", hostname]
+
+
+class SnapshotCollector:
+    """Turns the agent's snapshot dict into metric families at each scrape.
+
+    Per-process series are summed by workload (namespace, pod, container, command) unless
+    the agent's config asks for one series per pid (metrics_per_pid): every process a job
+    starts would otherwise be a new series for Prometheus to index and keep."""
+
+    def __init__(self, snapshot: Callable[[], dict], hostname: str | None = None, workloads=None):
+        from ..collect.container import WorkloadLabels
+
         self.snapshot = snapshot
+        self.hostname = node_name() if hostname is None else hostname
+        self.workloads = workloads if workloads is not None else WorkloadLabels()
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -97,6 +130,7 @@ class SnapshotCollector:
                 ("quota_released", "Quota workloads released (ended, or their policy removed)")):
             yield CounterMetricFamily(f"seedance_{name}", help_text, value=float(counters.get(name, 0)))
 
+        per_pid = bool(agent.get("config", {}).get("metrics_per_pid"))
         instances = snap.get("instances", [])
         live = GaugeMetricFamily("seedance_instances", "Wrapped instances in the registry", labels=["state"])
         live.add_metric(["alive"], float(sum(1 for i in instances if i.get("alive"))))
@@ -105,12 +139,19 @@ class SnapshotCollector:
         yield GaugeMetricFamily("seedance_registry_slots_free", "Free slots in the shim registry",
                                 value=float(snap.get("registry", {}).get("free_slots", 0)))
         outstanding = GaugeMetricFamily("seedance_instance_allocated_bytes",
-                                        "GPU bytes currently allocated by a live instance",
-                                        labels=["pid", "command"])
+                                        "GPU bytes currently allocated by live wrapped instances",
+                                        labels=["Hostname", *WORKLOAD_LABELS, "command"] + (["pid"] if per_pid else []))
+        sums: dict = {}
         for inst in instances:
             if inst.get("alive"):
-                outstanding.add_metric([str(inst.get("pid")), str(inst.get("command", ""))[:64]],
-                                       float(inst.get("allocated_bytes", 0)))
+                # the pid in the agent's namespace: the one its cgroup is read by, and the one
+                # the node's ps and nvidia-smi show
+                pid = inst.get("host_pid") or inst.get("pid")
+                key = (self.hostname, *self.workloads.of(pid), str(inst.get("command", ""))[:64]) \
+                    + ((str(pid),) if per_pid else ())
+                sums[key] = sums.get(key, 0.0) + float(inst.get("allocated_bytes", 0))
+        for key, value in sums.items():
+            outstanding.add_metric(list(key), value)
         yield outstanding
 
         findings = GaugeMetricFamily("seedance_findings", "Active findings by rule and severity",
@@ -125,18 +166,21 @@ class SnapshotCollector:
             yield GaugeMetricFamily("seedance_last_scan_timestamp_seconds", "Unix time of the latest periodic check",
                                     value=float(scanned_at))
 
+        info = InfoMetricFamily("seedance_gpu", "Each GPU NVML lists, with its model", labels=GPU_LABELS)
         util = GaugeMetricFamily("seedance_gpu_utilization_ratio", "GPU utilisation (0..1) from NVML",
-                                 labels=["device", "uuid"])
-        mem = GaugeMetricFamily("seedance_gpu_memory_used_bytes", "GPU memory used, from NVML",
-                                labels=["device", "uuid"])
+                                 labels=GPU_LABELS)
+        mem = GaugeMetricFamily("seedance_gpu_memory_used_bytes", "GPU memory used, from NVML", labels=GPU_LABELS)
         total = GaugeMetricFamily("seedance_gpu_memory_total_bytes", "GPU memory size, from NVML",
-                                  labels=["device", "uuid"])
-        power = GaugeMetricFamily("seedance_gpu_power_watts", "GPU power draw, from NVML",
-                                  labels=["device", "uuid"])
+                                  labels=GPU_LABELS)
+        power = GaugeMetricFamily("seedance_gpu_power_watts", "GPU power draw, from NVML", labels=GPU_LABELS)
         procs = GaugeMetricFamily("seedance_gpu_processes", "Processes on the device, from NVML",
-                                  labels=["device", "uuid"])
+                                  labels=GPU_LABELS)
+        held = GaugeMetricFamily("seedance_gpu_process_memory_used_bytes",
+                                 "GPU memory used by the processes of a workload on the device, from NVML",
+                                 labels=[*GPU_LABELS, *WORKLOAD_LABELS] + (["pid"] if per_pid else []))
         for dev in snap.get("devices", []):
-            labels = [str(dev.get("index")), str(dev.get("uuid", ""))]
+            labels = gpu_labels(dev, self.hostname)
+            info.add_metric(labels, {"model_name": str(dev.get("name") or "")})
             if dev.get("utilization") is not None:
                 util.add_metric(labels, float(dev["utilization"]))
             if dev.get("memory_used") is not None:
@@ -146,7 +190,16 @@ class SnapshotCollector:
             if dev.get("power_watts") is not None:
                 power.add_metric(labels, float(dev["power_watts"]))
             procs.add_metric(labels, float(len(dev.get("processes", []))))
-        yield from (util, mem, total, power, procs)
+            sums = {}
+            for gpu_proc in dev.get("processes", []):
+                if gpu_proc.get("used_memory") is None:
+                    continue  # NVML could not say (no permission, or a driver that does not count it)
+                pid = gpu_proc.get("pid")
+                key = (*labels, *self.workloads.of(pid)) + ((str(pid),) if per_pid else ())
+                sums[key] = sums.get(key, 0.0) + float(gpu_proc["used_memory"])
+            for key, value in sums.items():
+                held.add_metric(list(key), value)
+        yield from (info, util, mem, total, power, procs, held)
         stack = snap.get("gpu_stack")
         if stack:
             # one series per host, labels bounded by seedance.telemetry.stack; the drift rules

@@ -115,3 +115,55 @@ def test_unnamed_podman_and_gone_process(tmp_path):
     assert found.subject() == {"runtime": "podman", "id": CID}
     assert found.restart() == f"podman restart {CID[:12]}"
     assert container.identify(4242, proc=str(tmp_path / "proc")) is None
+
+
+# --- workload labels for metric series (dcgm-exporter's namespace, pod, container) --------
+
+def _pod_node(tmp_path):
+    """/var/log/pods and /var/log/containers as the kubelet writes them, for a pod with two
+    containers (so the pod's directory alone cannot say which one a process is in)."""
+    pods = tmp_path / "var/log/pods" / f"ml-team_trainer-7d9f_{UID}"
+    for name in ("worker", "loader"):
+        (pods / name).mkdir(parents=True)
+    logs = tmp_path / "var/log/containers"
+    logs.mkdir(parents=True)
+    (logs / f"trainer-7d9f_ml-team_worker-{CID}.log").write_text("")
+    return pods.parent, logs
+
+
+def test_workload_labels_of_a_pod_a_podman_container_a_monitor_and_a_host_process(tmp_path):
+    pods, logs = _pod_node(tmp_path)
+    proc = _proc(tmp_path, v2(f"/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope"), pid=10)
+    _proc(tmp_path, v1(f"/libpod_parent/libpod-{'a' * 64}"), pid=11)
+    _proc(tmp_path, v2(f"/machine.slice/libpod-conmon-{'a' * 64}.scope"), pid=12)
+    _proc(tmp_path, v2("/system.slice/sshd.service"), pid=13)
+    podman = tmp_path / "containers.json"
+    podman.write_text(json.dumps([{"id": "a" * 64, "names": ["notebook"]}]))
+    labels = container.WorkloadLabels(proc=proc, kubelet=str(tmp_path / "kubelet"), pod_logs=str(pods),
+                                      container_logs=str(logs), state_roots={"podman": str(podman)})
+    assert labels.of(10) == ("ml-team", "trainer-7d9f", "worker")
+    assert labels.of(11) == ("", "", "notebook")
+    assert labels.of(12) == ("", "", "")  # conmon is the engine's, not the workload
+    assert labels.of(13) == ("", "", "")
+    assert labels.of(4242) == ("", "", "") and labels.of(None) == ("", "", "")
+
+
+def test_a_reused_pid_gets_the_labels_of_its_new_container(tmp_path):
+    pods, logs = _pod_node(tmp_path)
+    proc = _proc(tmp_path, v2(f"/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope"), pid=10)
+    labels = container.WorkloadLabels(proc=proc, kubelet=str(tmp_path / "kubelet"), pod_logs=str(pods),
+                                      container_logs=str(logs))
+    assert labels.of(10) == ("ml-team", "trainer-7d9f", "worker")
+    (tmp_path / "proc" / "10" / "cgroup").write_text(v2("/user.slice/user-1000.slice/session-3.scope"))
+    assert labels.of(10) == ("", "", "")
+
+
+def test_the_kubelets_files_are_read_under_the_hosts_root_from_a_pod(tmp_path):
+    """An agent in a DaemonSet pod (hostPID, no hostPath for /var/log/pods) reads the node's
+    files under /proc/1/root; a directory present here is used as it is."""
+    host = tmp_path / "host"
+    (host / "var/log/pods").mkdir(parents=True)
+    assert container.node_dir("/var/log/pods-nowhere", host_root=str(host)) == "/var/log/pods-nowhere"
+    assert container.node_dir("/var/log/pods", host_root=str(host)) in ("/var/log/pods", f"{host}/var/log/pods")
+    (host / "srv/pods-only-on-host").mkdir(parents=True)
+    assert container.node_dir("/srv/pods-only-on-host", host_root=str(host)) == f"{host}/srv/pods-only-on-host"
