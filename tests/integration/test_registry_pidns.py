@@ -261,3 +261,174 @@ def test_registry_of_another_layout_is_refused_with_one_line(tmp_path):
     with pytest.raises(NotAvailable) as refused:
         Registry.open(path)
     assert f"ABI {lib.SD_ABI_VERSION - 1}" in str(refused.value) and "\n" not in str(refused.value)
+
+
+# --- a real podman container: the workload of a pod, the agent on the node -------------
+#
+# As the DaemonSet shares the registry (deploy/daemonset.yaml, docs/containers.md "The
+# shim registry in pods"): the node's runtime directory is bind-mounted at /run/seedance in
+# the workload's container, which sets SEEDANCE_RUNTIME_DIR=/run/seedance; the agent runs
+# on the host with the same directory under its own path.  The shim, the fake driver and
+# the program come from the host read-only; the image holds only what they load (libc and
+# ld.so, from ldd) and /bin/sh, imported with `podman import` (no registry is reachable).
+
+POD_RUNTIME_DIR = "/run/seedance"
+POD_SHIM = "/opt/seedance/libseedance_shim.so"
+POD_DRIVER = "/opt/fakecuda"
+
+
+def podman_unusable() -> str | None:
+    if shutil.which("podman") is None:
+        return "podman is not installed (make system-deps installs it)"
+    if not os.path.exists("/usr/sbin/runc"):
+        return "runc is not installed at /usr/sbin/runc"
+    return None
+
+
+class PodWorkload:
+    """sdtest under the shim in a podman container: pid 1 of its pid namespace (the program
+    is the container's command; on the host pid 1 is always a live process, init), or a
+    child of /bin/sh as the container's init, with whatever small pid runc leaves it (on a
+    host the low numbers are kernel threads)."""
+
+    def __init__(self, base: Path, fake_driver: Path, runtime_dir: Path):
+        from image_builds import PODMAN_RUN
+        from test_containers_live import _copy_in, _ldd_paths
+
+        self.podman_run = PODMAN_RUN
+        self.fake_driver, self.runtime_dir = fake_driver, runtime_dir
+        self.tag = f"localhost/sd-pidns-{os.getpid()}-{time.monotonic_ns()}:1"
+        self.name = f"sd-pidns-{os.getpid()}-{time.monotonic_ns()}"
+        self.started = False
+        root = base / "rootfs"
+        loaded = {"/bin/sh"}  # the image's shell; the rest is what ld.so loads for each
+        for binary in ("/bin/sh", shim_library(), fake_driver / "libcuda.so.1", fake_driver / "sdtest"):
+            loaded.update(_ldd_paths(str(binary)))
+        for path in sorted(loaded):
+            _copy_in(str(root), path)
+        for mountpoint in (POD_RUNTIME_DIR, str(Path(POD_SHIM).parent), POD_DRIVER, "/tmp"):
+            (root / mountpoint.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        tar = base / "rootfs.tar"
+        with tarfile.open(tar, "w") as out:
+            out.add(root, arcname=".")
+        self.image_error = self._podman("import", str(tar), self.tag)
+
+    @staticmethod
+    def _podman(*argv) -> str | None:
+        proc = subprocess.run(["podman", *argv], capture_output=True, text=True, timeout=120)
+        if proc.returncode:
+            return " ".join((proc.stderr.strip().splitlines() or ["?"])[-1:])
+        return None
+
+    def cannot_run(self) -> str | None:
+        """Why podman cannot run a container here (image, runtime, cgroups), else None: a
+        trivial container with the same runtime and limits, before the one under test."""
+        if self.image_error:
+            return f"podman import failed: {self.image_error}"
+        proc = subprocess.run([*self.podman_run, "--rm", self.tag, "/bin/sh", "-c", "exit 0"],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode:
+            return f"podman run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+        return None
+
+    def start(self, as_init: bool) -> tuple[int, int]:
+        """Start the wrapped program: (its pid in the container, its host pid)."""
+        program = [f"{POD_DRIVER}/sdtest", "--via", "dlsym", "init", "ctx:0", f"alloc:{HELD}", "sleep:120000"]
+        if as_init:
+            preload, command = ["-e", f"LD_PRELOAD={POD_SHIM}"], program
+        else:
+            # the shim takes itself out of LD_PRELOAD for what a wrapped shell starts: the
+            # shell preloads it for the program alone
+            preload = []
+            command = ["/bin/sh", "-c", f"LD_PRELOAD={POD_SHIM} {' '.join(program)} & wait"]
+        error = self._podman(
+            *self.podman_run[1:], "-d", "--name", self.name,
+            "-v", f"{self.runtime_dir}:{POD_RUNTIME_DIR}",
+            "-v", f"{shim_library()}:{POD_SHIM}:ro",
+            "-v", f"{self.fake_driver}:{POD_DRIVER}:ro",
+            "-e", f"SEEDANCE_RUNTIME_DIR={POD_RUNTIME_DIR}", *preload,
+            "-e", f"LD_LIBRARY_PATH={POD_DRIVER}", "-e", "FAKECUDA_DEVICES=2",
+            "-e", "FAKECUDA_LEDGER=/tmp/ledger", self.tag, *command)
+        assert error is None, f"podman run of the workload failed (a trivial container ran): {error}"
+        self.started = True
+        init = wait_until(lambda: (p := subprocess.run(
+            ["podman", "inspect", "--format", "{{.State.Pid}}", self.name], capture_output=True, text=True,
+            timeout=60).stdout.strip()).isdigit() and int(p) > 0 and int(p), "the container's init")
+        self.ns_inode = os.stat(f"/proc/{init}/ns/pid").st_ino
+        try:
+            return wait_until(lambda: self._program(), "sdtest running in the container")
+        except AssertionError as exc:
+            logs = subprocess.run(["podman", "logs", self.name], capture_output=True, text=True, timeout=60)
+            raise AssertionError(f"{exc}; the container's output: {(logs.stdout + logs.stderr)[-500:]!r}") from None
+
+    def _program(self) -> tuple[int, int] | None:
+        """(pid in the container, host pid) of sdtest, found the way the agent finds it: NSpid."""
+        for name in os.listdir("/proc"):
+            try:
+                if not name.isdigit() or os.stat(f"/proc/{name}/ns/pid").st_ino != self.ns_inode:
+                    continue
+                if Path(f"/proc/{name}/comm").read_text().strip() != "sdtest":
+                    continue
+                nspid = next(line for line in Path(f"/proc/{name}/status").read_text().splitlines()
+                             if line.startswith("NSpid:")).split()[1:]
+            except (OSError, StopIteration):
+                continue
+            return int(nspid[-1]), int(name)
+        return None
+
+    def remove(self):
+        if self.started:
+            assert self._podman("rm", "-f", "-t", "0", self.name) is None
+            self.started = False
+
+    def close(self):
+        self._podman("rm", "-f", "-t", "0", "--ignore", self.name)
+        self._podman("rmi", "-f", self.tag)
+
+
+@pytest.fixture
+def pod_workload(env, fake_driver, tmp_path):
+    reason = podman_unusable()
+    if reason:
+        pytest.skip(f"podman cannot run a container here: {reason}")
+    runtime_dir = Path(env["SEEDANCE_RUNTIME_DIR"])
+    runtime_dir.mkdir(mode=0o700, parents=True)  # the hostPath: there before any pod mounts it
+    workload = PodWorkload(tmp_path, fake_driver, runtime_dir)
+    try:
+        reason = workload.cannot_run()
+        if reason:
+            pytest.skip(f"podman cannot run a container here: {reason}")
+        yield workload
+    finally:
+        workload.close()
+
+
+@pytest.mark.parametrize("as_init", [True, False], ids=["program-is-pid1", "program-under-sh"])
+def test_agent_keeps_a_live_podman_workload_and_reclaims_it_after_rm(env, pod_workload, tmp_path, as_init):
+    ns_pid, host_pid = pod_workload.start(as_init)
+    assert host_pid != ns_pid and (ns_pid == 1) == as_init
+    # what the host's process of the same number is: for pid 1 always a live one (init),
+    # whose start time is not the slot's; the check at the end says it was left as it was
+    host_side = Path(f"/proc/{ns_pid}").exists()
+    print(f"\nthe program is pid {ns_pid} in its container, {host_pid} on the host; "
+          f"host pid {ns_pid} {'is a live process' if host_side else 'is free'}")
+    agent = start_agent(env, tmp_path / "agent.log")
+    try:
+        slots = wait_until(lambda: (r := registry(env)) and [i for i in r if i[1] == ns_pid and i[3] == HELD],
+                           "the container's program's slot with its allocation")
+        assert slots == [[slots[0][0], ns_pid, True, HELD, host_pid]], "the reader misjudged the running program"
+        listed = assert_alive_through_gc_passes(env, ns_pid)
+        assert listed["host_pid"] == host_pid and listed["pid_namespace"] == pod_workload.ns_inode
+        assert not reclaim(env, slots[0][0]), "the shim reclaimed the slot of a running program"
+        assert host_pids_in(pod_workload.ns_inode, ns_pid) == [host_pid]  # it still runs, after all that
+
+        pod_workload.remove()
+        assert host_pids_in(pod_workload.ns_inode, ns_pid) == []
+        rows = wait_until(lambda: [r for r in ended_rows(env) if r[0] == ns_pid and r[3] is not None],
+                          "the agent to record the end and reclaim the slot")
+        assert rows == [(ns_pid, "leaked", HELD, rows[0][3])]
+        assert [i for i in registry(env) if i[1] == ns_pid] == []
+        assert Path(f"/proc/{ns_pid}").exists() == host_side  # the host's process of that number was left alone
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)
