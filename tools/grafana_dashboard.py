@@ -76,6 +76,13 @@ def build() -> dict:
         timeseries.Panel().title("GPU memory used").unit("percentunit").min(0).max(1).height(8).span(12)
         .with_target(query("seedance:gpu_memory_used:ratio", "{{instance}}")))
     board = board.with_panel(
+        timeseries.Panel().title("GPU utilisation per GPU").unit("percentunit").min(0).max(1).height(8).span(12)
+        .with_target(query("seedance_gpu_utilization_ratio", "{{Hostname}} {{device}}")))
+    board = board.with_panel(
+        timeseries.Panel().title("GPU memory used by pod").unit("bytes").height(8).span(12)
+        .with_target(query("seedance:gpu_process_memory_used_bytes:sum_by_pod",
+                           "{{Hostname}} {{namespace}}/{{pod}}")))
+    board = board.with_panel(
         timeseries.Panel().title("GPU memory leaked by ended processes (1h)").unit("bytes").height(8).span(12)
         .with_target(query("seedance:leaked_bytes:increase1h > 0", "{{instance}}")))
     board = board.with_panel(

@@ -68,3 +68,14 @@ def test_bad_values_are_usage_errors():
         config.build_config({"handle_mode": "sometimes"}, {}, env={})
     with pytest.raises(UsageError):
         config.build_config({}, {"probes": "maybe"}, env={})
+
+
+def test_per_pid_series_are_off_unless_asked(tmp_path):
+    path = tmp_path / "agent.yaml"
+    assert config.load_config(path, {}).metrics_per_pid is False
+    path.write_text("metrics_per_pid: true\n")
+    assert config.load_config(path, {}).metrics_per_pid is True
+    assert config.load_config(path, {}).to_dict()["metrics_per_pid"] is True  # what the collector reads
+    path.write_text('metrics_per_pid: "no"\n')  # bool("no") would be True
+    with pytest.raises(BadInput, match="metrics_per_pid: expected true or false"):
+        config.load_config(path, {})
