@@ -68,7 +68,10 @@ class OtlpExporter:
 
         def gpu(key):
             def observe(_options):
-                return [Observation(dev[key], {"device": str(dev.get("index")), "uuid": str(dev.get("uuid", ""))})
+                # the labels of /metrics, which are dcgm-exporter's: gpu is the index, device
+                # its nvidia<N> node, UUID as NVML prints it
+                return [Observation(dev[key], {"gpu": str(dev.get("index")), "device": f"nvidia{dev.get('index')}",
+                                               "UUID": str(dev.get("uuid", ""))})
                         for dev in self.snapshot().get("devices", []) if dev.get(key) is not None]
             return observe
 

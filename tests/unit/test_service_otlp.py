@@ -55,5 +55,7 @@ def test_exporter_pushes_seedance_metrics():
     assert metrics["seedance.leaks_reported"].sum.data_points[0].as_int == 2
     assert metrics["seedance.leaked_bytes"].sum.data_points[0].as_int == 8192
     assert metrics["seedance.gpu.utilization"].gauge.data_points[0].as_double == 0.5
+    labels = {a.key: a.value.string_value for a in metrics["seedance.gpu.utilization"].gauge.data_points[0].attributes}
+    assert labels == {"gpu": "0", "device": "nvidia0", "UUID": "GPU-x"}  # as /metrics and dcgm-exporter
     states = {dp.attributes[0].value.string_value: dp.as_int for dp in metrics["seedance.instances"].gauge.data_points}
     assert states == {"alive": 1, "dead": 1}
