@@ -31,6 +31,7 @@ corpus in `make bench-accuracy`.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -255,7 +256,9 @@ def build(env: Env) -> Path:
     for name, requirement in env.installs:
         installs.append(_torch_install(requirement) if name == "torch" else install(name, requirement))
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", env.label).strip("-")[:80]
-    env.site = merged(f"gpu-{slug}", installs)
+    # the layout's name carries what it is made of: adding a wheel lays out a new environment
+    digest = hashlib.sha256("\n".join(map(str, installs)).encode()).hexdigest()[:8]
+    env.site = merged(f"gpu-{slug}-{digest}", installs)
     return env.site
 
 
@@ -306,35 +309,42 @@ for path in job["objects"]:
     if pid == 0:
         os.close(r)
         out = {"ok": False, "error": first_error, "preloaded": [], "mapped": []}
-        if not first_error:
-            for _round in range(12):
+
+        def candidate(of, missing):
+            # a library in a repair tool's <dist>.libs directory is loaded as a NEEDED of the
+            # package's module, after the sibling that module also names
+            sibling = os.path.join(os.path.dirname(of), missing)
+            if of.split(os.sep)[-2].endswith(".libs") and os.path.isfile(sibling):
+                return sibling
+            if job["nvidia"]:
+                found = sorted(glob.glob(os.path.join(job["site"], "nvidia", "*", "lib", missing)))
+                return found[0] if found else None
+            return None
+
+        def load(target, mode, depth=0):
+            while True:
                 try:
-                    ctypes.CDLL(path, os.RTLD_NOW)
-                    out["ok"], out["error"] = True, ""
-                    with open("/proc/self/maps") as maps:
-                        out["mapped"] = sorted({l.split(None, 5)[5].strip() for l in maps
-                                                if l.count(" ") >= 5 and "/" in l})
-                    break
+                    ctypes.CDLL(target, mode)
+                    return None
                 except OSError as exc:
-                    out["error"] = str(exc)
                     match = cannot_open.search(str(exc))
-                    if not match:
-                        break
-                    # a library in a repair tool's <dist>.libs directory is loaded as a NEEDED of
-                    # the package's module, after the sibling that module also names
-                    sibling = os.path.join(os.path.dirname(path), match.group(1))
-                    found = [sibling] if path.split(os.sep)[-2].endswith(".libs") and os.path.isfile(sibling) else []
-                    if not found and job["nvidia"]:
-                        found = sorted(glob.glob(os.path.join(job["site"], "nvidia", "*", "lib", match.group(1))) +
-                                       glob.glob(os.path.join(job["site"], "nvidia", "cu*", "lib", match.group(1))))
-                    if not found or found[0] in out["preloaded"]:
-                        break
-                    try:
-                        ctypes.CDLL(found[0], os.RTLD_NOW | os.RTLD_GLOBAL)
-                        out["preloaded"].append(found[0])
-                    except OSError as inner:
-                        out["error"] = f"preloading {found[0]}: {inner}"
-                        break
+                    first = candidate(target, match.group(1)) if match else None
+                    if first is None or first in out["preloaded"] or depth > 12:
+                        return str(exc)
+                    error = load(first, os.RTLD_NOW | os.RTLD_GLOBAL, depth + 1)
+                    if error is not None:
+                        return f"preloading {first}: {error}"
+                    out["preloaded"].append(first)
+
+        if not first_error:
+            error = load(path, os.RTLD_NOW)
+            if error is None:
+                out["ok"], out["error"] = True, ""
+                with open("/proc/self/maps") as maps:
+                    out["mapped"] = sorted({l.split(None, 5)[5].strip() for l in maps
+                                            if l.count(" ") >= 5 and "/" in l})
+            else:
+                out["error"] = error
         os.write(w, json.dumps(out).encode())
         os._exit(0)
     os.close(w)
