@@ -201,14 +201,20 @@ _META_SCRIPT = (
     "        s = u.find_spec(line.strip())\n"
     "    except Exception:\n"
     "        s = None\n"
-    "    print(ascii(None if s is None else (s.origin, None if s.submodule_search_locations is None "
-    "else list(s.submodule_search_locations))), flush=True)\n")
+    "    print('seedance-spec:', ascii(None if s is None else (s.origin, None if s.submodule_search_locations "
+    "is None else list(s.submodule_search_locations))), flush=True)\n")
+# what the interpreter's start-up prints (a sitecustomize banner, a finder's chatter) is not
+# an answer: each answer carries this mark
+_META_MARK = b"seedance-spec: "
 
 
 class _MetaPathAsker:
-    """The interpreter, started once, answering find_spec(NAME) for one name per line."""
+    """The interpreter, started once, answering find_spec(NAME) for one name per line; it
+    ends when closed, or when the asker is dropped (a finder used on its own)."""
 
     def __init__(self, interp: Interpreter, timeout: float = 30):
+        import weakref
+
         from . import inputs
 
         self.timeout = timeout
@@ -216,11 +222,13 @@ class _MetaPathAsker:
             # not an input the prediction cache could record: it keeps these answers and asks
             # the finders again before it believes an entry (prediction_cache.py)
             with inputs.paused():
+                # unbuffered: a line read ahead into a buffer would hide from select()
                 self.proc = subprocess.Popen([interp.python, "-c", _META_SCRIPT], stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                             env=interp.env)
+                                             env=interp.env, bufsize=0)
         except OSError:
             self.proc = None
+        self._end = weakref.finalize(self, _end_asker, self.proc)
 
     def ask(self, name: str):
         """(origin, locations) as find_spec gives them, or None (not found, or no answer)."""
@@ -229,26 +237,34 @@ class _MetaPathAsker:
             return None
         try:
             self.proc.stdin.write(name.encode("utf-8", "surrogateescape") + b"\n")
-            self.proc.stdin.flush()
-            ready, _w, _x = select.select([self.proc.stdout], [], [], self.timeout)
-            line = self.proc.stdout.readline() if ready else b""
-            found = ast.literal_eval(line.decode("utf-8", "surrogateescape").strip())
+            line = b""
+            while not line.startswith(_META_MARK):
+                ready, _w, _x = select.select([self.proc.stdout], [], [], self.timeout)
+                line = self.proc.stdout.readline() if ready else b""
+                if not line:
+                    raise OSError("no answer")
+            found = ast.literal_eval(line[len(_META_MARK):].decode("utf-8", "surrogateescape").strip())
         except (OSError, ValueError, SyntaxError):
             self.close()  # a finder that hangs or dies answers nothing more
             return None
         return found if isinstance(found, tuple) and len(found) == 2 else None
 
     def close(self) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        try:
-            proc.stdin.close()
-            proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        self.proc = None
+        self._end()
+
+
+def _end_asker(proc) -> None:
+    """End of input: the interpreter's loop ends and it exits (killed if it does not)."""
+    if proc is None:
+        return
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
 
 
 def meta_path_answers(interp: Interpreter, names) -> dict:
@@ -288,6 +304,11 @@ class _Planner:
         self._functions: dict = {}  # module origin -> {name: FunctionDef}
         self._called: set = set()  # (origin, function) already walked
         self._known: dict = {}  # module origin -> {name: value known before running}
+        self._sources: dict = {}  # module origin -> its whole source, while its tree lacks function bodies
+        # the bytecode of a CPython like the one running seedance shows where function bodies are
+        # (pysource.py); another implementation or version is parsed whole
+        self._cache_tag = (f"cpython-{interp.version[0]}{interp.version[1]}"
+                           if interp.implementation == "cpython" and len(interp.version) >= 2 else "")
         self._guarded = 0  # depth of try bodies whose handlers catch OSError
 
     def import_name(self, fullname: str) -> bool:
@@ -349,16 +370,52 @@ class _Planner:
             # modules whose trees together would outweigh the real import's whole process
             if outer is None:
                 del self._functions[spec.origin]
+                self._sources.pop(spec.origin, None)
             else:
                 self._functions[spec.origin] = outer
 
     def _parse(self, path: str):
+        """The module's tree; its function bodies left out where its current .pyc shows
+        them (the whole source is kept to read a body that runs at import time)."""
+        from . import pysource
+
         try:
             with open(path, "rb") as handle:
-                return ast.parse(handle.read(), filename=path)
-        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+                source = handle.read()
+        except OSError:
             self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
             return None
+        if self._cache_tag:
+            light = pysource.skimmed(path, source, self._cache_tag)
+            if light is not None:
+                try:
+                    tree = ast.parse(light, filename=path)
+                except (SyntaxError, ValueError, RecursionError, MemoryError):
+                    tree = None  # a body the bytecode placed wrongly for this source: read it whole
+                if tree is not None:
+                    self._sources[path] = source
+                    return tree
+        try:
+            return ast.parse(source, filename=path)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
+            return None
+
+    def _whole_functions(self, origin: str) -> dict:
+        """The module's functions with their bodies: a module function called at import
+        time runs its body, so the source is parsed whole the first time one is."""
+        functions = self._functions.get(origin, {})
+        source = self._sources.pop(origin, None)
+        if source is None:
+            return functions
+        try:
+            tree = ast.parse(source, filename=origin)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return functions
+        whole = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for key, node in list(functions.items()):  # aliases (`a = f`) too
+            functions[key] = whole.get(node.name, node)
+        return functions
 
     def _walk(self, body, spec: _Spec, package: str) -> bool:
         """Walk statements in order; returns False when an import in them was not found
@@ -470,6 +527,7 @@ class _Planner:
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
                 local = self._functions.get(spec.origin, {}).get(name) if isinstance(func, ast.Name) else None
                 if local is not None and (spec.origin, name) not in self._called:
+                    local = self._whole_functions(spec.origin)[name]
                     # only the function's unconditional imports: its branches depend on
                     # arguments and state (following them over-predicted readline,
                     # subprocess, ... in numpy's and the stdlib's start-up checks)
