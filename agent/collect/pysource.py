@@ -109,9 +109,10 @@ def _blank_or_comment(line: bytes) -> bool:
 
 
 def _body(lines: list, text: bytes, offsets: list, first: int, last: int):
-    """(first body line, last body line, the body's indentation) of the function whose
-    decorators or `def` start on line ``first`` (1-based) and whose instructions end on
-    line ``last``; None when its body shares a line with its header, or anything is unclear."""
+    """(its `def` line, first body line, last body line, the body's indentation) of the
+    function whose decorators or `def` start on line ``first`` (1-based) and whose
+    instructions end on line ``last``; None when its body shares a line with its header,
+    or anything is unclear."""
     line = first
     while not _DEF.match(lines[line - 1]):
         line += 1
@@ -151,12 +152,19 @@ def _body(lines: list, text: bytes, offsets: list, first: int, last: int):
     # are still indented deeper than its `def`, or blank
     while end < len(lines) and (_blank_or_comment(lines[end]) or len(_indent(lines[end])) > def_indent):
         end += 1
-    return start, end, indent
+    return line, start, end, indent
 
 
 def skimmed(source_path: str, source: bytes, cache_tag: str) -> bytes | None:
     """``source`` with every function body replaced by ``pass``, or None (no current .pyc,
     or nothing to leave out)."""
+    found = skim(source_path, source, cache_tag)
+    return found[0] if found is not None else None
+
+
+def skim(source_path: str, source: bytes, cache_tag: str):
+    """(skimmed source, {line of a left-out function's `def`: the last line of its body}),
+    or None."""
     code = current_code(source_path, source, cache_tag)
     if code is None:
         return None
@@ -166,13 +174,20 @@ def skimmed(source_path: str, source: bytes, cache_tag: str) -> bytes | None:
         return None
     lines = source.split(b"\n")
     offsets = list(itertools.accumulate(map((1).__add__, map(len, lines)), initial=0))  # each line's start
-    replaced = 0
+    ends: dict = {}
     for first, last in sorted(found):
         body = _body(lines, source, offsets, first, last)
         if body is None:
             continue
-        start, end, indent = body
+        def_line, start, end, indent = body
         lines[start - 1] = indent + b"pass"
         lines[start:end] = [b""] * (end - start)
-        replaced += 1
-    return b"\n".join(lines) if replaced else None
+        ends[def_line] = end
+    return (b"\n".join(lines), ends) if ends else None
+
+
+def function_source(source: bytes, def_line: int, end: int) -> bytes:
+    """Lines ``def_line``..``end`` of ``source``, the whole text of one left-out function
+    whose `def` starts its line: parsed alone when it runs at import time."""
+    lines = source.split(b"\n", end)[:end]
+    return b"\n".join(lines[def_line - 1:end])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -304,7 +305,9 @@ class _Planner:
         self._functions: dict = {}  # module origin -> {name: FunctionDef}
         self._called: set = set()  # (origin, function) already walked
         self._known: dict = {}  # module origin -> {name: value known before running}
-        self._sources: dict = {}  # module origin -> its whole source, while its tree lacks function bodies
+        self._sources: dict = {}  # module origin -> (whole source, {def line: body end}) while skimmed
+        self._calls: dict = {}  # module origin -> the names its source calls (_called_names)
+        self._wholes: dict = {}  # module origin -> {def line: the function parsed with its body}
         # the bytecode of a CPython like the one running seedance shows where function bodies are
         # (pysource.py); another implementation or version is parsed whole
         self._cache_tag = (f"cpython-{interp.version[0]}{interp.version[1]}"
@@ -371,6 +374,8 @@ class _Planner:
             if outer is None:
                 del self._functions[spec.origin]
                 self._sources.pop(spec.origin, None)
+                self._calls.pop(spec.origin, None)
+                self._wholes.pop(spec.origin, None)
             else:
                 self._functions[spec.origin] = outer
 
@@ -385,37 +390,51 @@ class _Planner:
         except OSError:
             self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
             return None
-        if self._cache_tag:
-            light = pysource.skimmed(path, source, self._cache_tag)
-            if light is not None:
-                try:
-                    tree = ast.parse(light, filename=path)
-                except (SyntaxError, ValueError, RecursionError, MemoryError):
-                    tree = None  # a body the bytecode placed wrongly for this source: read it whole
-                if tree is not None:
-                    self._sources[path] = source
-                    return tree
+        skim = pysource.skim(path, source, self._cache_tag) if self._cache_tag else None
+        if skim is not None:
+            light, ends = skim
+            try:
+                tree = ast.parse(light, filename=path)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                tree = None  # a body the bytecode placed wrongly for this source: read it whole
+            if tree is not None:
+                self._sources[path] = (source, ends)
+                self._calls[path] = _called_names(light)
+                return tree
         try:
-            return ast.parse(source, filename=path)
+            tree = ast.parse(source, filename=path)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
             return None
+        self._calls[path] = _called_names(source)
+        return tree
 
-    def _whole_functions(self, origin: str) -> dict:
-        """The module's functions with their bodies: a module function called at import
-        time runs its body, so the source is parsed whole the first time one is."""
-        functions = self._functions.get(origin, {})
-        source = self._sources.pop(origin, None)
-        if source is None:
-            return functions
+    def _whole_function(self, origin: str, node):
+        """``node`` (a module function of ``origin``) with its body: one called at import
+        time runs its body, so a left-out body is parsed, alone, the first time it is."""
+        source, ends = self._sources.get(origin, (None, {}))
+        end = ends.get(node.lineno)
+        if source is None or end is None or node.col_offset != 0:
+            return node
+        done = self._wholes.setdefault(origin, {})
+        if node.lineno in done:  # one node per function: a recursive call is the same function
+            return done[node.lineno]
+        from . import pysource
+
         try:
-            tree = ast.parse(source, filename=origin)
+            whole = ast.parse(pysource.function_source(source, node.lineno, end), filename=origin).body
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return functions
-        whole = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        for key, node in list(functions.items()):  # aliases (`a = f`) too
-            functions[key] = whole.get(node.name, node)
-        return functions
+            return node
+        if len(whole) != 1 or not isinstance(whole[0], (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                or whole[0].name != node.name:
+            return node
+        ast.increment_lineno(whole[0], node.lineno - 1)  # the lines of the module, in notes
+        done[node.lineno] = whole[0]
+        functions = self._functions.get(origin, {})
+        for key, value in list(functions.items()):  # its aliases (`a = f`) too
+            if value is node:
+                functions[key] = whole[0]
+        return whole[0]
 
     def _walk(self, body, spec: _Spec, package: str) -> bool:
         """Walk statements in order; returns False when an import in them was not found
@@ -516,18 +535,23 @@ class _Planner:
                 return True
             if depth < 3 and isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 callee = functions.get(node.func.id)
+                if callee is not None:
+                    callee = self._whole_function(origin, callee)
                 if callee is not None and callee is not func and self._imports_inside(callee, origin, skip, depth + 1):
                     return True
         return False
 
     def _note_dynamic(self, stmt, spec: _Spec, package: str = "") -> None:
+        calls = self._calls.get(spec.origin)
+        if calls is not None and calls.isdisjoint(_ACTED_ON) and calls.isdisjoint(self._functions.get(spec.origin, ())):
+            return  # the module calls nothing below acts on: no need to walk each statement's nodes
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
                 local = self._functions.get(spec.origin, {}).get(name) if isinstance(func, ast.Name) else None
                 if local is not None and (spec.origin, name) not in self._called:
-                    local = self._whole_functions(spec.origin)[name]
+                    local = self._whole_function(spec.origin, local)
                     # only the function's unconditional imports: its branches depend on
                     # arguments and state (following them over-predicted readline,
                     # subprocess, ... in numpy's and the stdlib's start-up checks)
@@ -591,6 +615,18 @@ class _Planner:
 
 
 _PATH_LOADS = {"CDLL", "PyDLL", "LoadLibrary", "load_library"}
+# the calls _note_dynamic acts on, besides the module's own functions
+_ACTED_ON = frozenset(_DYNAMIC_CALLS | _PATH_LOADS | {"import_module", "__import__", "setdlopenflags"})
+_CALLED = re.compile(rb"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+
+
+def _called_names(source: bytes) -> frozenset | None:
+    """Every name followed by '(' in the source (a superset of the names its calls use:
+    comments and strings count too); None for a source with non-ASCII text, whose
+    identifiers this pattern does not know."""
+    if not source.isascii():
+        return None
+    return frozenset(name.decode("ascii") for name in _CALLED.findall(source))
 
 
 class _Path(str):

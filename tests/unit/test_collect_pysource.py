@@ -163,3 +163,50 @@ def test_real_modules_keep_everything_outside_their_bodies():
             checked += 1
     if not checked:
         pytest.skip("this Python's standard library has no current .pyc files")
+
+
+PLANNED = textwrap.dedent('''\
+    def helper(depth):
+        if depth:
+            return helper(depth - 1)
+        from json import dumps
+        return dumps
+
+
+    def other():
+        if helper:
+            import email.mime.text
+
+
+    helper(2)
+    other()
+    import ctypes
+    _lib = ctypes.CDLL(None)
+    ''')
+
+
+def test_the_plan_from_skimmed_modules_is_the_plan_from_whole_ones(tmp_path):
+    """Functions run at import time (one calling itself, one importing under a condition)
+    are read with their bodies: the notes and loads are those of the whole source."""
+    import compileall
+
+    from seedance.collect import python_env
+
+    site = tmp_path / "site"
+    (site / "planned").mkdir(parents=True)
+    (site / "planned" / "__init__.py").write_text(PLANNED)
+    compileall.compile_dir(str(site), quiet=1)
+    interp = python_env.ask_interpreter(sys.executable, env={**os.environ, "PYTHONPATH": str(site)})
+    plans = {}
+    for skim in (True, False):
+        planner = python_env._Planner(interp)
+        if not skim:
+            planner._cache_tag = ""  # every module parsed whole
+        plan = python_env.ImportPlan(names=("planned",))
+        planner.plan = plan
+        python_env._plan_names(planner, plan, ["planned"])
+        plans[skim] = ([(load.module, load.path) for load in plan.loads], plan.notes, plan.missing)
+    assert plans[True] == plans[False]
+    notes = [n for n in plans[True][1] if "planned/__init__.py" in n]
+    assert any(":8: other() runs at import time" in n for n in notes), notes
+    assert not any("helper()" in n for n in notes), notes  # its one import is unconditional
