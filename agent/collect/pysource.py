@@ -7,23 +7,25 @@ the work, while the interpreter itself never parses at all: it loads __pycache__
 
 The .pyc of a module, when it is current for the source exactly as importlib decides
 (importlib._bootstrap_external: the source's mtime and size in the header, or its
-SipHash for a hash-based one), holds a code object per function with the source position
-of every instruction (co_positions(): start and end line).  The lines from a function's
-first body instruction to the end of its last are its body: they are replaced by ``pass``
-and empty lines (the line count kept, so line numbers in notes stay right) before parsing.
-Any doubt gives None and the caller parses the whole source: a .pyc of another Python (its
-magic number), one that is stale, a body on its `def` line, a result that does not parse.
+SipHash for a hash-based one), holds the module's code and its class bodies' code, where
+the instruction that makes each function carries the source position of its whole `def`
+statement (co_positions(): the `def` line and the last line of the body).  From the line
+after the header's ':' to that last line is the body: replaced by ``pass`` and empty lines
+(the line count kept, so line numbers in notes stay right) before parsing.  Any doubt
+leaves a function whole, or gives None and the caller parses the whole source: a .pyc of
+another Python (its magic number), one that is stale, a body on its header's line; a
+result that does not parse is parsed whole by the caller.
 """
 from __future__ import annotations
 
 import bisect
+import dis
 import itertools
 import marshal
 import os
 import re
 
 _FUNCTION = 0x1 | 0x2  # CO_OPTIMIZED | CO_NEWLOCALS: a function's code, not a class body's
-_INLINE = ("<lambda>", "<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>")  # parts of an expression
 
 
 def pyc_path(source_path: str, cache_tag: str) -> str:
@@ -61,31 +63,26 @@ def current_code(source_path: str, source: bytes, cache_tag: str):
     return code if hasattr(code, "co_positions") else None
 
 
-def _last_line(code) -> int:
-    """The last line an instruction of a function (or of the code nested in it) starts on;
-    the lines after it that are still the body's (a call's closing parenthesis, a dropped
-    `pass`) are indented deeper than its `def` (_body)."""
-    last = 0
-    stack = [code]
-    while stack:
-        item = stack.pop()
-        for _start, _end, line in item.co_lines():
-            if line is not None and line > last:
-                last = line
-        stack.extend(c for c in item.co_consts if hasattr(c, "co_lines"))
-    return last
+_MAKE_FUNCTION = dis.opmap["MAKE_FUNCTION"]
 
 
-def _functions(code, out: list) -> None:
-    """(first line, last line) of every outermost function in the module's or a class
-    body's code: first is where its decorators or `def` start."""
+def _def_ends(code, ends: dict) -> None:
+    """{line of a `def`: the last line of its body} for the functions the module's code and
+    its class bodies make: the instruction that makes a function carries the whole `def`
+    statement's position (its line, the end of its body), as the compiler sets it for the
+    statement.  A lambda or comprehension made on a `def`'s line ends before the `def` does."""
+    raw = code.co_code
+    positions = None
+    for offset in range(0, len(raw), 2):
+        if raw[offset] == _MAKE_FUNCTION:
+            if positions is None:
+                positions = list(code.co_positions())
+            start, end = positions[offset // 2][:2]
+            if start is not None and end is not None and end > ends.get(start, 0):
+                ends[start] = end
     for item in code.co_consts:
-        if not hasattr(item, "co_positions") or item.co_name in _INLINE:
-            continue
-        if item.co_flags & _FUNCTION == _FUNCTION:
-            out.append((item.co_firstlineno, _last_line(item)))
-        else:
-            _functions(item, out)  # a class body: its methods
+        if hasattr(item, "co_code") and item.co_flags & _FUNCTION != _FUNCTION:
+            _def_ends(item, ends)  # a class body: its methods
 
 
 # what can hide a ':' or a bracket in a def's header: strings (any prefix) and comments
@@ -108,18 +105,14 @@ def _blank_or_comment(line: bytes) -> bool:
     return not stripped or stripped.startswith(b"#")
 
 
-def _body(lines: list, text: bytes, offsets: list, first: int, last: int):
-    """(its `def` line, first body line, last body line, the body's indentation) of the
-    function whose decorators or `def` start on line ``first`` (1-based) and whose
-    instructions end on line ``last``; None when its body shares a line with its header,
-    or anything is unclear."""
-    line = first
-    while not _DEF.match(lines[line - 1]):
-        line += 1
-        if line > last or line > len(lines):
-            return None
-    def_indent = len(_indent(lines[line - 1]))
-    depth, at = 0, offsets[line - 1]
+def _body(lines: list, text: bytes, offsets: list, def_line: int, last: int):
+    """(first body line, the body's indentation) of the function whose `def` is on line
+    ``def_line`` (1-based) and whose body ends on line ``last``; None when its body shares
+    a line with its header, or anything is unclear."""
+    if def_line > len(lines) or last > len(lines) or not _DEF.match(lines[def_line - 1]):
+        return None  # a lambda's or a comprehension's line
+    def_indent = len(_indent(lines[def_line - 1]))
+    depth, at = 0, offsets[def_line - 1]
     while True:  # to the ':' that ends the header, outside brackets, strings and comments
         match = _HEADER_TOKEN.search(text, at)
         if match is None:
@@ -137,22 +130,17 @@ def _body(lines: list, text: bytes, offsets: list, first: int, last: int):
         elif token == b":" and depth == 0:
             break
     header_end = bisect.bisect_right(offsets, at - 1)  # the line holding the ':'
-    if not _blank_or_comment(lines[header_end - 1][at - offsets[header_end - 1]:]):
+    if header_end > last or not _blank_or_comment(lines[header_end - 1][at - offsets[header_end - 1]:]):
         return None  # `def f(): return x`: the body is on the header's line
     start = header_end + 1
-    while start <= min(last, len(lines)) and _blank_or_comment(lines[start - 1]):
+    while start <= last and _blank_or_comment(lines[start - 1]):
         start += 1
-    if start > last or start > len(lines):
+    if start > last:
         return None
     indent = _indent(lines[start - 1])
     if len(indent) <= def_indent:
         return None
-    end = last
-    # a body's last lines without an instruction (a `pass` the compiler dropped, a comment)
-    # are still indented deeper than its `def`, or blank
-    while end < len(lines) and (_blank_or_comment(lines[end]) or len(_indent(lines[end])) > def_indent):
-        end += 1
-    return line, start, end, indent
+    return start, indent
 
 
 def skimmed(source_path: str, source: bytes, cache_tag: str) -> bytes | None:
@@ -168,21 +156,24 @@ def skim(source_path: str, source: bytes, cache_tag: str):
     code = current_code(source_path, source, cache_tag)
     if code is None:
         return None
-    found: list = []
-    _functions(code, found)
+    found: dict = {}
+    _def_ends(code, found)
     if not found:
         return None
     lines = source.split(b"\n")
     offsets = list(itertools.accumulate(map((1).__add__, map(len, lines)), initial=0))  # each line's start
     ends: dict = {}
-    for first, last in sorted(found):
-        body = _body(lines, source, offsets, first, last)
+    covered = 0  # a function inside one already left out (a def in a class in a def) goes with it
+    for def_line, last in sorted(found.items()):
+        if def_line <= covered:
+            continue
+        body = _body(lines, source, offsets, def_line, last)
         if body is None:
             continue
-        def_line, start, end, indent = body
+        start, indent = body
         lines[start - 1] = indent + b"pass"
-        lines[start:end] = [b""] * (end - start)
-        ends[def_line] = end
+        lines[start:last] = [b""] * (last - start)
+        ends[def_line] = covered = last
     return (b"\n".join(lines), ends) if ends else None
 
 

@@ -306,7 +306,8 @@ class _Planner:
         self._called: set = set()  # (origin, function) already walked
         self._known: dict = {}  # module origin -> {name: value known before running}
         self._sources: dict = {}  # module origin -> (whole source, {def line: body end}) while skimmed
-        self._calls: dict = {}  # module origin -> the names its source calls (_called_names)
+        self._calls: dict = {}  # module origin -> where its source calls what the planner acts on
+        self._parsed_text = b""  # the text the last tree was parsed from
         self._wholes: dict = {}  # module origin -> {def line: the function parsed with its body}
         # the bytecode of a CPython like the one running seedance shows where function bodies are
         # (pysource.py); another implementation or version is parsed whole
@@ -364,6 +365,7 @@ class _Planner:
         outer = self._functions.get(spec.origin)  # the same file imported under another name
         self._functions[spec.origin] = {node.name: node for node in tree.body
                                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self._calls[spec.origin] = _CallSites.of(self._parsed_text, self._functions[spec.origin])
         self._known[spec.origin] = {}
         try:
             self._walk(tree.body, spec, package)
@@ -399,14 +401,14 @@ class _Planner:
                 tree = None  # a body the bytecode placed wrongly for this source: read it whole
             if tree is not None:
                 self._sources[path] = (source, ends)
-                self._calls[path] = _called_names(light)
+                self._parsed_text = light
                 return tree
         try:
             tree = ast.parse(source, filename=path)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             self.plan.notes.append(f"{path}: cannot be parsed; its imports are not read")
             return None
-        self._calls[path] = _called_names(source)
+        self._parsed_text = source
         return tree
 
     def _whole_function(self, origin: str, node):
@@ -523,6 +525,9 @@ class _Planner:
                         # `__get_hash = __get_openssl_constructor` (hashlib): calls through
                         # the alias run that function
                         functions.setdefault(stmt.targets[0].id, functions[stmt.value.id])
+                        sites = self._calls.get(spec.origin)
+                        if sites is not None:
+                            sites.watch(stmt.targets[0].id)
                 self._note_dynamic(stmt, spec, package)
         return ok
 
@@ -542,9 +547,9 @@ class _Planner:
         return False
 
     def _note_dynamic(self, stmt, spec: _Spec, package: str = "") -> None:
-        calls = self._calls.get(spec.origin)
-        if calls is not None and calls.isdisjoint(_ACTED_ON) and calls.isdisjoint(self._functions.get(spec.origin, ())):
-            return  # the module calls nothing below acts on: no need to walk each statement's nodes
+        sites = self._calls.get(spec.origin)
+        if sites is not None and not sites.within(stmt.lineno, stmt.end_lineno):
+            return  # nothing below acts on a call in these lines: no need to walk their nodes
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call):
                 func = node.func
@@ -617,16 +622,52 @@ class _Planner:
 _PATH_LOADS = {"CDLL", "PyDLL", "LoadLibrary", "load_library"}
 # the calls _note_dynamic acts on, besides the module's own functions
 _ACTED_ON = frozenset(_DYNAMIC_CALLS | _PATH_LOADS | {"import_module", "__import__", "setdlopenflags"})
-_CALLED = re.compile(rb"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+_OPEN_PAREN = re.compile(rb"\s*\(")  # after a name: where a call can be (comments and strings too: a superset)
 
 
-def _called_names(source: bytes) -> frozenset | None:
-    """Every name followed by '(' in the source (a superset of the names its calls use:
-    comments and strings count too); None for a source with non-ASCII text, whose
-    identifiers this pattern does not know."""
-    if not source.isascii():
-        return None
-    return frozenset(name.decode("ascii") for name in _CALLED.findall(source))
+class _CallSites:
+    """The lines of a module's source where a name the planner acts on is called: the
+    calls in _ACTED_ON and the module's own functions (and their aliases, once seen)."""
+
+    def __init__(self, text: bytes, starts: list, lines: list):
+        self.text, self.starts, self.lines = text, starts, lines
+
+    @classmethod
+    def of(cls, text: bytes, functions) -> "_CallSites | None":
+        """None for a source with non-ASCII text, whose identifiers the patterns do not know."""
+        if not text.isascii():
+            return None
+        import itertools
+
+        starts = list(itertools.accumulate(map((1).__add__, map(len, text.split(b"\n"))), initial=0))
+        sites = cls(text, starts, [])
+        for name in _ACTED_ON.union(functions):
+            sites.lines.extend(sites._calls_of(name))
+        sites.lines.sort()
+        return sites
+
+    def _calls_of(self, name: str) -> list:
+        import bisect
+
+        raw, text, found = name.encode("ascii"), self.text, []
+        at = text.find(raw)
+        while at >= 0:
+            before = text[at - 1:at] if at else b" "
+            if not (before.isalnum() or before == b"_") and _OPEN_PAREN.match(text, at + len(raw)):
+                found.append(bisect.bisect_right(self.starts, at))
+            at = text.find(raw, at + len(raw))
+        return found
+
+    def watch(self, name: str) -> None:
+        """Calls through ``name`` (an alias of a module function) matter from now on."""
+        if name.isascii():
+            self.lines = sorted(self.lines + self._calls_of(name))
+
+    def within(self, first: int, last: int | None) -> bool:
+        import bisect
+
+        index = bisect.bisect_left(self.lines, first)
+        return index < len(self.lines) and self.lines[index] <= (last if last is not None else first)
 
 
 class _Path(str):
