@@ -111,7 +111,12 @@ def _body(lines: list, text: bytes, offsets: list, def_line: int, last: int):
     a line with its header, or anything is unclear."""
     if def_line > len(lines) or last > len(lines) or not _DEF.match(lines[def_line - 1]):
         return None  # a lambda's or a comprehension's line
-    def_indent = len(_indent(lines[def_line - 1]))
+    head = lines[def_line - 1]
+    def_indent = len(_indent(head))
+    if head.rstrip().endswith(b":") and not any(c in head for c in (b"#", b"'", b'"', b"\\")) \
+            and head.count(b"(") == head.count(b")") and head.count(b"[") == head.count(b"]") \
+            and head.count(b"{") == head.count(b"}"):
+        return _body_after(lines, def_line, last, def_indent)  # the whole header on its line
     depth, at = 0, offsets[def_line - 1]
     while True:  # to the ':' that ends the header, outside brackets, strings and comments
         match = _HEADER_TOKEN.search(text, at)
@@ -132,6 +137,11 @@ def _body(lines: list, text: bytes, offsets: list, def_line: int, last: int):
     header_end = bisect.bisect_right(offsets, at - 1)  # the line holding the ':'
     if header_end > last or not _blank_or_comment(lines[header_end - 1][at - offsets[header_end - 1]:]):
         return None  # `def f(): return x`: the body is on the header's line
+    return _body_after(lines, header_end, last, def_indent)
+
+
+def _body_after(lines: list, header_end: int, last: int, def_indent: int):
+    """The body's first line after a header that ends on ``header_end``, and its indentation."""
     start = header_end + 1
     while start <= last and _blank_or_comment(lines[start - 1]):
         start += 1

@@ -54,6 +54,10 @@ TRICKY = textwrap.dedent('''\
     def one_line(): return 1
 
 
+    def defaults(k=lambda v: v, table={1: 2}, cut=[0][:1]) -> dict:
+        return {k: table}
+
+
     async def coro(x):
         async with x:
             await x
@@ -112,6 +116,7 @@ def test_everything_outside_function_bodies_is_kept(tmp_path):
     bodies = {n.name: n.body for n in ast.walk(skimmed_tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     assert [type(s) for s in bodies["plain"]] == [ast.Pass]  # left out
     assert [type(s) for s in bodies["one_line"]] == [ast.Return]  # on its header's line: kept
+    assert [type(s) for s in bodies["defaults"]] == [ast.Pass]
     assert b"import msvcrt" not in light and b"import sys\n" not in light
 
 
