@@ -131,9 +131,9 @@ class _Symbols:
         if path in self._defs:
             return
         try:
-            info = self.resolver.read(path, symbols=True)
-            # the same binding tags (check_match in dl-lookup.c) and cache the resolver keeps
-            defs, undefs = self.resolver._symbol_tables(path, info)
+            # the same binding tags (check_match in dl-lookup.c) and cache the resolver keeps,
+            # from the C reader's raw table where it reads the file (no Symbol objects)
+            defs, undefs = self.resolver.symbol_tables(path, self.resolver.read(path))
         except Exception:  # noqa: BLE001 - an unreadable object defines nothing here
             defs, undefs = {}, ()
         self._defs[path] = defs
