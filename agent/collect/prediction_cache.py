@@ -44,7 +44,7 @@ _ALLOWED = {
     ("seedance.resolve.process", "Load"), ("seedance.resolve.process", "Edge"),
     ("seedance.resolve.process", "Shadowing"), ("seedance.resolve.process", "Binding"),
     ("seedance.model.report", "Fact"),
-    ("builtins", "set"), ("builtins", "frozenset"), ("copyreg", "_reconstructor"), ("builtins", "object"),
+    ("builtins", "set"), ("builtins", "frozenset"),
 }
 
 
