@@ -162,6 +162,10 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
     # the C functions torch exports (aoti_torch_* shims, THP* of libtorch_python) and C++
     # ones outside the c10/at/torch namespaces fail the import the same way when missing
     others = cache.unbound_others(ext_path, closure_objects, torch_paths)
+    if others and _has_unresolved_needed(ext_path, ext_info, closure_objects):
+        # a NEEDED entry that resolves nowhere is needed-unresolved's finding; the names that
+        # library would have defined cannot be told from names nothing defines
+        others = []
     if not imports and not others:
         return []
     torch_dir = os.path.dirname(os.path.dirname(sorted(torch_paths, key=lambda p: ("libc10" not in p, p))[0]))
@@ -186,6 +190,19 @@ def extension_facts(ext_path: str, closure_objects: dict, torch_paths, cache: "T
                            "explained_by_abi": bool(mismatch), "fix_command": fix},
                           source="collect.cxxabi"))
     return facts
+
+
+def _has_unresolved_needed(ext_path: str, ext_info, closure_objects: dict) -> bool:
+    """Whether a NEEDED entry of the extension or of anything loaded with it names no object
+    of the closure (by SONAME, or file name as ld.so matches a name it found on its path)."""
+    provided = set()
+    for path, info in closure_objects.items():
+        provided.add(os.path.basename(path))
+        if getattr(info, "soname", None):
+            provided.add(info.soname)
+    provided.add(os.path.basename(ext_path))
+    infos = [ext_info, *closure_objects.values()]
+    return any(name not in provided for info in infos for name in (getattr(info, "needed", None) or ()))
 
 
 def cxx_abi_fact(ext_path: str, ext_info, torch_paths, cache: TorchAbiCache) -> Fact | None:
