@@ -43,3 +43,32 @@ def pytest_runtest_logreport(report):
             "self_peak_kib": after[1] if after[1] > before[1] else None}
     with open(_LEDGER, "a", encoding="utf-8") as ledger:
         ledger.write(json.dumps(line) + "\n")
+
+
+# --- peak RSS of this process, from a point on ----------------------------------------------
+# getrusage's ru_maxrss is the peak since the process began, so a fuzzer run late in the
+# suite would inherit the peak of whatever test ran before it.  The kernel lets a process
+# reset its own high-water mark (proc(5), /proc/PID/clear_refs: "5" resets VmHWM to the
+# current RSS); the fuzzers measure their growth from that reset.
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_peak_rss() -> int:
+    """Reset this process's peak RSS to its current RSS; returns that RSS in KiB."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
+            clear.write("5")
+    except OSError:
+        pass  # an older kernel: the peak then counts from the process's start, as before
+    return _status_kib("VmRSS")
+
+
+def peak_rss_kib() -> int:
+    """This process's peak RSS (VmHWM) in KiB since the last reset_peak_rss()."""
+    return _status_kib("VmHWM")

@@ -13,13 +13,15 @@ run began.  `pytest -s` prints the counts and the peak RSS.
 from __future__ import annotations
 
 import os
-import resource
+
+import pytest
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seedance.model.errors import BadInput
 from seedance.profile import pareto
+from tests.security.conftest import peak_rss_kib, reset_peak_rss
 
 EXAMPLES = int(os.environ.get("SEEDANCE_FUZZ_CSV", "300"))
 RSS_GROWTH_KB = 200 * 1024
@@ -30,7 +32,14 @@ TABLE = ("name,latency_ms,accuracy,cost_per_ms\n"
 HOSTILE_CELLS = [b"nan", b"inf", b"-inf", b"1e308", b"1e309", b"-0", b'"open', b"\x00", b"\x1b[31mred",
                  b"\xef\xbb\xbf", b"\r", b'"a\nb"', b"9" * 400, b"", b",,,,", b"\xff\xfe"]
 COUNTS = {"inputs": 0, "refused": 0, "read": 0, "tracebacks": 0, "lines": 0, "raw": 0}
-START_RSS_KB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+START_RSS_KB = [0]  # this process's RSS when the fuzz run begins (reset_peak_rss)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _peak_from_here():
+    # the peak counts from here, not from whatever test of the suite ran before
+    START_RSS_KB[0] = reset_peak_rss()
+    yield
 
 
 def _mutate(data: bytes, edits: list) -> bytes:
@@ -89,7 +98,7 @@ def test_mutated_results_tables_are_read_or_refused_in_one_line(tmp_path_factory
 
 
 def test_the_fuzz_run_stayed_in_bounded_memory():
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"\ncsv fuzz: {COUNTS}, peak RSS {peak // 1024} MiB (start {START_RSS_KB // 1024} MiB)")
+    peak = peak_rss_kib()
+    print(f"\ncsv fuzz: {COUNTS}, peak RSS {peak // 1024} MiB (start {START_RSS_KB[0] // 1024} MiB)")
     assert COUNTS["tracebacks"] == 0 and COUNTS["lines"] == 0 and COUNTS["raw"] == 0
-    assert peak - START_RSS_KB < RSS_GROWTH_KB
+    assert peak - START_RSS_KB[0] < RSS_GROWTH_KB

@@ -15,7 +15,6 @@ import io
 import json
 import os
 import pickle
-import resource
 import struct
 
 import pytest
@@ -23,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seedance.model.errors import BadInput
+from tests.security.conftest import peak_rss_kib, reset_peak_rss
 from seedance.profile import fragbin, heatmap, memory, torch_snapshot
 
 TRACE_EXAMPLES = int(os.environ.get("SEEDANCE_FUZZ_TRACE", "300"))
@@ -34,7 +34,7 @@ FUZZ = settings(deadline=None, database=None, derandomize=False, print_blob=True
 MIB = 1 << 20
 
 COUNTS: dict = {}
-START_RSS_KB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+START_RSS_KB = [0]  # this process's RSS when the module's fuzz runs begin (reset_peak_rss)
 
 
 def _count(kind: str, key: str) -> None:
@@ -44,11 +44,13 @@ def _count(kind: str, key: str) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def report_counts():
+    # the peak counts from here, not from whatever test of the suite ran before
+    START_RSS_KB[0] = reset_peak_rss()
     yield
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_kib()
     for kind, counts in sorted(COUNTS.items()):
         print(f"\nfuzz {kind}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    print(f"peak RSS {peak / 1024:.1f} MB ({(peak - START_RSS_KB) / 1024:.1f} MB above the start)")
+    print(f"peak RSS {peak / 1024:.1f} MB ({(peak - START_RSS_KB[0]) / 1024:.1f} MB above the start)")
 
 
 def _pipeline(records, source: str) -> None:
@@ -73,7 +75,7 @@ def _judge(kind: str, call, shown) -> None:
     except BaseException as exc:
         _count(kind, "tracebacks")
         raise AssertionError(f"{type(exc).__name__}: {exc} on {shown!r}") from exc
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - START_RSS_KB
+    grown = peak_rss_kib() - START_RSS_KB[0]
     assert grown < RSS_GROWTH_KB, f"peak RSS {grown} KB above the start after {shown!r}"
 
 
