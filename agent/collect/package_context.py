@@ -202,28 +202,25 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def packages() -> tuple:
-    known = _CACHE.get("packages")
+def _validated(name: str, validate):
+    """rules/context/NAME, read and validated once per process."""
+    known = _CACHE.get(name)
     if known is None:
-        path, doc = _load("packages.yaml")
-        known = _CACHE["packages"] = validate_packages(doc, path)
+        path, doc = _load(name)
+        known = _CACHE[name] = validate(doc, path)
     return known
+
+
+def packages() -> tuple:
+    return _validated("packages.yaml", validate_packages)
 
 
 def libraries() -> tuple:
-    known = _CACHE.get("libraries")
-    if known is None:
-        path, doc = _load("pip_distributions.yaml")
-        known = _CACHE["libraries"] = validate_libraries(doc, path)
-    return known
+    return _validated("pip_distributions.yaml", validate_libraries)
 
 
 def release_pairs() -> dict:
-    known = _CACHE.get("release_pairs")
-    if known is None:
-        path, doc = _load("release_pairs.yaml")
-        known = _CACHE["release_pairs"] = validate_release_pairs(doc, path)
-    return known
+    return _validated("release_pairs.yaml", validate_release_pairs)
 
 
 def matching_release(distribution: str, torch_version: str):
