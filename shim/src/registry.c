@@ -979,31 +979,32 @@ void sd_say(const char *text)
     }
 }
 
-void sd_note(const char *fmt, ...)
+/* A note in the event stream, and on stderr when SAY: a warning always, a note with
+ * SEEDANCE_VERBOSE only. */
+static void note(int say, const char *fmt, va_list ap)
 {
     char buf[SD_EVENT_TEXT];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n < 0)
+    if (vsnprintf(buf, sizeof buf, fmt, ap) < 0)
         return;
     sd_event(SD_EV_NOTE, -1, -1, 0, 0, 0, 0, buf);
-    if (sd_cfg.verbose)
+    if (say)
         sd_say(buf);
+}
+
+void sd_note(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    note(sd_cfg.verbose, fmt, ap);
+    va_end(ap);
 }
 
 void sd_warn(const char *fmt, ...)
 {
-    char buf[SD_EVENT_TEXT];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    note(1, fmt, ap);
     va_end(ap);
-    if (n < 0)
-        return;
-    sd_event(SD_EV_NOTE, -1, -1, 0, 0, 0, 0, buf);
-    sd_say(buf);
 }
 
 void sd_event(uint32_t kind, int api, int device, int result, uint64_t ptr, uint64_t bytes,
