@@ -26,36 +26,14 @@ import time
 from pathlib import Path
 
 import pytest
+from test_agent_restart import fake_driver  # noqa: F401  (a fixture: the fake driver and sdtest)
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-CUDA_INCLUDE = Path("/usr/local/cuda/include")
 HELD = 4096
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="a new pid namespace needs root and unshare(1)")
-
-
-def _cc(*args):
-    subprocess.run(["cc", *map(str, args)], check=True, capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def fake_driver():
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler")
-    try:
-        from seedance import shim
-        shim.library_path()
-    except Exception as exc:  # NotAvailable: the shim is not built here
-        pytest.skip(f"the shim is not available: {exc}")
-    out = Path(tempfile.mkdtemp(prefix="sd-pidns-"))
-    inc = ["-I", str(CUDA_INCLUDE)] if (CUDA_INCLUDE / "cuda.h").exists() else ["-I", str(ROOT / "tests/shim/include")]
-    _cc("-O2", "-fPIC", "-shared", *inc, "-Wl,-soname,libcuda.so.1", ROOT / "tests/fakecuda/fakecuda.c",
-        "-o", out / "libcuda.so.1", "-pthread")
-    _cc("-O2", *inc, ROOT / "tests/shim/sdtest.c", "-o", out / "sdtest", "-pthread", "-ldl")
-    yield out
-    shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.fixture
