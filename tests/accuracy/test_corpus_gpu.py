@@ -212,7 +212,12 @@ ENVS = [
         ["llvmlite", "numba"], imports=["numba"]),
     Env("av (PyAV, vendored FFmpeg)", "ml-native", [("av", "av")], ["av", "av.libs"], imports=["av"]),
     Env("tensorflow 2.21.0", "tensorflow", [("tensorflow", "tensorflow==2.21.0")],
-        ["tensorflow", "tensorflow.libs"]),
+        ["tensorflow", "tensorflow.libs"],
+        # no Python file of the wheel names it (gen_xla_ops.py holds the op wrappers, whose
+        # kernels _pywrap_tensorflow_internal registers); loaded beside libtensorflow_framework
+        # its static initialisers register XLA's flags a second time and abort the process
+        unused={"_xla_ops.so": "tensorflow's Python code loads no _xla_ops.so: the XLA ops live in "
+                               "_pywrap_tensorflow_internal.so"}),
 ]
 
 # wheels PyPI has no binary of: listed, counted, with the reason (never silently passed)
