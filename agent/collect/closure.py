@@ -330,3 +330,102 @@ def torch_libs(closure, memo: dict | None = None) -> list:
         if path not in memo:
             memo[path] = os.path.basename(path).startswith(TORCH_CORE_NAMES)
     return [path for path in closure.objects if memo[path]]
+
+
+# how many of the objects that fail with a load failure its fact lists (also_fails), and how
+# many its message names; also_fails_count is always the whole number
+ALSO_FAILS_LISTED = 200
+ALSO_FAILS_NAMED = 3
+
+
+def _fails_to_load(fact) -> bool:
+    """Whether ``fact`` says ld.so refuses to load its subject, whatever loads it.
+
+    Only what fails where the object really runs: a NEEDED that resolves nowhere and that no
+    practice explains (needed-unresolved), a version node its provider lacks
+    (symbol-version-missing: dl-version.c), a versioned symbol the node lacks
+    (symbol-version-lacks-symbol: relocation fails under RTLD_NOW), an x86 ISA level this
+    CPU lacks (dl-prop.h).  A miss with a ``context`` does not count: a driver library on a
+    host without the driver (the package runs where the driver is, and there it loads), a
+    variant the package does not pick, an optional provider or plugin loaded only on
+    request, a step the user calls first, a private library its program loads: the
+    object loads, or is never loaded, where the package is used, so what loads it does
+    not fail with it.  A DT_SONAME mismatch loads (ld.so opens a NEEDED by file name), and a
+    plain undefined symbol fails only at its first call under lazy binding."""
+    data = fact.data
+    kind = fact.kind
+    if kind == "needed":
+        return not data.get("resolved", True) and not data.get("context")
+    if kind == "version_need":
+        return not data.get("defined", True) and not data.get("weak", False)
+    if kind == "undefined_symbol":
+        return not data.get("provided", True) and data.get("cause") == NODE_LACKS_SYMBOL
+    if kind == "cpu_isa":
+        return bool(data.get("lacking"))
+    return False
+
+
+_FAILURE_KINDS = frozenset(("needed", "version_need", "undefined_symbol", "cpu_isa"))
+
+
+def fails_with_facts(facts: list, closures: list, identity) -> list:
+    """``facts`` with each load failure (_fails_to_load) naming the objects of the checked
+    tree that fail with it: the roots whose closure, as ld.so resolves it for them (their
+    own DT_RUNPATH, DT_RPATH, preloads), maps the failing object.  ld.so refuses the whole
+    dlopen, or the program's start, when one object of it cannot be loaded, so one cause
+    stays one finding that counts its consequences (a broken libtorch_cuda.so is one error
+    naming every extension that loads it, not an error per extension).
+
+    ``closures``: (root, paths of its closure's objects) for every root of the check;
+    ``identity``: path -> the file's identity (FactDedup.identity), as ld.so matches a file
+    by device and inode, so an alias of the failing object is that object.  The failure's
+    data gains ``also_fails`` (the first ALSO_FAILS_LISTED paths, sorted),
+    ``also_fails_count`` and ``also_fails_note`` (the end of its message)."""
+    from ..model.report import fails_with_note
+
+    causes: dict = {}  # identity of a failing object -> indices of its failures in facts
+    for index, fact in enumerate(facts):
+        if fact.kind in _FAILURE_KINDS and _fails_to_load(fact):
+            path = fact.subject.get("path")
+            if isinstance(path, str):
+                causes.setdefault(identity(path), []).append(index)
+    if not causes or not closures:
+        return facts
+    mapped: set = set()
+    for _root, objects in closures:
+        mapped.update(objects)
+    failing = {}  # path in some closure -> identity, for the paths that are failing objects
+    for path in mapped:
+        key = identity(path)
+        if key in causes:
+            failing[path] = key
+    if not failing:
+        return facts
+    dependents: dict = {}  # index of a failure -> roots that fail with it
+    for root, objects in closures:
+        if failing.keys().isdisjoint(objects):
+            continue  # (nearly every root)
+        root_key = identity(root)
+        for path in objects:
+            key = failing.get(path)
+            if key is None or key == root_key:
+                continue  # the failing object checked as a root is the failure itself
+            for index in causes[key]:
+                provider = facts[index].data.get("provider")
+                if provider and provider not in objects:
+                    # a version check against another provider than the one this root's
+                    # closure maps under that name (a DT_RPATH it passes on): not this failure
+                    continue
+                dependents.setdefault(index, []).append(root)
+    if not dependents:
+        return facts
+    facts = list(facts)
+    for index, roots in dependents.items():
+        fact = facts[index]
+        roots = sorted(set(roots))
+        note = fails_with_note(len(roots), [os.path.basename(p) for p in roots[:ALSO_FAILS_NAMED]])
+        facts[index] = Fact(fact.kind, fact.subject,
+                            {**fact.data, "also_fails": roots[:ALSO_FAILS_LISTED],
+                             "also_fails_count": len(roots), "also_fails_note": note},
+                            source=fact.source)
+    return facts

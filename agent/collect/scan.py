@@ -79,6 +79,9 @@ class Scanner:
         # the C++ ABI check's jobs, run beside the root loop by a forked helper (helper.py)
         self._abi_jobs = None  # helper.Helper, when this scan has enough roots for one
         self._abi_placed: list = []  # (index in self.facts, ticket): where each job's facts go
+        # (root, the paths its closure maps) per root: which roots fail with a load failure
+        # (closure.fails_with_facts); the paths only, as the resolver keeps a few closures whole
+        self.closure_paths: list = []
 
     # --- entry point ------------------------------------------------------------------
     def run(self) -> Report:
@@ -164,6 +167,7 @@ class Scanner:
         elif self.torch_builds:
             from . import torch_ext
             self.facts.extend(torch_ext.torch_ext_facts(builds=self.torch_builds, torch=self.python_torch))
+        self.facts = closure_facts.fails_with_facts(self.facts, self.closure_paths, self.dedup.identity)
         phases.next("rules", {"seedance.check.facts": len(self.facts)})
         findings = rules.evaluate(self.facts, strict=self.options.strict)
         phases.end()
@@ -507,6 +511,7 @@ class Scanner:
             return
         self.stats["elf"] += 1
         self.objects_seen.update(result.objects)
+        self.closure_paths.append((path, tuple(result.objects)))
         add = self.facts.extend
         closure_facts.note_needed(result, self.dedup, skip_names=preload, preloaded_by=preloaded_by)
         add(closure_facts.version_facts(result, self.dedup))

@@ -101,7 +101,10 @@ class Rule(FrozenRecord):
         return verdict
 
     def finding(self, fact: Fact) -> Finding:
-        values = _FormatValues({**fact.data, **fact.subject})
+        # a key the fact lacks reads as the rule's default in the message too (the end of a
+        # message that only some facts have: also_fails_note)
+        values = _FormatValues({**self.defaults, **fact.data, **fact.subject} if self.defaults
+                               else {**fact.data, **fact.subject})
         evidence = {name: fact.data[name] for name in self.evidence if name in fact.data}
         severity = self.severity
         if self.escalate_program is not None:

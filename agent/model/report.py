@@ -130,6 +130,21 @@ _VOLATILE_NUMBER = re.compile(r"0x[0-9a-fA-F]+|(?<![\w.])\d+(?:\.\d+)?(?![\w.])"
 _VOLATILE_SUBJECT = ("pid",)  # a process restarts with another pid; the same cause stays
 
 
+# A load failure's message ends, where other objects of the checked tree load the failing
+# object, with the objects that fail with it (fails_with_note, collect/closure.py): those are
+# consequences, not the cause, and the fingerprint leaves them out, so the finding keeps its
+# identity when the tree gains or loses an object that loads the failing one.
+_FAILS_WITH = re.compile(r"; \d+ more objects? of this tree fails? with it \(.*\)\Z", re.S)
+
+
+def fails_with_note(count: int, names: list) -> str:
+    """'; 3 more objects of this tree fail with it (a, b, c, …)': the end of a load failure's
+    message, ``names`` the first few of the ``count`` objects."""
+    shown = ", ".join(names) + (", …" if count > len(names) else "")
+    return f"; {count} more object{'s' if count != 1 else ''} of this tree fail{'' if count != 1 else 's'} " \
+           f"with it ({shown})"
+
+
 def fingerprint(rule: str, subject: Mapping[str, Any], message: str) -> str:
     """16 hex digits identifying a finding across runs (suppression, --baseline):
     rule + subject (without pid) + cause, the cause being the message with volatile
@@ -139,7 +154,7 @@ def fingerprint(rule: str, subject: Mapping[str, Any], message: str) -> str:
     import json
 
     stable = {str(k): str(v) for k, v in subject.items() if k not in _VOLATILE_SUBJECT}
-    cause = _VOLATILE_NUMBER.sub("#", message)
+    cause = _VOLATILE_NUMBER.sub("#", _FAILS_WITH.sub("", message))
     text = json.dumps([rule, stable, cause], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 

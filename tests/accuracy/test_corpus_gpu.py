@@ -478,7 +478,10 @@ def evaluate(case: Case) -> dict:
     if str(env.site) not in _TRUTHS:
         _TRUTHS[str(env.site)] = truths(env)
     real = os.path.realpath(case.subject)
-    mine = [f for f in report["findings"] if os.path.realpath(f["subject"].get("path", "") or "/") == real]
+    # the object's own findings, and the load failures it fails with (their also_fails: the
+    # objects of the tree whose closure maps the failing object)
+    mine = [f for f in report["findings"] if os.path.realpath(f["subject"].get("path", "") or "/") == real
+            or any(os.path.realpath(p) == real for p in f["evidence"].get("also_fails", ()))]
     bad = [f for f in mine if f["severity"] in ("error", "fatal")]
     loads, how = _TRUTHS[str(env.site)][str(case.subject)]
     return {"case": case.name, "kind": case.kind, "predicted_broken": bool(bad), "broken": not loads,

@@ -450,7 +450,10 @@ def evaluate(case: Case) -> dict:
     """One row: what seedance says about the object, what ld.so does, whether they agree."""
     report = report_for(case.env)
     real = os.path.realpath(case.subject)
-    mine = [f for f in report["findings"] if os.path.realpath(f["subject"].get("path", "") or "/") == real]
+    # the object's own findings, and the load failures it fails with (their also_fails: the
+    # objects of the tree whose closure maps the failing object)
+    mine = [f for f in report["findings"] if os.path.realpath(f["subject"].get("path", "") or "/") == real
+            or any(os.path.realpath(p) == real for p in f["evidence"].get("also_fails", ()))]
     predicted = any(f["severity"] in ("error", "fatal") for f in mine)
     loads, how = truth_for(case.env, case.subject)
     return {"case": case.name, "kind": case.kind, "predicted_broken": predicted, "broken": not loads,
