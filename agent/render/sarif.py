@@ -66,6 +66,14 @@ def sarif_log(report: Report, version: str = "", source_root: str | None = None,
         path = finding.subject.get("path")
         if isinstance(path, str) and path:
             result["locations"] = [{"physicalLocation": {"artifactLocation": _artifact(path, root)}}]
+        also = finding.evidence.get("also_fails")
+        if isinstance(also, list) and also:
+            # the objects that fail to load with this one (3.27.22 relatedLocations, each with
+            # an id unique within the result, 3.28.2)
+            result["relatedLocations"] = [
+                {"id": n, "physicalLocation": {"artifactLocation": _artifact(str(other), root)},
+                 "message": {"text": "fails to load with it"}}
+                for n, other in enumerate(also)]
         results.append(result)
     driver = {"name": "seedance", "informationUri": INFORMATION_URI, "rules": rules}
     if version:
