@@ -123,6 +123,7 @@ def _judge(source: _Source, options, started: float) -> Report:
     compat = _compat_libs(source, gpu)
     counts = {"elf": 0, "skipped": 0, "unreadable": 0}
     objects_seen: set = set()
+    closure_paths: list = []  # (root, the paths its closure maps): closure.fails_with_facts
     packages = _Packages(source, resolver, facts, explicit=bool(options.python))
     for path in roots:
         try:
@@ -145,6 +146,7 @@ def _judge(source: _Source, options, started: float) -> Report:
             continue
         counts["elf"] += 1
         objects_seen.update(result.objects)
+        closure_paths.append((path, tuple(result.objects)))
         closure_facts.note_needed(result, dedup, skip_names=preload, preloaded_by=preloaded_by)
         facts.extend(closure_facts.version_facts(result, dedup))
         facts.extend(closure_facts.gap_facts(result, gaps, dedup))
@@ -155,6 +157,7 @@ def _judge(source: _Source, options, started: float) -> Report:
     facts.extend(closure_facts.needed_facts(dedup, lambda res: _explain_missing(res, source)))
     facts.extend(closure_facts.runtime_mix_facts(dedup))
     facts.extend(_libcuda_facts(source, resolver))
+    facts = closure_facts.fails_with_facts(facts, closure_paths, dedup.identity)
     facts = [_with_image_subject(fact, source.tree) for fact in facts]
     findings = rules.evaluate(facts, strict=options.strict)
     scope = dict(source.scope, entry_program=entry, driver_version=gpu.driver_version,

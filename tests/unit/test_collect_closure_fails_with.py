@@ -152,3 +152,16 @@ def test_a_missing_version_node_names_the_objects_that_fail_with_it(tmp_path):
     assert [(f.rule, f.subject["path"]) for f in errors] == [("symbol-version-missing", str(b))]
     assert errors[0].evidence["also_fails"] == [str(a)] and errors[0].evidence["also_fails_count"] == 1
     assert errors[0].message.endswith("; 1 more object of this tree fails with it (liba.so)")
+
+
+def test_a_root_filesystem_names_what_fails_with_a_missing_library(tmp_path):
+    from seedance.collect.image import check_root
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "opt").mkdir(parents=True)
+    _tree(rootfs / "opt", "missing")  # rootfs/opt/tree: the libraries, rootfs/opt/outside: their providers
+    report = check_root(str(rootfs), CheckOptions(targets=[]))
+    errors = {f.subject["path"]: f for f in report.findings if f.severity in ERROR}
+    assert sorted(errors) == ["/opt/tree/libb.so", "/opt/tree/libf.so"]  # paths inside the root
+    assert errors["/opt/tree/libb.so"].evidence["also_fails"] == ["/opt/tree/liba.so", "/opt/tree/libc.so"]
+    assert errors["/opt/tree/libf.so"].evidence["also_fails"] == ["/opt/tree/libe.so"]
