@@ -1,5 +1,6 @@
 """Facts from one resolver Closure: NEEDED resolutions, version needs, undefined symbols,
-and the CUDA runtimes the closure pulls in.
+and the CUDA runtimes the closure pulls in; after every closure of a check, which of its
+roots fail with a load failure (fails_with_facts).
 
 A directory scan computes one closure per ELF root, and the same library shows up in many
 of them.  ``FactDedup`` keeps one fact per (requester, name) so a broken NEEDED in a shared
