@@ -86,6 +86,7 @@ class ImportPlan:
     notes: list = field(default_factory=list)  # what static analysis cannot know
     per_name: dict = field(default_factory=dict)  # import name -> [ExtensionLoad]
     meta_answers: dict = field(default_factory=dict)  # top-level name -> the meta-path finders' answer
+    raised_in: dict = field(default_factory=dict)  # import name -> the module whose import statement raised
 
 
 def ask_interpreter(python: str = "python3", env: dict | None = None, timeout: float = 30) -> Interpreter:
@@ -314,6 +315,18 @@ class _Planner:
         self._cache_tag = (f"cpython-{interp.version[0]}{interp.version[1]}"
                            if interp.implementation == "cpython" and len(interp.version) >= 2 else "")
         self._guarded = 0  # depth of try bodies whose handlers catch OSError
+        # A module whose body raises is not imported: Python removes it from sys.modules and
+        # the statement that imported it raises the same ModuleNotFoundError, up to the first
+        # try that catches it.  Only a failure that surely happens is followed that way: an
+        # import of a top-level name no finder knows, in statements that surely run.
+        self.failed: dict = {}  # module -> the top-level name whose absence made its body raise
+        self.raisers: dict = {}  # module in failed -> the module whose own import statement raised
+        self.last_missing = ""  # the module Python names when import_name() returned False
+        self.last_raiser = ""  # and the module whose statement raised it ('': not found at all)
+        self._raised = ""  # set while a ModuleNotFoundError unwinds the module being walked
+        self._raiser = ""
+        self._uncertain = 0  # depth of statements that may not run (an `if` not known statically)
+        self.path_changed = False  # a module changed sys.path: the finder's path is not the interpreter's
 
     def import_name(self, fullname: str) -> bool:
         """Import ``fullname`` and its parents; False when it is not found."""
@@ -322,12 +335,18 @@ class _Planner:
             name = ".".join(parts[:i])
             if name in self.interp.modules:
                 continue
+            if name in self.failed:  # not in sys.modules: a second import runs it, and fails, again
+                self.last_missing, self.last_raiser = self.failed[name], self.raisers[name]
+                return False
+            self.last_raiser = ""
             if name in self.done:
                 if self.done[name] is None:
+                    self.last_missing = name
                     return False
                 continue
             parent = self.done.get(".".join(parts[:i - 1])) if i > 1 else None
             if i > 1 and parent is None and ".".join(parts[:i - 1]) not in self.interp.modules:
+                self.last_missing = ".".join(parts[:i - 1])
                 return False
             search = parent.search if parent is not None else None
             if i > 1 and parent is None:
@@ -335,8 +354,23 @@ class _Planner:
             spec = self.finder.find(name, search)
             self.done[name] = spec
             if spec is None:
+                self.last_missing = name
                 return False
-            self._exec(spec)
+            raised, raiser = self._exec(spec)
+            if raised:
+                self.failed[name], self.raisers[name] = raised, raiser
+                self.last_missing, self.last_raiser = raised, raiser
+                return False
+        return True
+
+    def _raise_here(self, module: str) -> bool:
+        """After an import that failed: whether the statement surely raises (and the rest of
+        ``module``'s body does not run).  A dotted name no directory holds may still come from
+        a package's own import machinery (six.moves), so only a top-level one counts."""
+        missing = self.last_missing
+        if self._uncertain or self.path_changed or not missing or "." in missing:
+            return False
+        self._raised, self._raiser = missing, self.last_raiser or module
         return True
 
     def _startup_search(self, package: str) -> tuple:
@@ -345,20 +379,23 @@ class _Planner:
             package.rpartition(".")[0]))
         return spec.search if spec is not None else ()
 
-    def _exec(self, spec: _Spec) -> None:
+    def _exec(self, spec: _Spec) -> tuple:
+        """Walk the module's body as Python runs it: (the missing top-level name, the module
+        whose import statement raised) when the body surely raises ModuleNotFoundError,
+        else ('', '')."""
         if spec.kind == "extension":
             load = ExtensionLoad(spec.name, spec.origin, self.importer, self.flags)
             self.plan.loads.append(load)
             self.plan.per_name.setdefault(self.importer, []).append(load)
-            return
+            return "", ""
         if spec.kind == "bytecode":
             self.plan.notes.append(f"{spec.origin}: bytecode only; its imports are not read")
-            return
+            return "", ""
         if spec.kind not in ("package", "source"):
-            return
+            return "", ""
         tree = self._parse(spec.origin)
         if tree is None:
-            return
+            return "", ""
         package = spec.name if spec.kind == "package" else spec.name.rpartition(".")[0]
         # functions defined at module level: a top-level call to one runs its body at import
         # time (matplotlib's _check_versions() does `from . import ft2font`)
@@ -367,9 +404,14 @@ class _Planner:
                                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
         self._calls[spec.origin] = _CallSites.of(self._parsed_text, self._functions[spec.origin])
         self._known[spec.origin] = {}
+        # a module's body runs whole however its importer reached the import
+        outer_state = (self._uncertain, self._raised, self._raiser)
+        self._uncertain, self._raised, self._raiser = 0, "", ""
         try:
             self._walk(tree.body, spec, package)
+            return self._raised, self._raiser if self._raised else ""
         finally:
+            self._uncertain, self._raised, self._raiser = outer_state
             # a module runs once (importlib's sys.modules check): once walked, nothing reads
             # its tree or its functions again, and a package the size of torch is ~1,000
             # modules whose trees together would outweigh the real import's whole process
@@ -443,15 +485,27 @@ class _Planner:
         (so a `try:` body would raise ImportError and its handlers run)."""
         ok = True
         for stmt in body:
+            if self._raised:
+                return False  # Python stopped at the statement that raised
             if isinstance(stmt, ast.Import):
                 for alias in stmt.names:
-                    ok = self.import_name(alias.name) and ok
+                    if not self.import_name(alias.name):
+                        ok = False
+                        if self._raise_here(spec.name):
+                            return False
+                        continue
+                    # `import multiprocessing as mp`: a module object, never None, for the
+                    # tests below it (`if mp is not None:`)
+                    bound = alias.asname or alias.name.partition(".")[0]
+                    self._learn(spec.origin, bound, _Module(alias.asname and alias.name or bound))
             elif isinstance(stmt, ast.ImportFrom):
                 base = _absolute(stmt.module, stmt.level, package)
                 if base is None:
                     continue
                 if not self.import_name(base):
                     ok = False
+                    if self._raise_here(spec.name):
+                        return False
                     continue
                 base_spec = self.done.get(base)
                 source_known = self._known.get(base_spec.origin, {}) if base_spec is not None else {}
@@ -464,31 +518,36 @@ class _Planner:
                         self._known.setdefault(spec.origin, {})[alias.asname or alias.name] = \
                             source_known[alias.name]
                     sub = f"{base}.{alias.name}"
+                    if sub in self.failed:
+                        self.last_missing = self.failed[sub]
+                        ok = False
+                        if self._raise_here(spec.name):
+                            return False
+                        continue
                     if sub in self.done or sub in self.interp.modules:
                         continue
                     search = base_spec.search if base_spec is not None else ()
-                    if search and self.finder.find(sub, search) is not None:
-                        self.import_name(sub)
+                    if search and self.finder.find(sub, search) is not None and not self.import_name(sub):
+                        ok = False
+                        if sub in self.failed and self._raise_here(spec.name):
+                            return False
             elif isinstance(stmt, ast.If):
                 verdict = _static_test(stmt.test, self.interp, self._known.get(spec.origin))
                 if verdict is not False:
-                    ok = self._walk(stmt.body, spec, package) and ok
+                    ok = self._maybe(verdict is None, stmt.body, spec, package) and ok
                 if verdict is not True:
-                    ok = self._walk(stmt.orelse, spec, package) and ok
+                    ok = self._maybe(verdict is None, stmt.orelse, spec, package) and ok
             elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
-                catches = any(_catches_oserror(handler.type) for handler in stmt.handlers)
-                self._guarded += catches
-                try:
-                    body_ok = self._walk(stmt.body, spec, package)
-                finally:
-                    self._guarded -= catches
-                if not body_ok:
-                    for handler in stmt.handlers:
-                        self._walk(handler.body, spec, package)
-                else:
-                    self._walk(stmt.orelse, spec, package)
-                self._walk(stmt.finalbody, spec, package)
-            elif isinstance(stmt, (ast.With, ast.ClassDef)):
+                ok = self._try(stmt, spec, package) and ok
+            elif isinstance(stmt, ast.With):
+                # `with contextlib.suppress(ImportError):` swallows what its body raises
+                suppressed = any(isinstance(item.context_expr, ast.Call)
+                                 and ast.unparse(item.context_expr.func).endswith("suppress")
+                                 for item in stmt.items)
+                ok = self._maybe(suppressed, stmt.body, spec, package) and ok
+                if suppressed:
+                    self._raised = ""
+            elif isinstance(stmt, ast.ClassDef):
                 ok = self._walk(stmt.body, spec, package) and ok
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -498,15 +557,19 @@ class _Planner:
                 items = _literal(stmt.iter)
                 if items is None:
                     self._note_dynamic(stmt.iter, spec, package)
-                    ok = self._walk(stmt.body, spec, package) and ok
+                    ok = self._maybe(True, stmt.body, spec, package) and ok
                     continue
                 known = self._known.setdefault(spec.origin, {})
                 for item in items:
                     _bind(stmt.target, item, known)
                     ok = self._walk(stmt.body, spec, package) and ok
             elif isinstance(stmt, ast.While):
-                ok = self._walk(stmt.body, spec, package) and ok
+                ok = self._maybe(True, stmt.body, spec, package) and ok
             else:
+                if not self.path_changed and _changes_sys_path(stmt):
+                    # setuptools puts its _vendor directory on sys.path before importing
+                    # what it vendors: from here on a name no directory holds may be found
+                    self.path_changed = True
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
                     value = _known_value(stmt.value, self._known.get(spec.origin, {}))
                     if isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func).endswith("getdlopenflags"):
@@ -518,8 +581,7 @@ class _Planner:
                         # a later ctypes.CDLL or torch.ops.load_library names
                         value = _path_value(stmt.value, self._known.get(spec.origin, {}), spec.origin)
                         value = _UNKNOWN if value is None else _Path(value)
-                    if value is not _UNKNOWN:
-                        self._known.setdefault(spec.origin, {})[stmt.targets[0].id] = value
+                    self._learn(spec.origin, stmt.targets[0].id, value)
                     functions = self._functions.get(spec.origin, {})
                     if isinstance(stmt.value, ast.Name) and stmt.value.id in functions:
                         # `__get_hash = __get_openssl_constructor` (hashlib): calls through
@@ -530,6 +592,56 @@ class _Planner:
                             sites.watch(stmt.targets[0].id)
                 self._note_dynamic(stmt, spec, package)
         return ok
+
+    def _learn(self, origin: str, name: str, value) -> None:
+        """``name = value`` ran: a value known from now on, unless the statement may not have
+        run (then the name may hold either value: neither is known) or its value is not known."""
+        known = self._known.setdefault(origin, {})
+        if value is _UNKNOWN or self._uncertain:
+            known.pop(name, None)
+        else:
+            known[name] = value
+
+    def _maybe(self, uncertain: bool, body, spec: _Spec, package: str) -> bool:
+        """Walk statements that may not run (``uncertain``): what fails in them does not
+        surely raise."""
+        self._uncertain += uncertain
+        try:
+            return self._walk(body, spec, package)
+        finally:
+            self._uncertain -= uncertain
+
+    def _try(self, stmt, spec: _Spec, package: str) -> bool:
+        catches = any(_catches_oserror(handler.type) for handler in stmt.handlers)
+        self._guarded += catches
+        try:
+            body_ok = self._walk(stmt.body, spec, package)
+        finally:
+            self._guarded -= catches
+        raised, ok = self._raised, True
+        if raised:
+            handler = next((h for h in stmt.handlers if _catches_importerror(h.type)), None)
+            self._raised = ""
+            if handler is not None:
+                # the first handler that matches runs; one that raises again (`raise
+                # ImportError("install X") from e`) ends the module as surely
+                ok = self._walk(handler.body, spec, package)
+                if not self._raised and any(isinstance(st, ast.Raise) for st in handler.body):
+                    self._raised = raised
+            self._walk(stmt.finalbody, spec, package)
+            if handler is None:
+                self._raised = raised
+            return ok and not self._raised
+        if not body_ok:
+            # an import that may fail: its handlers may run
+            for handler in stmt.handlers:
+                self._maybe(True, handler.body, spec, package)
+        else:
+            ok = self._walk(stmt.orelse, spec, package)
+        saved, self._raised = self._raised, ""
+        self._walk(stmt.finalbody, spec, package)
+        self._raised = self._raised or saved
+        return ok and not self._raised
 
     def _imports_inside(self, func, origin: str, skip: set, depth: int = 0) -> bool:
         """Whether ``func`` (or a module function it calls, a few levels down) imports
@@ -562,7 +674,7 @@ class _Planner:
                     # subprocess, ... in numpy's and the stdlib's start-up checks)
                     self._called.add((spec.origin, name))
                     direct = [st for st in local.body if isinstance(st, (ast.Import, ast.ImportFrom))]
-                    self._walk(direct, spec, package)
+                    self._maybe(True, direct, spec, package)
                     if self._imports_inside(local, spec.origin, set(map(id, direct))):
                         self.plan.notes.append(f"{spec.origin}:{local.lineno}: {name}() runs at import time "
                                                "and imports under conditions not followed statically")
@@ -672,6 +784,38 @@ class _CallSites:
 
 class _Path(str):
     """A path a module computes from its own __file__ (never a constant an `if` compares)."""
+
+
+class _Module:
+    """A name bound by `import X [as Y]`: a module object, true and never None, whose value
+    nothing else reads (never a path, never a constant an `==` compares)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _changes_sys_path(stmt) -> bool:
+    """`sys.path.extend(...)`, `sys.path.insert(...)`, `sys.path[:0] = ...`, `sys.path = ...`,
+    `site.addsitedir(...)` as a statement of its own."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = ast.unparse(stmt.value.func)
+        return func.startswith("sys.path.") or func.endswith("addsitedir")
+    if isinstance(stmt, (ast.Assign, ast.AugAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return any(ast.unparse(t).startswith("sys.path") for t in targets)
+    return False
+
+
+def _catches_importerror(node) -> bool:
+    """Whether an except clause of this type catches ModuleNotFoundError."""
+    if node is None:
+        return True
+    if isinstance(node, ast.Tuple):
+        return any(_catches_importerror(item) for item in node.elts)
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return name in ("ImportError", "ModuleNotFoundError", "Exception", "BaseException")
 
 
 def _catches_oserror(node) -> bool:
@@ -793,6 +937,27 @@ def _known_value(node, known: dict):
     default) / os.getenv read from this environment (the interpreter inherits it)."""
     if isinstance(node, ast.Constant):
         return node.value
+    if isinstance(node, ast.Name) and node.id in known and isinstance(known[node.id], (_Module, type(None))):
+        return known[node.id]
+    if isinstance(node, ast.BoolOp):
+        # `int(os.environ.get("JOBLIB_MULTIPROCESSING", 1)) or None`: Python's short circuit
+        value = _UNKNOWN
+        for item in node.values:
+            value = _known_value(item, known)
+            if value is _UNKNOWN or isinstance(value, _Flags):
+                return _UNKNOWN
+            if bool(value) == isinstance(node.op, ast.Or):
+                return value
+        return value
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("int", "bool") and len(node.args) == 1 \
+            and not node.keywords:
+        inner = _known_value(node.args[0], known)
+        if inner is _UNKNOWN:
+            return _UNKNOWN
+        try:
+            return int(inner) if ast.unparse(node.func) == "int" else bool(inner)
+        except (TypeError, ValueError):
+            return _UNKNOWN  # int("x") raises: what runs next is not known
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args \
             and node.func.attr in ("strip", "lower", "upper"):
         inner = _known_value(node.func.value, known)
@@ -843,6 +1008,8 @@ def _static_test(test, interp: Interpreter, known: dict | None = None):
                     return value in right
                 if op is ast.NotIn and isinstance(right, (tuple, list, set, str)):
                     return value not in right
+                if op in (ast.Is, ast.IsNot) and right is None:
+                    return (value is None) == (op is ast.Is)
     env = {"sys.platform": interp.platform, "os.name": "posix" if interp.platform != "win32" else "nt"}
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         left = ast.unparse(test.left)
@@ -910,11 +1077,16 @@ def _plan_names(planner, plan: ImportPlan, names) -> None:
         plan.per_name.setdefault(name, [])
         if not planner.import_name(name):
             # Python names the first part of the dotted name it could not find
-            # (importlib._bootstrap._find_and_load_unlocked): `import nosuch.sub` says 'nosuch'
+            # (importlib._bootstrap._find_and_load_unlocked): `import nosuch.sub` says
+            # 'nosuch'; a module whose own import of a missing name raised names that one
             parts = name.split(".")
             prefixes = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
-            plan.missing.append((name, next((p for p in prefixes if p in planner.done
-                                             and planner.done[p] is None), name)))
+            failed = next((p for p in prefixes if p in planner.failed), "")
+            prefixes = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+            plan.missing.append((name, planner.failed[failed] if failed else next(
+                (p for p in prefixes if p in planner.done and planner.done[p] is None), name)))
+            if failed:
+                plan.raised_in[name] = planner.raisers[failed]
 
 
 @dataclass(frozen=True)
@@ -1153,6 +1325,12 @@ def import_failure_fix(interp: Interpreter, module: str) -> tuple:
     python = interp.python
     dists = distributions_providing(interp, module)
     broken = [d for d, recorded in dists if recorded]
+    if not dists:
+        wanted = next((item for item in unmet_requirements(interp)
+                       if item.installed is None and _names_module(item.name, module)), None)
+        if wanted is not None:
+            return wanted.name, (f"{python} -m pip install '{wanted.requirement}' ({wanted.distribution} "
+                                 f"{wanted.version} requires it and it is not installed)")
     if broken:
         return broken[0], (f"{python} -m pip install --force-reinstall {broken[0]} "
                            f"(its RECORD lists {module}, which is gone)")
@@ -1335,8 +1513,12 @@ def requirement_facts(prediction: Prediction) -> list:
         return []
     tops = {name.split(".")[0] for name in prediction.names}
     failed_top = (prediction.failed_module or "").split(".")[0]
+    # ModuleNotFoundError raised deep in the import (joblib's `from cloudpickle import ...`
+    # under `import sklearn`): the pin that explains it is the raising module's distribution's
+    not_found = dict(plan.missing).get(prediction.failed_module or "", "") if not prediction.ok else ""
+    raiser = plan.raised_in.get(prediction.failed_module or "", "").split(".")[0]
     owners: dict = {}
-    for top in tops | ({failed_top} - {""}):
+    for top in tops | ({failed_top, raiser} - {""}):
         for dist, _recorded in distributions_providing(interp, top):
             owners.setdefault(dist.lower(), set()).add(top)
     facts = []
@@ -1345,7 +1527,11 @@ def requirement_facts(prediction: Prediction) -> list:
         if not modules:
             continue
         have = f"{item.name} {item.installed} is installed" if item.installed else f"{item.name} is not installed"
-        proof = prediction.error if not prediction.ok and failed_top in modules else ""
+        if not_found:
+            explains = item.installed is None and _names_module(item.name, not_found)
+        else:
+            explains = not prediction.ok and failed_top in modules
+        proof = prediction.error if explains else ""
         check = (f"{interp.python} -m pip install --dry-run '{item.distribution}' '{item.name}=={item.installed}'"
                  if item.installed else f"{interp.python} -m pip install '{item.requirement}'")
         facts.append(Fact("dist-requirement", {"path": item.dist_info}, {
@@ -1355,6 +1541,14 @@ def requirement_facts(prediction: Prediction) -> list:
             "fails": bool(proof), "proof": f"; import {failed_top} fails: {proof}" if proof else "",
             "check": check, "remedy": _requirement_remedy(item, interp.python, check)}, source="python_env"))
     return facts
+
+
+def _names_module(distribution: str, module: str) -> bool:
+    """Whether a distribution's name is the import name of ``module``'s top (cloudpickle,
+    typing-extensions for typing_extensions): the one case the name alone tells."""
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(distribution) == canonicalize_name(module.split(".")[0])
 
 
 def _requirement_remedy(item: UnmetRequirement, python: str, check: str) -> str:
@@ -1371,6 +1565,9 @@ def _requirement_remedy(item: UnmetRequirement, python: str, check: str) -> str:
             return (f"{python} -m pip install --no-deps '{item.distribution}=={release}'"
                     f"{index_caveat(item.installed)} (the {item.distribution} release built for the installed "
                     f"torch {item.installed}: {source})")
+    if not item.installed:
+        return (f"{python} -m pip install '{item.requirement}' ({item.distribution} {item.version} requires it; "
+                f"pip installs what a distribution requires unless told --no-deps)")
     return (f"install the {item.distribution} release whose Requires-Dist accepts the installed {item.name}, or "
             f"the {item.requirement} it was built for; `pip install --upgrade {item.distribution}` alone does not "
             f"choose by torch's release: check a candidate with {check}")
