@@ -25,7 +25,8 @@ between consecutive samples.
 A reader trusts none of the sizes above: the sample count is at most memory.Limits.samples
 (4096), the frame must declare its decompressed size, and that size must lie between what
 the count needs and what a writer with the same limits can produce (max_body) before the
-decompressor allocates it; a sample's extent count is at most Limits.live.
+decompressor allocates it; a sample's extent count is at most Limits.live, and its extents
+are in address order without overlap, as a writer makes them.
 """
 from __future__ import annotations
 
@@ -111,12 +112,25 @@ def decode(data: bytes, source: str = "frag.bin", limits: Limits = LIMITS) -> Fr
             raise BadInput(f"{source}: truncated in sample {index + 1} of {count}")
         packed = body[offset: offset + n * EXTENT.size]
         offset += n * EXTENT.size
-        if any(start + length > pages_total for start, length in extent_pairs(packed)):
-            raise BadInput(f"{source}: sample {index + 1} has an extent outside the device")
+        _check_extents(packed, pages_total, index, source)
         samples.append((t, packed))
     if offset != len(body):
         raise BadInput(f"{source}: {len(body) - offset} bytes after the last of {count} samples")
     return FragFile(page, device, base, capacity, interval, samples)
+
+
+def _check_extents(packed: bytes, pages_total: int, index: int, source: str) -> None:
+    """A writer stores a map's extents in address order without overlap (memory.AddressMap
+    merges them), and metrics_of rebuilds the map in that order: extents backwards would
+    make each insertion shift every one before it, quadratic in the map's size."""
+    cursor = 0
+    for start, length in extent_pairs(packed):
+        if start < cursor:
+            raise BadInput(f"{source}: sample {index + 1} has an extent at page {start}, before the end of the one "
+                           f"before it (page {cursor}): extents are stored in address order")
+        cursor = start + length
+        if cursor > pages_total:
+            raise BadInput(f"{source}: sample {index + 1} has an extent outside the device")
 
 
 def _header(data: bytes, source: str, limits: Limits) -> tuple:
