@@ -327,6 +327,14 @@ class _Planner:
         self._raiser = ""
         self._uncertain = 0  # depth of statements that may not run (an `if` not known statically)
         self.path_changed = False  # a module changed sys.path: the finder's path is not the interpreter's
+        # module -> {function: (file, def line)} of its functions that load a library by path
+        self._path_loaders: dict = {}
+        self._imported_loaders: dict = {}  # module file -> {name: (file, def line)} imported from others
+        self._package_names: dict = {}  # module file -> its functions' names and those it imports from its package
+        self._origin_names: dict = {}  # module file -> its module name
+        self._ran: set = set()  # (file, def line, arguments) of loader functions walked
+        self._in_function = 0  # depth of loader functions being walked
+        self._named_paths: dict = {}  # module file -> {name: _ByName} bound by `x = package_function("NAME")`
 
     def import_name(self, fullname: str) -> bool:
         """Import ``fullname`` and its parents; False when it is not found."""
@@ -368,7 +376,7 @@ class _Planner:
         ``module``'s body does not run).  A dotted name no directory holds may still come from
         a package's own import machinery (six.moves), so only a top-level one counts."""
         missing = self.last_missing
-        if self._uncertain or self.path_changed or not missing or "." in missing:
+        if self._uncertain or self._in_function or self.path_changed or not missing or "." in missing:
             return False
         self._raised, self._raiser = missing, self.last_raiser or module
         return True
@@ -403,15 +411,20 @@ class _Planner:
         self._functions[spec.origin] = {node.name: node for node in tree.body
                                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
         self._calls[spec.origin] = _CallSites.of(self._parsed_text, self._functions[spec.origin])
+        loaders = self._loader_functions(spec.origin)
+        if loaders:
+            self._path_loaders[spec.name] = loaders
+        self._origin_names[spec.origin] = spec.name
+        self._package_names.setdefault(spec.origin, set()).update(self._functions[spec.origin])
         self._known[spec.origin] = {}
         # a module's body runs whole however its importer reached the import
-        outer_state = (self._uncertain, self._raised, self._raiser)
-        self._uncertain, self._raised, self._raiser = 0, "", ""
+        outer_state = (self._uncertain, self._raised, self._raiser, self._in_function)
+        self._uncertain, self._raised, self._raiser, self._in_function = 0, "", "", 0
         try:
             self._walk(tree.body, spec, package)
             return self._raised, self._raiser if self._raised else ""
         finally:
-            self._uncertain, self._raised, self._raiser = outer_state
+            self._uncertain, self._raised, self._raiser, self._in_function = outer_state
             # a module runs once (importlib's sys.modules check): once walked, nothing reads
             # its tree or its functions again, and a package the size of torch is ~1,000
             # modules whose trees together would outweigh the real import's whole process
@@ -509,9 +522,20 @@ class _Planner:
                     continue
                 base_spec = self.done.get(base)
                 source_known = self._known.get(base_spec.origin, {}) if base_spec is not None else {}
+                loaders = self._path_loaders.get(base, {})
+                if base.partition(".")[0] == spec.name.partition(".")[0]:
+                    self._package_names.setdefault(spec.origin, set()).update(
+                        alias.asname or alias.name for alias in stmt.names)
                 for alias in stmt.names:
                     if alias.name == "*":
                         continue
+                    if alias.name in loaders:
+                        # `from .utils import _load_lib`: its calls here load a library too
+                        self._imported_loaders.setdefault(spec.origin, {})[alias.asname or alias.name] = \
+                            loaders[alias.name]
+                        sites = self._calls.get(spec.origin)
+                        if sites is not None:
+                            sites.watch(alias.asname or alias.name)
                     if alias.name in source_known:
                         # `from torch._utils_internal import USE_RTLD_GLOBAL_WITH_LIBTORCH`:
                         # a constant of the module it comes from decides this module's tests
@@ -532,6 +556,7 @@ class _Planner:
                         if sub in self.failed and self._raise_here(spec.name):
                             return False
             elif isinstance(stmt, ast.If):
+                self._note_dynamic(stmt.test, spec, package)  # `if _load_library("_C"):` runs the call
                 verdict = _static_test(stmt.test, self.interp, self._known.get(spec.origin))
                 if verdict is not False:
                     ok = self._maybe(verdict is None, stmt.body, spec, package) and ok
@@ -548,8 +573,10 @@ class _Planner:
                 if suppressed:
                     self._raised = ""
             elif isinstance(stmt, ast.ClassDef):
+                self._operator_uses(stmt, spec)
                 ok = self._walk(stmt.body, spec, package) and ok
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self._operator_uses(stmt, spec)
                 continue
             elif isinstance(stmt, ast.For) and isinstance(stmt.target, (ast.Name, ast.Tuple)):
                 # `for name, minver in [("cycler", "0.10"), ...]: import_module(name)`: a loop
@@ -572,6 +599,16 @@ class _Planner:
                     self.path_changed = True
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
                     value = _known_value(stmt.value, self._known.get(spec.origin, {}))
+                    if isinstance(stmt.value, ast.IfExp):
+                        # `suffix = ".pyd" if os.name == "nt" else ".so"`
+                        verdict = _static_test(stmt.value.test, self.interp, self._known.get(spec.origin))
+                        if verdict is not None:
+                            value = _known_value(stmt.value.body if verdict else stmt.value.orelse,
+                                                 self._known.get(spec.origin, {}))
+                    if value is _UNKNOWN:
+                        # `paths = list(_LIB_DIR.glob(f"{lib}*{suffix}"))` (torchaudio): the one
+                        # file it matches on disk, or not known
+                        value = _glob_value(stmt.value, self._known.get(spec.origin, {}), spec.origin)
                     if isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func).endswith("getdlopenflags"):
                         # `old_flags = sys.getdlopenflags()` before a setdlopenflags(): the
                         # later setdlopenflags(old_flags) puts these back
@@ -581,6 +618,15 @@ class _Planner:
                         # a later ctypes.CDLL or torch.ops.load_library names
                         value = _path_value(stmt.value, self._known.get(spec.origin, {}), spec.origin)
                         value = _UNKNOWN if value is None else _Path(value)
+                    # `lib_path = _get_extension_path("_C")` (torchvision): the package's own
+                    # function turns a library's name into its path, which only a load by
+                    # path reads (never an `if`: what the function returns is not known)
+                    named = self._package_call(stmt.value, spec) if value is _UNKNOWN else _UNKNOWN
+                    paths = self._named_paths.setdefault(spec.origin, {})
+                    if named is _UNKNOWN or self._uncertain:
+                        paths.pop(stmt.targets[0].id, None)
+                    else:
+                        paths[stmt.targets[0].id] = named
                     self._learn(spec.origin, stmt.targets[0].id, value)
                     functions = self._functions.get(spec.origin, {})
                     if isinstance(stmt.value, ast.Name) and stmt.value.id in functions:
@@ -592,6 +638,25 @@ class _Planner:
                             sites.watch(stmt.targets[0].id)
                 self._note_dynamic(stmt, spec, package)
         return ok
+
+    def _operator_uses(self, stmt, spec: _Spec) -> None:
+        """`@torch.library.register_fake("torchvision::nms")` on a module-level function: the
+        decorator runs at import time and raises RuntimeError when the operator was never
+        registered (its library failed to load): one more step of the import, in order."""
+        if self._uncertain:
+            return
+        for decorator in stmt.decorator_list:
+            if not isinstance(decorator, ast.Call) or not decorator.args:
+                continue
+            func = ast.unparse(decorator.func)
+            first = decorator.args[0]
+            if func.rpartition(".")[2] not in _NEEDS_OPERATOR or not isinstance(first, ast.Constant) \
+                    or not isinstance(first.value, str) or "::" not in first.value:
+                continue
+            if "." in func and "library" not in func:
+                continue  # another library's register_kernel, not torch.library's
+            use = ExtensionLoad(f"{spec.name}: @{func}", first.value.split(".")[0], self.importer, None, "operator")
+            self.plan.per_name.setdefault(self.importer, []).append(use)
 
     def _learn(self, origin: str, name: str, value) -> None:
         """``name = value`` ran: a value known from now on, unless the statement may not have
@@ -667,6 +732,12 @@ class _Planner:
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
                 local = self._functions.get(spec.origin, {}).get(name) if isinstance(func, ast.Name) else None
+                if isinstance(func, ast.Name):
+                    loader = self._path_loaders.get(spec.name, {}).get(name) or \
+                        self._imported_loaders.get(spec.origin, {}).get(name)
+                    if loader is not None:
+                        self._run_loader(name, node, loader, spec)
+                        continue
                 if local is not None and (spec.origin, name) not in self._called:
                     local = self._whole_function(spec.origin, local)
                     # only the function's unconditional imports: its branches depend on
@@ -699,6 +770,82 @@ class _Planner:
                                            "what it loads is not known statically (use --observe)")
 
 
+    def _package_call(self, node, spec: _Spec):
+        """_ByName(NAME) when ``node`` calls a function of the module's own package (defined
+        there, or imported from a module of the same top-level package) with one argument,
+        a string known before running; else _UNKNOWN."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) == 1
+                and not node.keywords):
+            return _UNKNOWN
+        value = _argument_value(node.args[0], self._known.get(spec.origin, {}))
+        if not isinstance(value, str) or not (node.func.id in self._functions.get(spec.origin, {}) or
+                                              node.func.id in self._package_names.get(spec.origin, ())):
+            return _UNKNOWN
+        return _ByName(value)
+
+    def _loader_functions(self, origin: str) -> dict:
+        """{name: (file, def line)} of the module's functions whose body calls ctypes.CDLL,
+        LoadLibrary or torch.ops.load_library (found in the source text, bodies unparsed)."""
+        functions = self._functions.get(origin, {})
+        # the whole source: the tree walked may have left the function bodies out
+        text = self._sources.get(origin, (None, {}))[0] or self._parsed_text
+        if not functions or not any(call.encode("ascii") in text for call in _PATH_LOADS):
+            return {}
+        sites = _CallSites.of(text, ())
+        if sites is None:
+            return {}
+        lines = sorted(line for call in _PATH_LOADS for line in sites._calls_of(call))
+        if not lines:
+            return {}
+        import bisect
+
+        ends = self._sources.get(origin, (None, {}))[1]
+        found = {}
+        for name, node in functions.items():
+            end = ends.get(node.lineno) or getattr(node, "end_lineno", None) or node.lineno
+            index = bisect.bisect_left(lines, node.lineno)
+            if index < len(lines) and lines[index] <= end:
+                found[name] = (origin, node.lineno)
+        return found
+
+    def _run_loader(self, function: str, call, loader: tuple, spec: _Spec) -> None:
+        """`_load_library("_C")` (torchvision), `_load_lib("libtorchaudio")` (torchaudio),
+        `load_image_library()` (torchcodec): a package function, called at import time,
+        that loads a library by path.  Its body is walked as it runs, its parameters bound
+        to the call's known arguments: the path it loads is found where it is known."""
+        origin, line = loader
+        known = self._known.get(spec.origin, {})
+        args = tuple(_argument_value(arg, known) for arg in call.args)
+        key = (origin, line, args)
+        if key in self._ran or len(self._ran) > 256:
+            return
+        self._ran.add(key)
+        whole = _function_at(origin, line)
+        if whole is None:
+            return
+        bound = {param.arg: value for param, value in zip(whole.args.args, args) if value is not _UNKNOWN}
+        module = self._origin_names.get(origin, spec.name)
+        # the module's call sites were found in its text without function bodies: the body
+        # walked here is read whole
+        saved = (self._known.get(origin), self._named_paths.get(origin), self._calls.get(origin))
+        # the function reads its module's globals (torchaudio's _LIB_DIR) and its parameters
+        self._known[origin], self._named_paths[origin] = {**(saved[0] or {}), **bound}, {}
+        self._calls.pop(origin, None)
+        # the body runs in order, as a module's does; what fails in it is the caller's
+        # business (its own try, its return value), never a sure failure of the import
+        outer = self._uncertain
+        self._uncertain, self._in_function = 0, self._in_function + 1
+        try:
+            self._walk(whole.body, _Spec(module, "source", origin, ()), module.rpartition(".")[0])
+        finally:
+            self._uncertain, self._in_function, self._raised = outer, self._in_function - 1, ""
+            for table, value in zip((self._known, self._named_paths, self._calls), saved):
+                if value is None:
+                    table.pop(origin, None)
+                else:
+                    table[origin] = value
+        del function
+
     def _load_by_path(self, call, name: str, spec: _Spec) -> bool:
         """ctypes.CDLL(PATH[, mode]), ctypes.cdll.LoadLibrary(PATH), torch.ops.load_library(PATH)
         and torch.classes.load_library(PATH) where PATH is known statically: one more dlopen,
@@ -714,6 +861,10 @@ class _Planner:
             return False
         known = self._known.get(spec.origin, {})
         path = _path_value(call.args[0], known, spec.origin)
+        named = self._named_paths.get(spec.origin, {}).get(call.args[0].id) \
+            if isinstance(call.args[0], ast.Name) else self._package_call(call.args[0], spec)
+        if path is None and isinstance(named, _ByName):
+            path = _package_file(spec.origin, named.name, self.interp.suffixes)
         if path is None or ("/" in path and not os.path.isabs(path)):
             return False  # relative to the working directory: not known before running
         mode_node = call.args[1] if len(call.args) > 1 and name != "load_library" else next(
@@ -732,6 +883,10 @@ class _Planner:
 
 
 _PATH_LOADS = {"CDLL", "PyDLL", "LoadLibrary", "load_library"}
+# torch.library's decorators that look the operator up when they run (torch/library.py:
+# register_fake, register_kernel, register_autograd; impl_abstract before 2.4)
+_NEEDS_OPERATOR = frozenset({"register_fake", "impl_abstract", "register_kernel", "register_autograd",
+                             "register_vmap", "register_torch_dispatch"})
 # the calls _note_dynamic acts on, besides the module's own functions
 _ACTED_ON = frozenset(_DYNAMIC_CALLS | _PATH_LOADS | {"import_module", "__import__", "setdlopenflags"})
 _OPEN_PAREN = re.compile(rb"\s*\(")  # after a name: where a call can be (comments and strings too: a superset)
@@ -786,6 +941,16 @@ class _Path(str):
     """A path a module computes from its own __file__ (never a constant an `if` compares)."""
 
 
+class _ByName:
+    """What a package function returns for a library's name: its path, found by the
+    package's own code (the one file of the package of that name, _package_file)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
 class _Module:
     """A name bound by `import X [as Y]`: a module object, true and never None, whose value
     nothing else reads (never a path, never a constant an `==` compares)."""
@@ -794,6 +959,106 @@ class _Module:
 
     def __init__(self, name: str):
         self.name = name
+
+
+def _function_at(origin: str, line: int):
+    """The function whose `def` is at ``line`` of ``origin``, parsed alone; None when not."""
+    from . import pysource
+
+    try:
+        with open(origin, "rb") as handle:
+            source = handle.read(8 << 20)
+        tree = ast.parse(source, filename=origin)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    del pysource
+    return next((node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.lineno == line), None)
+
+
+class _Matches(tuple):
+    """The files a glob matched, when exactly one: `paths[0]` is then known."""
+
+
+def _glob_value(node, known: dict, module_file: str):
+    """list(PATH.glob(PATTERN)) / sorted(...) / glob.glob(PATTERN) where PATH and PATTERN
+    are known: _Matches of the one file it matches, else _UNKNOWN (none or several: which
+    one the package picks depends on directory order)."""
+    import glob as globbing
+
+    call = node
+    if isinstance(call, ast.Call) and ast.unparse(call.func) in ("list", "sorted") and len(call.args) == 1:
+        call = call.args[0]
+    if not isinstance(call, ast.Call) or len(call.args) != 1 or call.keywords:
+        return _UNKNOWN
+    pattern = _string_value(call.args[0], known)
+    if pattern is None:
+        return _UNKNOWN
+    func = ast.unparse(call.func)
+    if func in ("glob.glob", "glob"):
+        base = ""
+    elif isinstance(call.func, ast.Attribute) and call.func.attr == "glob":
+        base = _path_value(call.func.value, known, module_file)
+        if base is None:
+            return _UNKNOWN
+    else:
+        return _UNKNOWN
+    if "**" in pattern or "/" in pattern and base:
+        return _UNKNOWN
+    found = globbing.glob(os.path.join(globbing.escape(base), pattern) if base else pattern)
+    return _Matches(found) if len(found) == 1 and os.path.isabs(found[0]) else _UNKNOWN
+
+
+def _string_value(node, known: dict):
+    """A str constant, a name bound to one, or an f-string of those; None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name) and isinstance(known.get(node.id), str) and not isinstance(known[node.id], _Path):
+        return known[node.id]
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for value in node.values:
+            if isinstance(value, ast.FormattedValue):
+                if value.conversion != -1 or value.format_spec is not None:
+                    return None
+                value = value.value
+            text = _string_value(value, known)
+            if text is None:
+                return None
+            parts.append(text)
+        return "".join(parts)
+    return None
+
+
+def _argument_value(node, known: dict):
+    """A call's argument when known before running: a constant, or a name bound to one."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, bool, type(None))):
+        return node.value
+    if isinstance(node, ast.Name) and isinstance(known.get(node.id), (str, int, bool)) \
+            and not isinstance(known.get(node.id), (_Path, _Flags)):
+        return known[node.id]
+    return _UNKNOWN
+
+
+def _package_file(origin: str, name: str, suffixes: tuple, limit: int = 20000):
+    """The single file of the top-level package around ``origin`` named NAME.so, NAME.so.N
+    or NAME<extension suffix>; None when there is none or more than one."""
+    if not name or "/" in name or name.startswith("."):
+        return None
+    top = os.path.dirname(origin)
+    while os.path.exists(os.path.join(os.path.dirname(top), "__init__.py")):
+        top = os.path.dirname(top)
+    found, seen = [], 0
+    for directory, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        seen += len(files) + len(dirs)
+        if seen > limit:
+            return None
+        for file in files:
+            if file == name + ".so" or file.startswith(name + ".so.") or \
+                    any(file == name + suffix for suffix in suffixes):
+                found.append(os.path.join(directory, file))
+    return found[0] if len(found) == 1 else None
 
 
 def _changes_sys_path(stmt) -> bool:
@@ -840,6 +1105,10 @@ def _path_value(node, known: dict, module_file: str):
             return module_file
         value = known.get(node.id)
         return str(value) if isinstance(value, str) else None
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+            and isinstance(known.get(node.value.id), _Matches) and isinstance(node.slice, ast.Constant) \
+            and node.slice.value in (0, -1):
+        return known[node.value.id][0]
     if isinstance(node, ast.Attribute) and node.attr == "parent":
         inner = _path_value(node.value, known, module_file)
         return os.path.dirname(inner) if inner is not None else None
@@ -1142,6 +1411,7 @@ class Prediction:
     working_order: tuple | None = None
     searched_orders: bool = False
     guarded: set = field(default_factory=set)  # model.steps indexes of failures the module catches
+    causes: dict = field(default_factory=dict)  # index of a caught failure -> the operator use it fails
 
     def loaded_names(self) -> list:
         """The names ld.so maps, in order, as LD_DEBUG=files prints them (file=NAME)."""
@@ -1207,11 +1477,26 @@ def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Pr
     plan = plan_imports(interp, names)
     ok, error, failed = True, None, None
     guarded: set = set()  # indexes of failed steps whose OSError the module catches
+    causes: dict = {}  # index of a caught failure -> the operator use it makes fail
     missing = dict(plan.missing)
     for name in names:
         for load in plan.per_name.get(name, ()):
+            if load.how == "operator":
+                cause = _operator_missing(sim, guarded, load.path)
+                if cause is not None:
+                    # the library that registers the operator failed (its OSError caught):
+                    # torch.library raises when asked for a kernel of an operator it lacks
+                    guarded.discard(cause)
+                    ok, error, failed = False, f"RuntimeError: operator {load.path} does not exist", load.module
+                    plan.notes.append(f"{load.module} needs the operator {load.path}, which "
+                                      f"{sim.model.steps[cause].load.target} registers and which failed to load")
+                    causes[cause] = load
+                    break
+                continue
             step = sim.dlopen(Load(load.path, "import" if load.how == "import" else "dlopen",
                                    flags if load.flags is None else load.flags, load.module, name))
+            if load.how == "import" and not step.ok:
+                step = _after_package_preloads(sim, step, load, name)
             if load.how != "import":
                 if not step.ok and load.guarded:
                     guarded.add(len(sim.model.steps) - 1)
@@ -1233,7 +1518,60 @@ def _run_imports(interp: Interpreter, names: tuple, resolver, dlopenflags) -> Pr
         if name in missing:
             ok, error, failed = False, f"ModuleNotFoundError: No module named '{missing[name]}'", name
             break
-    return Prediction(names, sim.model, plan, interp, ok, error, failed, guarded=guarded)
+    return Prediction(names, sim.model, plan, interp, ok, error, failed, guarded=guarded, causes=causes)
+
+
+_CANNOT_OPEN = re.compile(r"^([^:/\s]+): cannot open shared object file")
+
+
+def _after_package_preloads(sim, step, load: ExtensionLoad, name: str):
+    """The extension's load once the package's own loader has run: faiss/loader.py (and
+    the other packages rules/context/packages.yaml says load the NVIDIA wheels' libraries
+    themselves, RTLD_GLOBAL, before their modules) maps site-packages/nvidia/*/lib/NAME
+    for each NAME the module's closure cannot otherwise open."""
+    import glob
+
+    from ..resolve.process import RTLD_GLOBAL, RTLD_NOW, Load
+    from . import practice
+
+    top = (load.module or "").split(".")[0]
+    reason = practice.preload_reason(top) if top else None
+    site = practice.site_packages_of(load.path)
+    if reason is None or reason[1] != "preloaded" or "nvidia-wheels" not in reason[2] or site is None:
+        return step
+    tried: set = set()
+    while not step.ok:
+        match = _CANNOT_OPEN.match(step.error or "")
+        found = sorted(glob.glob(os.path.join(glob.escape(site), "nvidia", "*", "lib", glob.escape(match.group(1))))) \
+            if match else []
+        if not found or found[0] in tried or len(tried) > 16:
+            return step
+        tried.add(found[0])
+        sim.model.steps.pop()  # the attempt without the preload: the loader runs first
+        preload = sim.dlopen(Load(found[0], "dlopen", RTLD_NOW | RTLD_GLOBAL, f"{top}: its loader", name))
+        if not preload.ok:
+            sim.model.steps.pop()
+            return sim.dlopen(Load(load.path, "import", step.load.flags, load.module, name))
+        step = sim.dlopen(Load(load.path, "import", step.load.flags, load.module, name))
+    return step
+
+
+def _operator_missing(sim, guarded: set, qualname: str):
+    """The index of the caught failed load whose file registers ``qualname`` (the schema
+    text "ns::op(" that TORCH_LIBRARY's m.def() keeps in the library), or None: an operator
+    no failed library names may come from anywhere else."""
+    import mmap
+
+    needle = qualname.encode("utf-8", "surrogateescape") + b"("
+    for index in sorted(guarded):
+        target = sim.model.steps[index].load.target
+        try:
+            with open(target, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data.find(needle) >= 0:
+                    return index
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _python_load_error(load: ExtensionLoad, error: str) -> str:
@@ -1389,6 +1727,11 @@ def shadowing_facts(prediction: Prediction) -> list:
                 how = f"loaded by path when {how} runs"
                 then = f"; the import raises {prediction.error}{then}" if prediction.failed_module == module \
                     else then
+                use = prediction.causes.get(index)
+                if use is not None:
+                    then = (f"; the module catches the OSError, then {use.module.partition(':')[0]} asks torch.library "
+                            f"for the operator {use.path}, which this library registers: the import raises "
+                            f"{prediction.error}{'; ' + hint if hint else ''}")
             facts.append(Fact("process-load", {"path": step.load.target}, {
                 "event": "failed", "importer": step.load.importer or "", "module": module,
                 "how": how, "why_args": why_args, "then": then,
