@@ -1437,7 +1437,9 @@ def predict_imports(interp: Interpreter, names, resolver=None, search_orders: bo
     resolver = resolver or Resolver(env=_loader_env())
     names = tuple(names)
     prediction = _run_imports(interp, names, resolver, dlopenflags)
-    if search_orders:
+    # a module no finder knows is missing in every order: no other order is worth its run
+    not_found = prediction.plan is not None and prediction.failed_module in dict(prediction.plan.missing)
+    if search_orders and not not_found:
         _search_orders(prediction, names, lambda order: _run_imports(interp, order, resolver, dlopenflags))
     return prediction
 
