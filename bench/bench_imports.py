@@ -2,6 +2,8 @@
 """`seedance check --python PY --imports ...` against just trying the import, interleaved.
 
     .venv/bin/python bench/bench_imports.py [--rounds 5] [--python .venv/bin/python] [--sets torch torch,numpy]
+        [--site DIR]   (a site-packages put first on PYTHONPATH for every command: e.g. one of the
+                        accuracy corpus's environments, torch 2.4.1 with torchvision 0.19.1)
 
 Every row is a whole command as a user runs it (process start-up included):
   import               PY -c "import A, B"  (executes the packages: the oracle the prediction replaces)
@@ -48,9 +50,11 @@ def run(cmd: list, env: dict) -> tuple:
     return wall, usage.ru_maxrss / 1024, code
 
 
-def bench_set(names: str, python: str, rounds: int) -> dict:
+def bench_set(names: str, python: str, rounds: int, site: str | None = None) -> dict:
     base = dict(os.environ)
     base.pop("SEEDANCE_CACHE", None)
+    if site:
+        base["PYTHONPATH"] = site
     warm_home = tempfile.mkdtemp(prefix="bench-imports-warm-")
     check = [str(SEEDANCE), "check", "--python", python, "--imports", names]
     commands = {
@@ -94,14 +98,17 @@ def main() -> int:
     parser.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"))
     parser.add_argument("--sets", nargs="+", default=["torch", "torch,numpy"],
                         help="comma-separated import lists, one benchmark each")
+    parser.add_argument("--site", help="a site-packages directory put on PYTHONPATH for every command")
     args = parser.parse_args()
+    if args.site and not os.path.isdir(args.site):
+        raise SystemExit(f"{args.site}: no such directory")
     if not SEEDANCE.exists():
         raise SystemExit(f"{SEEDANCE}: not built (make install)")
     print(f"{os.cpu_count()} cores, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
-          f"{args.rounds} interleaved rounds, python {args.python}")
+          f"{args.rounds} interleaved rounds, python {args.python}" + (f", PYTHONPATH {args.site}" if args.site else ""))
     missed = []
     for names in args.sets:
-        results = bench_set(names, args.python, args.rounds)
+        results = bench_set(names, args.python, args.rounds, args.site)
         imp_best, imp_median, imp_rss = summary(results["import"])
         print(f"\n--imports {names}")
         print(f"  {'command':<16} {'best s':>8} {'median s':>9} {'peak MB':>8} {'best x':>7} {'median x':>9}")
