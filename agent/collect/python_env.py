@@ -1063,14 +1063,28 @@ def _package_file(origin: str, name: str, suffixes: tuple, limit: int = 20000):
 
 def _changes_sys_path(stmt) -> bool:
     """`sys.path.extend(...)`, `sys.path.insert(...)`, `sys.path[:0] = ...`, `sys.path = ...`,
-    `site.addsitedir(...)` as a statement of its own."""
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-        func = ast.unparse(stmt.value.func)
-        return func.startswith("sys.path.") or func.endswith("addsitedir")
-    if isinstance(stmt, (ast.Assign, ast.AugAssign)):
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        return any(ast.unparse(t).startswith("sys.path") for t in targets)
-    return False
+    `site.addsitedir(...)` as a statement of its own (read from the nodes: this runs on
+    every statement of every module the import reaches)."""
+    if isinstance(stmt, ast.Expr):
+        call = stmt.value
+        if not isinstance(call, ast.Call):
+            return False
+        func = call.func
+        if isinstance(func, ast.Attribute):
+            return func.attr == "addsitedir" or _is_sys_path(func.value)
+        return isinstance(func, ast.Name) and func.id == "addsitedir"
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, ast.AugAssign):
+        targets = [stmt.target]
+    else:
+        return False
+    return any(_is_sys_path(t.value if isinstance(t, ast.Subscript) else t) for t in targets)
+
+
+def _is_sys_path(node) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
 
 
 def _catches_importerror(node) -> bool:
