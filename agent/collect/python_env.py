@@ -573,10 +573,12 @@ class _Planner:
                 if suppressed:
                     self._raised = ""
             elif isinstance(stmt, ast.ClassDef):
-                self._operator_uses(stmt, spec)
+                if stmt.decorator_list:
+                    self._operator_uses(stmt, spec)
                 ok = self._walk(stmt.body, spec, package) and ok
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self._operator_uses(stmt, spec)
+                if stmt.decorator_list:
+                    self._operator_uses(stmt, spec)
                 continue
             elif isinstance(stmt, ast.For) and isinstance(stmt.target, (ast.Name, ast.Tuple)):
                 # `for name, minver in [("cycler", "0.10"), ...]: import_module(name)`: a loop
@@ -605,7 +607,7 @@ class _Planner:
                         if verdict is not None:
                             value = _known_value(stmt.value.body if verdict else stmt.value.orelse,
                                                  self._known.get(spec.origin, {}))
-                    if value is _UNKNOWN:
+                    if value is _UNKNOWN and isinstance(stmt.value, ast.Call):
                         # `paths = list(_LIB_DIR.glob(f"{lib}*{suffix}"))` (torchaudio): the one
                         # file it matches on disk, or not known
                         value = _glob_value(stmt.value, self._known.get(spec.origin, {}), spec.origin)
@@ -789,7 +791,7 @@ class _Planner:
         functions = self._functions.get(origin, {})
         # the whole source: the tree walked may have left the function bodies out
         text = self._sources.get(origin, (None, {}))[0] or self._parsed_text
-        if not functions or not any(call.encode("ascii") in text for call in _PATH_LOADS):
+        if not functions or _PATH_LOAD_TEXT.search(text) is None:
             return {}
         sites = _CallSites.of(text, ())
         if sites is None:
@@ -883,6 +885,7 @@ class _Planner:
 
 
 _PATH_LOADS = {"CDLL", "PyDLL", "LoadLibrary", "load_library"}
+_PATH_LOAD_TEXT = re.compile(rb"CDLL|PyDLL|LoadLibrary|load_library")  # one scan of a module's text for them
 # torch.library's decorators that look the operator up when they run (torch/library.py:
 # register_fake, register_kernel, register_autograd; impl_abstract before 2.4)
 _NEEDS_OPERATOR = frozenset({"register_fake", "impl_abstract", "register_kernel", "register_autograd",
