@@ -793,9 +793,9 @@ class _Planner:
         text = self._sources.get(origin, (None, {}))[0] or self._parsed_text
         if not functions or _PATH_LOAD_TEXT.search(text) is None:
             return {}
-        sites = _CallSites.of(text, ())
-        if sites is None:
+        if not text.isascii():
             return {}
+        sites = _CallSites(text, None, [])  # only the path loads' lines, not every name acted on
         lines = sorted(line for call in _PATH_LOADS for line in sites._calls_of(call))
         if not lines:
             return {}
@@ -899,7 +899,7 @@ class _CallSites:
     """The lines of a module's source where a name the planner acts on is called: the
     calls in _ACTED_ON and the module's own functions (and their aliases, once seen)."""
 
-    def __init__(self, text: bytes, starts: list, lines: list):
+    def __init__(self, text: bytes, starts: list | None, lines: list):
         self.text, self.starts, self.lines = text, starts, lines
 
     @classmethod
@@ -907,10 +907,7 @@ class _CallSites:
         """None for a source with non-ASCII text, whose identifiers the patterns do not know."""
         if not text.isascii():
             return None
-        import itertools
-
-        starts = list(itertools.accumulate(map((1).__add__, map(len, text.split(b"\n"))), initial=0))
-        sites = cls(text, starts, [])
+        sites = cls(text, None, [])
         for name in _ACTED_ON.union(functions):
             sites.lines.extend(sites._calls_of(name))
         sites.lines.sort()
@@ -923,7 +920,15 @@ class _CallSites:
         at = text.find(raw)
         while at >= 0:
             before = text[at - 1:at] if at else b" "
-            if not (before.isalnum() or before == b"_") and _OPEN_PAREN.match(text, at + len(raw)):
+            # `def name(` defines, it does not call: most modules' only matches of their own
+            # functions' names, and no line table is built for a module without a call
+            if not (before.isalnum() or before == b"_") and _OPEN_PAREN.match(text, at + len(raw)) \
+                    and text[max(at - 4, 0):at] != b"def ":
+                if self.starts is None:
+                    import itertools
+
+                    self.starts = list(itertools.accumulate(map((1).__add__, map(len, text.split(b"\n"))),
+                                                            initial=0))
                 found.append(bisect.bisect_right(self.starts, at))
             at = text.find(raw, at + len(raw))
         return found
