@@ -970,16 +970,15 @@ class _Module:
 
 
 def _function_at(origin: str, line: int):
-    """The function whose `def` is at ``line`` of ``origin``, parsed alone; None when not."""
-    from . import pysource
-
+    """The module-level function whose `def` is at ``line`` of ``origin``, with its body (the
+    module was walked with bodies left out); None when it cannot be read.  A source over
+    8 MiB is cut there and fails to parse: no package's loader lives in such a file."""
     try:
         with open(origin, "rb") as handle:
             source = handle.read(8 << 20)
         tree = ast.parse(source, filename=origin)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    del pysource
     return next((node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                  and node.lineno == line), None)
 
