@@ -37,9 +37,9 @@ MAX_BYTES = 64 << 20
 
 # what an entry's pickle may name: the prediction's own records and plain containers
 _ALLOWED = {
-    ("seedance.collect.python_env", "Prediction"), ("seedance.collect.python_env", "ImportPlan"),
-    ("seedance.collect.python_env", "ExtensionLoad"), ("seedance.collect.python_env", "_Path"),
-    ("seedance.collect.python_env", "_Flags"),
+    ("seedance.collect.python_env", "Prediction"), ("seedance.collect.import_plan", "ImportPlan"),
+    ("seedance.collect.import_plan", "ExtensionLoad"), ("seedance.collect.static_values", "_Path"),
+    ("seedance.collect.static_values", "_Flags"),
     ("seedance.resolve.process", "ProcessModel"), ("seedance.resolve.process", "LoadStep"),
     ("seedance.resolve.process", "Load"), ("seedance.resolve.process", "Edge"),
     ("seedance.resolve.process", "Shadowing"), ("seedance.resolve.process", "Binding"),
