@@ -46,32 +46,29 @@ class _Matches(tuple):
 
 
 def _glob_value(node, known: dict, module_file: str):
-    """list(PATH.glob(PATTERN)) / sorted(...) / glob.glob(PATTERN) where PATH and PATTERN
-    are known: _Matches of the one file it matches, else _UNKNOWN (none or several: which
-    one the package picks depends on directory order)."""
+    """list(PATH.glob(PATTERN)) or sorted(...) where PATH is a known directory and PATTERN a
+    known pattern of names in that one directory (never `/` or `**`: a package's source must
+    not make seedance walk a tree): _Matches of the one file it matches, else _UNKNOWN (none
+    or several: which one the package picks depends on directory order)."""
     import glob as globbing
 
     call = node
-    if isinstance(call, ast.Call) and ast.unparse(call.func) in ("list", "sorted") and len(call.args) == 1:
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in ("list", "sorted") \
+            and len(call.args) == 1:
         call = call.args[0]
-    if not isinstance(call, ast.Call) or len(call.args) != 1 or call.keywords:
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "glob"
+            and len(call.args) == 1 and not call.keywords):
         return _UNKNOWN
+    if isinstance(call.func.value, ast.Name) and call.func.value.id == "glob":
+        return _UNKNOWN  # glob.glob(PATTERN): a pattern over any directory
     pattern = _string_value(call.args[0], known)
-    if pattern is None:
+    if pattern is None or "/" in pattern or "**" in pattern or pattern in ("", ".", ".."):
         return _UNKNOWN
-    func = ast.unparse(call.func)
-    if func in ("glob.glob", "glob"):
-        base = ""
-    elif isinstance(call.func, ast.Attribute) and call.func.attr == "glob":
-        base = _path_value(call.func.value, known, module_file)
-        if base is None:
-            return _UNKNOWN
-    else:
+    base = _path_value(call.func.value, known, module_file)
+    if base is None or not os.path.isabs(base):
         return _UNKNOWN
-    if "**" in pattern or "/" in pattern and base:
-        return _UNKNOWN
-    found = globbing.glob(os.path.join(globbing.escape(base), pattern) if base else pattern)
-    return _Matches(found) if len(found) == 1 and os.path.isabs(found[0]) else _UNKNOWN
+    found = globbing.glob(os.path.join(globbing.escape(base), pattern))
+    return _Matches(found) if len(found) == 1 else _UNKNOWN
 
 
 def _string_value(node, known: dict):

@@ -201,3 +201,20 @@ def test_libraries_a_package_helper_loads_decide_the_import(tmp_path, dependency
         prediction = _agree(site, module)
         loaded = [step.load.target for step in prediction.model.steps if step.load.kind == "dlopen"]
         assert any(path.endswith(("libzqaudio.so", "libzqcodec_image.so")) for path in loaded), loaded
+
+
+def test_a_glob_the_planner_follows_stays_in_one_directory(tmp_path):
+    """A package's source names the pattern: one that reaches across directories (`*/*`,
+    `**`) or a bare glob.glob is not followed, so no package makes seedance walk a tree."""
+    from seedance.collect.static_values import _UNKNOWN, _glob_value, _Path
+    import ast
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libone.so").write_bytes(b"")
+    known = {"_LIB_DIR": _Path(str(tmp_path / "lib")), "root": _Path(str(tmp_path)), "prefix": str(tmp_path)}
+    value = _glob_value(ast.parse('list(_LIB_DIR.glob(f"libone*.so"))').body[0].value, known, __file__)
+    assert list(value) == [str(tmp_path / "lib" / "libone.so")]
+    for source in ('list(root.glob("*/libone.so"))', 'list(root.glob("**/*.so"))', 'glob.glob(f"{prefix}/*/libone.so")',
+                   'glob.glob("/*/*/*")',
+                   'list(Path("relative").glob("*.so"))'):
+        assert _glob_value(ast.parse(source).body[0].value, known, __file__) is _UNKNOWN, source
