@@ -268,6 +268,7 @@ class _Planner:
         self._package_names: dict = {}  # module file -> its functions' names and those it imports from its package
         self._origin_names: dict = {}  # module file -> its module name
         self._ran: set = set()  # (file, def line, arguments) of loader functions walked
+        self._loader_bodies: dict = {}  # file -> {def line: function} of the loader functions' files
         self._in_function = 0  # depth of loader functions being walked
         self._named_paths: dict = {}  # module file -> {name: _ByName} bound by `x = package_function("NAME")`
 
@@ -757,7 +758,9 @@ class _Planner:
         if key in self._ran or len(self._ran) > 256:
             return
         self._ran.add(key)
-        whole = _function_at(origin, line)
+        if origin not in self._loader_bodies:  # each file parsed whole once, however many calls
+            self._loader_bodies[origin] = _functions_at(origin)
+        whole = self._loader_bodies[origin].get(line)
         if whole is None:
             return
         bound = {param.arg: value for param, value in zip(whole.args.args, args) if value is not _UNKNOWN}
@@ -880,18 +883,18 @@ class _CallSites:
         return index < len(self.lines) and self.lines[index] <= (last if last is not None else first)
 
 
-def _function_at(origin: str, line: int):
-    """The module-level function whose `def` is at ``line`` of ``origin``, with its body (the
-    module was walked with bodies left out); None when it cannot be read.  A source over
-    8 MiB is cut there and fails to parse: no package's loader lives in such a file."""
+def _functions_at(origin: str) -> dict:
+    """{line of its `def`: the function} of ``origin``'s module-level functions, with their
+    bodies (the module was walked with bodies left out); empty when it cannot be read.  A
+    source over 8 MiB is cut there and fails to parse: no package's loader lives in such a
+    file."""
     try:
         with open(origin, "rb") as handle:
             source = handle.read(8 << 20)
         tree = ast.parse(source, filename=origin)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    return next((node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and node.lineno == line), None)
+        return {}
+    return {node.lineno: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def _package_file(origin: str, name: str, suffixes: tuple, limit: int = 20000):
