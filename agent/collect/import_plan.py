@@ -674,7 +674,7 @@ class _Planner:
                     loader = self._path_loaders.get(spec.name, {}).get(name) or \
                         self._imported_loaders.get(spec.origin, {}).get(name)
                     if loader is not None:
-                        self._run_loader(name, node, loader, spec)
+                        self._run_loader(node, loader, spec)
                         continue
                 if local is not None and (spec.origin, name) not in self._called:
                     local = self._whole_function(spec.origin, local)
@@ -746,7 +746,7 @@ class _Planner:
                 found[name] = (origin, node.lineno)
         return found
 
-    def _run_loader(self, function: str, call, loader: tuple, spec: _Spec) -> None:
+    def _run_loader(self, call, loader: tuple, spec: _Spec) -> None:
         """`_load_library("_C")` (torchvision), `_load_lib("libtorchaudio")` (torchaudio),
         `load_image_library()` (torchcodec): a package function, called at import time,
         that loads a library by path.  Its body is walked as it runs, its parameters bound
@@ -773,18 +773,19 @@ class _Planner:
         self._calls.pop(origin, None)
         # the body runs in order, as a module's does; what fails in it is the caller's
         # business (its own try, its return value), never a sure failure of the import
-        outer = self._uncertain
+        outer = (self._uncertain, self._raised)
         self._uncertain, self._in_function = 0, self._in_function + 1
+        # a relative import in a package's __init__ is relative to the package itself
+        package = module if os.path.basename(origin).startswith("__init__.") else module.rpartition(".")[0]
         try:
-            self._walk(whole.body, _Spec(module, "source", origin, ()), module.rpartition(".")[0])
+            self._walk(whole.body, _Spec(module, "source", origin, ()), package)
         finally:
-            self._uncertain, self._in_function, self._raised = outer, self._in_function - 1, ""
+            (self._uncertain, self._raised), self._in_function = outer, self._in_function - 1
             for table, value in zip((self._known, self._named_paths, self._calls), saved):
                 if value is None:
                     table.pop(origin, None)
                 else:
                     table[origin] = value
-        del function
 
     def _load_by_path(self, call, name: str, spec: _Spec) -> bool:
         """ctypes.CDLL(PATH[, mode]), ctypes.cdll.LoadLibrary(PATH), torch.ops.load_library(PATH)
