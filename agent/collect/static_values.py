@@ -128,24 +128,24 @@ def _is_sys_path(node) -> bool:
         and node.value.id == "sys"
 
 
-def _catches_importerror(node) -> bool:
-    """Whether an except clause of this type catches ModuleNotFoundError."""
+def _catches(node, names: tuple) -> bool:
+    """Whether an except clause of this type (a bare except, a name, a tuple of them) names
+    one of ``names``."""
     if node is None:
         return True
     if isinstance(node, ast.Tuple):
-        return any(_catches_importerror(item) for item in node.elts)
-    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
-    return name in ("ImportError", "ModuleNotFoundError", "Exception", "BaseException")
+        return any(_catches(item, names) for item in node.elts)
+    return (node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")) in names
+
+
+def _catches_importerror(node) -> bool:
+    """Whether an except clause of this type catches ModuleNotFoundError."""
+    return _catches(node, ("ImportError", "ModuleNotFoundError", "Exception", "BaseException"))
 
 
 def _catches_oserror(node) -> bool:
     """Whether an except clause of this type catches the OSError of a failed ctypes load."""
-    if node is None:
-        return True
-    if isinstance(node, ast.Tuple):
-        return any(_catches_oserror(item) for item in node.elts)
-    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
-    return name in ("OSError", "Exception", "BaseException", "EnvironmentError", "IOError")
+    return _catches(node, ("OSError", "Exception", "BaseException", "EnvironmentError", "IOError"))
 
 
 def _path_value(node, known: dict, module_file: str):
