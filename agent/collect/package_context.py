@@ -90,16 +90,23 @@ def _regex(text, where):
         raise RuleError(f"{where}: bad regex {text!r}: {exc}") from None
 
 
-def validate_packages(doc, path: str) -> tuple:
-    """The entries of packages.yaml as dicts, each checked; RuleError on the first problem."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("packages"), list):
-        raise RuleError(f"{path}: expected a mapping with a 'packages:' list")
-    entries = []
-    for index, entry in enumerate(doc["packages"]):
+def _entries(doc, key: str, allowed, path: str, article: str = "a"):
+    """(PATH#N, entry) of each entry of the data file's ``key:`` list, an entry a mapping of
+    ``allowed`` keys only; RuleError on the first that is not."""
+    if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
+        raise RuleError(f"{path}: expected a mapping with {article} '{key}:' list")
+    for index, entry in enumerate(doc[key]):
         where = f"{path}#{index}"
         if not isinstance(entry, dict):
             raise RuleError(f"{where}: an entry must be a mapping")
-        _unknown(entry, _PACKAGE_KEYS, where)
+        _unknown(entry, allowed, where)
+        yield where, entry
+
+
+def validate_packages(doc, path: str) -> tuple:
+    """The entries of packages.yaml as dicts, each checked; RuleError on the first problem."""
+    entries = []
+    for where, entry in _entries(doc, "packages", _PACKAGE_KEYS, path):
         out = {"package": _names(entry, "package", where), "source": _text(entry, "source", where),
                "loads_first": (), "imports_first": _text(entry, "imports_first", where, False),
                "preload_step": _text(entry, "preload_step", where, False), "how": _text(entry, "how", where, False),
@@ -146,14 +153,8 @@ def validate_packages(doc, path: str) -> tuple:
 
 
 def validate_libraries(doc, path: str) -> tuple:
-    if not isinstance(doc, dict) or not isinstance(doc.get("libraries"), list):
-        raise RuleError(f"{path}: expected a mapping with a 'libraries:' list")
     entries = []
-    for index, entry in enumerate(doc["libraries"]):
-        where = f"{path}#{index}"
-        if not isinstance(entry, dict):
-            raise RuleError(f"{where}: an entry must be a mapping")
-        _unknown(entry, _LIBRARY_KEYS, where)
+    for where, entry in _entries(doc, "libraries", _LIBRARY_KEYS, path):
         requirement = _text(entry, "requirement", where)
         if not _REQUIREMENT.match(requirement):
             raise RuleError(f"{where}: requirement {requirement!r} is not a plain 'name[==version]'")
@@ -168,14 +169,8 @@ def validate_libraries(doc, path: str) -> tuple:
 def validate_release_pairs(doc, path: str) -> dict:
     """release_pairs.yaml as {canonical distribution: {torch release: (release, source)}};
     RuleError on the first problem (a torch release listed twice for one extension too)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("extensions"), list):
-        raise RuleError(f"{path}: expected a mapping with an 'extensions:' list")
     out: dict = {}
-    for index, entry in enumerate(doc["extensions"]):
-        where = f"{path}#{index}"
-        if not isinstance(entry, dict):
-            raise RuleError(f"{where}: an entry must be a mapping")
-        _unknown(entry, _EXTENSION_KEYS, where)
+    for where, entry in _entries(doc, "extensions", _EXTENSION_KEYS, path, article="an"):
         dist = _text(entry, "distribution", where)
         if not _REQUIREMENT.match(dist) or any(c in dist for c in "=<>~!["):
             raise RuleError(f"{where}: distribution {dist!r} is not a plain project name")
