@@ -6,6 +6,7 @@ import pytest
 
 from seedance.model.errors import BadInput, UsageError
 from seedance.service.metrics import MetricsServer, parse_listen, require_loopback
+from tests.unit.test_collect_container import CID, UID, _pod_node  # the same pod on disk
 
 SNAPSHOT = {
     "agent": {"version": "9.9.9", "started": 1700000000.0, "config": {"handle_mode": "per-instance"},
@@ -127,9 +128,7 @@ def test_last_scan_timestamp_is_absent_before_the_first_scan_and_promtool_accept
 
 # --- labels that join with dcgm-exporter's ------------------------------------------------
 
-CID = "415b9f57acdc90179d054a908b42c821181fdb0cac8fed30b52fd1d368908220"
 OTHER = "9" * 64
-UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 H100 = "NVIDIA H100 80GB HBM3"
 
 
@@ -147,12 +146,7 @@ def node(tmp_path):
     for pid, text in cgroups.items():
         (tmp_path / "proc" / str(pid)).mkdir(parents=True)
         (tmp_path / "proc" / str(pid) / "cgroup").write_text(text)
-    pods = tmp_path / "var/log/pods" / f"ml-team_trainer-7d9f_{UID}"
-    for name in ("worker", "loader"):
-        (pods / name).mkdir(parents=True)
-    logs = tmp_path / "var/log/containers"
-    logs.mkdir(parents=True)
-    (logs / f"trainer-7d9f_ml-team_worker-{CID}.log").write_text("")
+    _pods, logs = _pod_node(tmp_path)
     (logs / f"trainer-7d9f_ml-team_loader-{OTHER}.log").write_text("")
     return WorkloadLabels(proc=str(tmp_path / "proc"), kubelet=str(tmp_path / "kubelet"),
                           pod_logs=str(tmp_path / "var/log/pods"), container_logs=str(logs))
