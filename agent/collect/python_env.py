@@ -276,8 +276,6 @@ def _after_package_preloads(sim, step, load: ExtensionLoad, name: str):
     the other packages rules/context/packages.yaml says load the NVIDIA wheels' libraries
     themselves, RTLD_GLOBAL, before their modules) maps site-packages/nvidia/*/lib/NAME
     for each NAME the module's closure cannot otherwise open."""
-    import glob
-
     from ..resolve.process import RTLD_GLOBAL, RTLD_NOW, Load
     from . import practice
 
@@ -286,16 +284,16 @@ def _after_package_preloads(sim, step, load: ExtensionLoad, name: str):
     site = practice.site_packages_of(load.path)
     if reason is None or reason[1] != "preloaded" or "nvidia-wheels" not in reason[2] or site is None:
         return step
+    wheel_libs = practice.nvidia_wheel_libs(site)
     tried: set = set()
     while not step.ok:
         match = _CANNOT_OPEN.match(step.error or "")
-        found = sorted(glob.glob(os.path.join(glob.escape(site), "nvidia", "*", "lib", glob.escape(match.group(1))))) \
-            if match else []
-        if not found or found[0] in tried or len(tried) > 16:
+        found = wheel_libs.get(match.group(1)) if match else None
+        if found is None or found in tried or len(tried) > 16:
             return step
-        tried.add(found[0])
+        tried.add(found)
         sim.model.steps.pop()  # the attempt without the preload: the loader runs first
-        preload = sim.dlopen(Load(found[0], "dlopen", RTLD_NOW | RTLD_GLOBAL, f"{top}: its loader", name))
+        preload = sim.dlopen(Load(found, "dlopen", RTLD_NOW | RTLD_GLOBAL, f"{top}: its loader", name))
         if not preload.ok:
             sim.model.steps.pop()
             return sim.dlopen(Load(load.path, "import", step.load.flags, load.module, name))
