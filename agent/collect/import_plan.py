@@ -631,19 +631,18 @@ class _Planner:
                 ok = self._walk(handler.body, spec, package)
                 if not self._raised and any(isinstance(st, ast.Raise) for st in handler.body):
                     self._raised = raised
-            self._walk(stmt.finalbody, spec, package)
-            if handler is None:
+            else:
                 self._raised = raised
-            return ok and not self._raised
-        if not body_ok:
+        elif not body_ok:
             # an import that may fail: its handlers may run
             for handler in stmt.handlers:
                 self._maybe(True, handler.body, spec, package)
         else:
             ok = self._walk(stmt.orelse, spec, package)
-        saved, self._raised = self._raised, ""
+        # `finally:` runs whether or not an error is on its way out, which goes on after it
+        pending, self._raised = self._raised, ""
         self._walk(stmt.finalbody, spec, package)
-        self._raised = self._raised or saved
+        self._raised = self._raised or pending
         return ok and not self._raised
 
     def _imports_inside(self, func, origin: str, skip: set, depth: int = 0) -> bool:
